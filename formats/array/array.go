@@ -1,0 +1,414 @@
+// Package array holds the one in-memory array type that every clipshard
+// decoder returns, whatever file format the array came from.
+//
+// An Array's Data is always C-ordered (row-major) and little-endian: decoders
+// normalise byte order and memory layout while loading, and record how the
+// source stored it in Source, so later stages never care whether a modality
+// came from a .npy file or a pickle, or how numpy laid it out.
+package array
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+	"strconv"
+	"strings"
+)
+
+// Errors returned by this package; test with errors.Is.
+var (
+	// ErrDType marks a dtype clipshard does not handle (object, complex,
+	// structured, strings, datetimes...).
+	ErrDType = errors.New("array: unsupported dtype")
+	// ErrShape marks a shape that is negative, overflows, or disagrees with
+	// the byte count.
+	ErrShape = errors.New("array: bad shape")
+)
+
+// Kind is the numpy dtype kind character: 'f' float, 'i' signed integer,
+// 'u' unsigned integer, 'b' boolean.
+type Kind byte
+
+// Kinds clipshard handles.
+const (
+	Float Kind = 'f'
+	Int   Kind = 'i'
+	Uint  Kind = 'u'
+	Bool  Kind = 'b'
+)
+
+// DType is a numeric element type: a kind and an item size in bytes.
+type DType struct {
+	Kind Kind
+	Size int
+}
+
+// Common dtypes.
+var (
+	Float16 = DType{Float, 2}
+	Float32 = DType{Float, 4}
+	Float64 = DType{Float, 8}
+)
+
+// String returns numpy's name for the dtype ("float32", "int64", "bool").
+func (d DType) String() string {
+	switch d.Kind {
+	case Float:
+		return "float" + strconv.Itoa(8*d.Size)
+	case Int:
+		return "int" + strconv.Itoa(8*d.Size)
+	case Uint:
+		return "uint" + strconv.Itoa(8*d.Size)
+	case Bool:
+		return "bool"
+	}
+	return fmt.Sprintf("dtype(%c%d)", d.Kind, d.Size)
+}
+
+// Descr returns the little-endian numpy descr ("<f4", "|b1") of d.
+func (d DType) Descr() string {
+	if d.Size == 1 {
+		return "|" + string(rune(d.Kind)) + "1"
+	}
+	return "<" + string(rune(d.Kind)) + strconv.Itoa(d.Size)
+}
+
+// IsFloat reports whether d is a float16/32/64.
+func (d DType) IsFloat() bool { return d.Kind == Float }
+
+// ParseDescr parses a numpy type string such as "<f4", ">f8", "|b1", "=i8"
+// or "f2" and reports whether it is big-endian. Object, complex, string,
+// void (structured), datetime and other kinds give an error wrapping ErrDType
+// that names the dtype.
+func ParseDescr(s string) (d DType, bigEndian bool, err error) {
+	t := s
+	if t == "" {
+		return DType{}, false, fmt.Errorf("%w: empty descr", ErrDType)
+	}
+	switch t[0] {
+	case '<', '=', '|':
+		t = t[1:]
+	case '>':
+		bigEndian = true
+		t = t[1:]
+	}
+	if t == "" {
+		return DType{}, false, fmt.Errorf("%w: %q", ErrDType, s)
+	}
+	kind := t[0]
+	size, perr := strconv.Atoi(t[1:])
+	if kind == '?' && t == "?" {
+		return DType{Bool, 1}, false, nil
+	}
+	switch kind {
+	case 'O':
+		return DType{}, false, fmt.Errorf("%w: %q is an object array (arbitrary Python objects, not numbers)", ErrDType, s)
+	case 'c':
+		return DType{}, false, fmt.Errorf("%w: %q is complex", ErrDType, s)
+	case 'S', 'U', 'a':
+		return DType{}, false, fmt.Errorf("%w: %q is a string array", ErrDType, s)
+	case 'V':
+		return DType{}, false, fmt.Errorf("%w: %q is a structured/void array", ErrDType, s)
+	case 'M', 'm':
+		return DType{}, false, fmt.Errorf("%w: %q is a datetime/timedelta array", ErrDType, s)
+	}
+	if perr != nil {
+		return DType{}, false, fmt.Errorf("%w: %q", ErrDType, s)
+	}
+	ok := false
+	switch Kind(kind) {
+	case Float:
+		ok = size == 2 || size == 4 || size == 8
+	case Int, Uint:
+		ok = size == 1 || size == 2 || size == 4 || size == 8
+	case Bool:
+		ok = size == 1
+	}
+	if !ok {
+		return DType{}, false, fmt.Errorf("%w: %q", ErrDType, s)
+	}
+	if size == 1 {
+		bigEndian = false
+	}
+	return DType{Kind(kind), size}, bigEndian, nil
+}
+
+// Array is an n-dimensional array of numbers.
+//
+// Data holds exactly Len()*DType.Size bytes in C order, little-endian.
+// Source records how the array was stored before normalisation.
+type Array struct {
+	DType DType
+	Shape []int
+	Data  []byte
+	// SourceDescr is the numpy descr of the array as stored ("<f4", ">f8").
+	SourceDescr string
+	// SourceFortran reports whether the source stored it in Fortran order.
+	SourceFortran bool
+}
+
+// Len returns the number of elements: the product of Shape (1 for 0-d).
+func (a *Array) Len() int {
+	n := 1
+	for _, d := range a.Shape {
+		n *= d
+	}
+	return n
+}
+
+// Rows returns the length of axis 0 (1 for a 0-d array).
+func (a *Array) Rows() int {
+	if len(a.Shape) == 0 {
+		return 1
+	}
+	return a.Shape[0]
+}
+
+// FrameShape returns the shape without axis 0 (the shape of one time step).
+func (a *Array) FrameShape() []int {
+	if len(a.Shape) == 0 {
+		return nil
+	}
+	return a.Shape[1:]
+}
+
+// String describes the array as numpy would: "float32[120, 50]".
+func (a *Array) String() string {
+	return a.DType.String() + FormatShape(a.Shape)
+}
+
+// FormatShape formats a shape as "[120, 50]".
+func FormatShape(shape []int) string {
+	parts := make([]string, len(shape))
+	for i, d := range shape {
+		parts[i] = strconv.Itoa(d)
+	}
+	return "[" + strings.Join(parts, ", ") + "]"
+}
+
+// ByteSize returns the number of bytes an array of this shape and item size
+// occupies, or an error wrapping ErrShape if a dimension is negative or the
+// product overflows int64 (hostile headers declare such shapes).
+func ByteSize(shape []int, itemSize int) (int64, error) {
+	total := uint64(itemSize)
+	for _, d := range shape {
+		if d < 0 {
+			return 0, fmt.Errorf("%w: negative dimension in %s", ErrShape, FormatShape(shape))
+		}
+		hi, lo := bits.Mul64(total, uint64(d))
+		if hi != 0 || lo > math.MaxInt64 {
+			return 0, fmt.Errorf("%w: %s of %d-byte items overflows", ErrShape, FormatShape(shape), itemSize)
+		}
+		total = lo
+	}
+	return int64(total), nil
+}
+
+// New builds an Array from raw bytes as a source stored them, normalising in
+// place where it can: big-endian data is byte-swapped inside raw; Fortran-
+// ordered data is copied into a new C-ordered buffer. raw must hold exactly
+// the bytes the shape declares.
+func New(descr string, shape []int, fortran bool, raw []byte) (*Array, error) {
+	dt, big, err := ParseDescr(descr)
+	if err != nil {
+		return nil, err
+	}
+	n, err := ByteSize(shape, dt.Size)
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(raw)) != n {
+		return nil, fmt.Errorf("%w: %s of %s needs %d bytes, have %d", ErrShape, FormatShape(shape), dt, n, len(raw))
+	}
+	if big {
+		SwapBytes(raw, dt.Size)
+	}
+	data := raw
+	if fortran && len(shape) > 1 {
+		data = make([]byte, len(raw))
+		FortranToC(data, raw, shape, dt.Size)
+	}
+	return &Array{DType: dt, Shape: append([]int(nil), shape...), Data: data, SourceDescr: descr, SourceFortran: fortran}, nil
+}
+
+// SwapBytes reverses the byte order of every size-byte item of b in place.
+func SwapBytes(b []byte, size int) {
+	switch size {
+	case 2:
+		for i := 0; i+2 <= len(b); i += 2 {
+			binary.LittleEndian.PutUint16(b[i:], binary.BigEndian.Uint16(b[i:]))
+		}
+	case 4:
+		for i := 0; i+4 <= len(b); i += 4 {
+			binary.LittleEndian.PutUint32(b[i:], binary.BigEndian.Uint32(b[i:]))
+		}
+	case 8:
+		for i := 0; i+8 <= len(b); i += 8 {
+			binary.LittleEndian.PutUint64(b[i:], binary.BigEndian.Uint64(b[i:]))
+		}
+	}
+}
+
+// FortranToC copies src, an array of the given shape stored in Fortran
+// (column-major) order, into dst in C (row-major) order. dst and src must
+// both hold the whole array and must not overlap.
+func FortranToC(dst, src []byte, shape []int, size int) {
+	nd := len(shape)
+	total := 1
+	for _, d := range shape {
+		total *= d
+	}
+	if total == 0 {
+		return
+	}
+	if nd == 2 {
+		rows, cols := shape[0], shape[1]
+		// src[c*rows+r] -> dst[r*cols+c], in cache-sized tiles.
+		const tile = 32
+		for r0 := 0; r0 < rows; r0 += tile {
+			r1 := min(r0+tile, rows)
+			for c0 := 0; c0 < cols; c0 += tile {
+				c1 := min(c0+tile, cols)
+				for r := r0; r < r1; r++ {
+					for c := c0; c < c1; c++ {
+						copy(dst[(r*cols+c)*size:(r*cols+c+1)*size], src[(c*rows+r)*size:(c*rows+r+1)*size])
+					}
+				}
+			}
+		}
+		return
+	}
+	// Fortran strides (in items): stride[0]=1, stride[k]=stride[k-1]*shape[k-1].
+	stride := make([]int, nd)
+	s := 1
+	for k := 0; k < nd; k++ {
+		stride[k] = s
+		s *= shape[k]
+	}
+	idx := make([]int, nd)
+	off := 0 // source item offset of idx
+	for i := 0; i < total; i++ {
+		copy(dst[i*size:(i+1)*size], src[off*size:(off+1)*size])
+		// advance idx in C order (last axis fastest)
+		for k := nd - 1; k >= 0; k-- {
+			idx[k]++
+			off += stride[k]
+			if idx[k] < shape[k] {
+				break
+			}
+			off -= stride[k] * shape[k]
+			idx[k] = 0
+		}
+	}
+}
+
+// ConcatLastAxis concatenates arrays along their last axis, as
+// numpy.concatenate(parts, axis=-1). All parts must have the same number of
+// dimensions (at least 1) and the same leading dimensions. Float parts of
+// different widths are widened exactly to the widest, as numpy promotes;
+// other dtype mixtures are an error.
+func ConcatLastAxis(parts []*Array) (*Array, error) {
+	if len(parts) == 0 {
+		return nil, fmt.Errorf("%w: nothing to concatenate", ErrShape)
+	}
+	if len(parts) == 1 {
+		return parts[0], nil
+	}
+	first := parts[0]
+	nd := len(first.Shape)
+	if nd == 0 {
+		return nil, fmt.Errorf("%w: cannot concatenate 0-d arrays", ErrShape)
+	}
+	dt := first.DType
+	for _, p := range parts[1:] {
+		if len(p.Shape) != nd {
+			return nil, fmt.Errorf("%w: cannot concatenate %s and %s along the last axis", ErrShape, first, p)
+		}
+		for k := 0; k < nd-1; k++ {
+			if p.Shape[k] != first.Shape[k] {
+				return nil, fmt.Errorf("%w: cannot concatenate %s and %s along the last axis", ErrShape, first, p)
+			}
+		}
+		if p.DType != dt {
+			if !(p.DType.IsFloat() && dt.IsFloat()) {
+				return nil, fmt.Errorf("%w: cannot concatenate %s and %s (mixed dtypes)", ErrDType, first.DType, p.DType)
+			}
+			dt.Size = max(dt.Size, p.DType.Size)
+		}
+	}
+	outer := 1
+	for _, d := range first.Shape[:nd-1] {
+		outer *= d
+	}
+	last := 0
+	widened := make([][]byte, len(parts))
+	for i, p := range parts {
+		last += p.Shape[nd-1]
+		widened[i] = WidenFloat(p.Data, p.DType.Size, dt.Size)
+	}
+	out := make([]byte, outer*last*dt.Size)
+	pos := 0
+	for o := 0; o < outer; o++ {
+		for i, p := range parts {
+			w := p.Shape[nd-1] * dt.Size
+			pos += copy(out[pos:], widened[i][o*w:(o+1)*w])
+		}
+	}
+	shape := append([]int(nil), first.Shape...)
+	shape[nd-1] = last
+	descrs := make([]string, len(parts))
+	for i, p := range parts {
+		descrs[i] = p.SourceDescr
+	}
+	return &Array{DType: dt, Shape: shape, Data: out, SourceDescr: strings.Join(descrs, "+")}, nil
+}
+
+// WidenFloat converts little-endian floats of width from bytes to width to
+// bytes (to >= from), exactly. It returns src itself when from == to.
+func WidenFloat(src []byte, from, to int) []byte {
+	if from == to {
+		return src
+	}
+	n := len(src) / from
+	out := make([]byte, n*to)
+	for i := 0; i < n; i++ {
+		var f float64
+		switch from {
+		case 2:
+			f = float64(Float16ToFloat32(binary.LittleEndian.Uint16(src[2*i:])))
+		case 4:
+			f = float64(math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:])))
+		}
+		switch to {
+		case 4:
+			binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(float32(f)))
+		case 8:
+			binary.LittleEndian.PutUint64(out[8*i:], math.Float64bits(f))
+		}
+	}
+	return out
+}
+
+// Float16ToFloat32 widens an IEEE binary16 value exactly.
+func Float16ToFloat32(h uint16) float32 {
+	sign := uint32(h>>15) << 31
+	exp := uint32(h>>10) & 0x1f
+	man := uint32(h) & 0x3ff
+	switch {
+	case exp == 0x1f:
+		return math.Float32frombits(sign | 0x7f800000 | man<<13)
+	case exp == 0:
+		if man == 0 {
+			return math.Float32frombits(sign)
+		}
+		// subnormal: value = man * 2^-24
+		f := float32(man) * (1.0 / (1 << 24))
+		if sign != 0 {
+			f = -f
+		}
+		return f
+	}
+	return math.Float32frombits(sign | (exp+112)<<23 | man<<13)
+}

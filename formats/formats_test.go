@@ -1,0 +1,113 @@
+package formats_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/clipshard/clipshard/formats"
+	"github.com/clipshard/clipshard/internal/numpytest"
+)
+
+const fixtures = "../testdata/formats"
+
+type fixtureCase struct {
+	File        string `json:"file"`
+	Keys        string `json:"keys"`
+	Expect      string `json:"expect"`
+	DType       string `json:"dtype"`
+	Shape       []int  `json:"shape"`
+	SourceDescr string `json:"source_descr"`
+	Fortran     bool   `json:"fortran"`
+	Error       string `json:"error"`
+}
+
+func loadCases(t *testing.T, dir string) []fixtureCase {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "cases.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Cases []fixtureCase `json:"cases"`
+	}
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	if len(doc.Cases) < 100 {
+		t.Fatalf("only %d cases in %s", len(doc.Cases), dir)
+	}
+	return doc.Cases
+}
+
+// runCases checks every fixture case of dir: good files decode to exactly
+// numpy's bytes, shape and dtype; broken ones fail naming the file and the
+// reason.
+func runCases(t *testing.T, dir string) {
+	for _, c := range loadCases(t, dir) {
+		t.Run(c.File+":"+c.Keys, func(t *testing.T) {
+			path := filepath.Join(dir, c.File)
+			a, err := formats.Load(path, c.Keys)
+			if c.Error != "" {
+				if err == nil {
+					t.Fatalf("decoded %v, want error containing %q", a, c.Error)
+				}
+				msg := err.Error()
+				if !strings.Contains(msg, c.Error) || !strings.Contains(msg, path) {
+					t.Fatalf("error %q: want it to name %q and contain %q", msg, path, c.Error)
+				}
+				if strings.Contains(msg, "\n") {
+					t.Fatalf("error spans lines: %q", msg)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, err := os.ReadFile(filepath.Join(dir, c.Expect))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if a.DType.String() != c.DType || !reflect.DeepEqual(append([]int{}, a.Shape...), append([]int{}, c.Shape...)) {
+				t.Fatalf("got %s%v, numpy says %s%v", a.DType, a.Shape, c.DType, c.Shape)
+			}
+			if !strings.Contains(c.Keys, "+") && (a.SourceDescr != c.SourceDescr || a.SourceFortran != c.Fortran) {
+				t.Errorf("source %s fortran=%v, numpy says %s fortran=%v", a.SourceDescr, a.SourceFortran, c.SourceDescr, c.Fortran)
+			}
+			if !bytes.Equal(a.Data, want) {
+				t.Fatalf("data differs from numpy's .tobytes() (%d vs %d bytes)", len(a.Data), len(want))
+			}
+		})
+	}
+}
+
+func TestFixtures(t *testing.T) { runCases(t, fixtures) }
+
+// TestFixturesFromNumpy regenerates the fixtures with the numpy installed
+// here and runs the same table over them, so the committed files cannot
+// drift from what real numpy writes.
+func TestFixturesFromNumpy(t *testing.T) {
+	dir := t.TempDir()
+	numpytest.Run(t, filepath.Join(fixtures, "gen.py"), dir)
+	runCases(t, dir)
+}
+
+func TestUnknownExtension(t *testing.T) {
+	_, err := formats.Load("clip.h5", "")
+	if !errors.Is(err, formats.ErrUnknownFormat) || !strings.Contains(err.Error(), "clip.h5") {
+		t.Fatalf("got %v", err)
+	}
+	_, err = formats.Load(filepath.Join(fixtures, "npy/f16.npy"), "exp")
+	if err == nil || !strings.Contains(err.Error(), "holds one array") {
+		t.Fatalf("keys on .npy: got %v", err)
+	}
+	_, err = formats.Load(filepath.Join(fixtures, "npy/missing.npy"), "")
+	if !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("missing file: got %v", err)
+	}
+}

@@ -1,0 +1,51 @@
+// Package numpytest finds a Python interpreter with numpy for tests that
+// check clipshard against real numpy.
+package numpytest
+
+import (
+	"os"
+	"os/exec"
+	"sync"
+	"testing"
+)
+
+var (
+	once   sync.Once
+	python string
+)
+
+// Python returns the path of a python3 that can import numpy: $CLIPSHARD_PYTHON,
+// /usr/bin/python3 or python3 on $PATH. Without one the test fails when $CI
+// is set (CI must install python3-numpy) and is skipped otherwise, saying
+// what to install.
+func Python(t testing.TB) string {
+	t.Helper()
+	once.Do(func() {
+		for _, p := range []string{os.Getenv("CLIPSHARD_PYTHON"), "/usr/bin/python3", "python3"} {
+			if p == "" {
+				continue
+			}
+			if exec.Command(p, "-c", "import numpy").Run() == nil {
+				python = p
+				return
+			}
+		}
+	})
+	if python == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("no python3 with numpy found (CI must run: apt-get install -y python3-numpy)")
+		}
+		t.Skip("needs python3 with numpy: apt-get install python3-numpy (or set CLIPSHARD_PYTHON)")
+	}
+	return python
+}
+
+// Run runs python with args and fails the test on error, showing output.
+func Run(t testing.TB, args ...string) []byte {
+	t.Helper()
+	out, err := exec.Command(Python(t), args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("python3 %v: %v\n%s", args, err, out)
+	}
+	return out
+}
