@@ -1,0 +1,22 @@
+# clipshard developer recipes. `just --list` shows them.
+# Everything here is plain shell underneath: see README.md for the commands.
+
+python := env_var_or_default("CLIPSHARD_PYTHON", "/usr/bin/python3")
+
+# Run the test suite (the README's test command).
+test:
+    go test ./...
+
+# Fuzz every parser for FUZZTIME each (default 10m).
+fuzz FUZZTIME="10m":
+    cd formats/npy && go test -run '^$' -fuzz '^FuzzRead$' -fuzztime {{FUZZTIME}} -fuzzminimizetime 10s
+    cd formats/pickle && go test -run '^$' -fuzz '^FuzzDecode$' -fuzztime {{FUZZTIME}} -fuzzminimizetime 10s
+
+# Regenerate the decoder fixtures with real numpy (Debian: python3-numpy).
+fixtures:
+    {{python}} testdata/formats/gen.py
+
+# Go benchmarks of the decoders and the float16 kernels.
+bench:
+    go test -run '^$' -bench . -benchtime 2s ./formats/... ./transform/...
+    {{python}} docs/bench_numpy_astype.py

@@ -1,0 +1,58 @@
+package pickle_test
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"runtime"
+	"testing"
+
+	"github.com/clipshard/clipshard/formats/pickle"
+)
+
+func seedFiles(tb testing.TB) map[string][]byte {
+	paths, _ := filepath.Glob(filepath.Join("..", "..", "testdata", "formats", "pickle", "*.pkl"))
+	if len(paths) == 0 {
+		tb.Fatal("no pickle fixtures")
+	}
+	out := make(map[string][]byte)
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		out[p] = b
+	}
+	return out
+}
+
+func totalAlloc() uint64 {
+	var s runtime.MemStats
+	runtime.ReadMemStats(&s)
+	return s.TotalAlloc
+}
+
+// allocBound is what decoding a file of n bytes may allocate at most: the
+// payloads once, the unpickler's objects, and fixed buffers.
+func allocBound(n int) uint64 { return uint64(64*n) + 1<<20 }
+
+// FuzzDecode feeds arbitrary bytes to the decoder and key selection: no
+// panic may escape, and allocation stays within a small multiple of the
+// input size.
+func FuzzDecode(f *testing.F) {
+	for _, b := range seedFiles(f) {
+		f.Add(b, "exp")
+	}
+	f.Add([]byte("\x80\x04\x8e\x00\x00\x00\x00\x00\x00\x04\x00xx."), "")
+	f.Fuzz(func(t *testing.T, data []byte, keys string) {
+		before := totalAlloc()
+		obj, err := pickle.Decode(bytes.NewReader(data), int64(len(data)))
+		if err == nil {
+			pickle.Select(obj, keys)
+			pickle.Select(obj, "")
+		}
+		if got := totalAlloc() - before; got > allocBound(len(data)) {
+			t.Fatalf("allocated %d bytes for a %d-byte pickle", got, len(data))
+		}
+	})
+}

@@ -1,0 +1,289 @@
+// Package f16 converts float32, float64, float16 and integer arrays to IEEE
+// binary16 (float16) exactly as numpy's astype(np.float16) does: round to
+// nearest, ties to even; float64 is converted directly, never via float32
+// (which would round twice). NaN stays NaN (payload bits may differ).
+//
+// Every conversion audits its input in the same pass (see Stats): NaN and
+// infinite inputs, finite values that overflow to ±Inf, non-zero values
+// that underflow to ±0, and the largest finite magnitude. The kernels only
+// count; callers decide what is an error.
+//
+// On amd64 CPUs with F16C and AVX2 the float32 path uses VCVTPS2PH; it is
+// tested bit for bit against the portable path (github.com/x448/float16)
+// over all 2^32 inputs.
+package f16
+
+import (
+	"fmt"
+	"math"
+	"unsafe"
+
+	"github.com/x448/float16"
+
+	"github.com/clipshard/clipshard/formats/array"
+)
+
+// Stats is the audit of a conversion.
+type Stats struct {
+	NaN       int64   // NaN inputs
+	InfIn     int64   // ±Inf inputs
+	Overflow  int64   // finite inputs that became ±Inf
+	Underflow int64   // non-zero inputs that became ±0
+	MaxAbs    float64 // largest finite |input|
+}
+
+// Add accumulates o into s.
+func (s *Stats) Add(o Stats) {
+	s.NaN += o.NaN
+	s.InfIn += o.InfIn
+	s.Overflow += o.Overflow
+	s.Underflow += o.Underflow
+	s.MaxAbs = max(s.MaxAbs, o.MaxAbs)
+}
+
+// Thresholds on |x| as float32 bits: at or above overflow32 a finite value
+// rounds to Inf (65520 is a tie between 65504 and 65536 and goes to even,
+// which is Inf); at or below underflow32 a value rounds to 0 (2^-25 is a tie
+// between 0 and the smallest subnormal 2^-24 and goes to even, 0).
+const (
+	overflow32  = 0x477ff000 // 65520
+	underflow32 = 0x33000000 // 2^-25
+	inf32       = 0x7f800000
+)
+
+// Accelerated reports whether FromFloat32 uses the F16C assembly kernel on
+// this machine.
+func Accelerated() bool { return useAsm }
+
+// FromFloat32 converts src into dst (len(dst) must be at least len(src))
+// and adds the audit of src to st. With st nil nothing is audited.
+func FromFloat32(dst []uint16, src []float32, st *Stats) {
+	if len(dst) < len(src) {
+		panic("f16: dst too short")
+	}
+	n := len(src)
+	done := 0
+	if useAsm && n >= 16 {
+		done = fromFloat32Asm(dst, src, st)
+	}
+	if done < n {
+		FromFloat32Portable(dst[done:n], src[done:], st)
+	}
+}
+
+// FromFloat32Portable is FromFloat32 in pure Go, using
+// github.com/x448/float16 for the rounding. It is the reference the
+// assembly is tested against.
+func FromFloat32Portable(dst []uint16, src []float32, st *Stats) {
+	if st == nil {
+		for i, f := range src {
+			dst[i] = float16.Fromfloat32(f).Bits()
+		}
+		return
+	}
+	var s Stats
+	var maxBits uint32
+	for i, f := range src {
+		b := math.Float32bits(f)
+		dst[i] = float16.Fromfloat32(f).Bits()
+		a := b &^ (1 << 31)
+		switch {
+		case a > inf32:
+			s.NaN++
+		case a == inf32:
+			s.InfIn++
+		case a >= overflow32:
+			s.Overflow++
+			maxBits = max(maxBits, a)
+		case a != 0 && a <= underflow32:
+			s.Underflow++
+			maxBits = max(maxBits, a)
+		default:
+			maxBits = max(maxBits, a)
+		}
+	}
+	s.MaxAbs = float64(math.Float32frombits(maxBits))
+	st.Add(s)
+}
+
+// Float64ToBits converts f to float16 bits directly, rounding to nearest
+// even once, as numpy's npy_double_to_half does.
+func Float64ToBits(f float64) uint16 {
+	b := math.Float64bits(f)
+	sign := uint16(b>>48) & 0x8000
+	exp := int((b >> 52) & 0x7ff)
+	man := b & (1<<52 - 1)
+	if exp == 0x7ff {
+		if man != 0 {
+			// Keep the top payload bits, and make sure it stays a NaN.
+			return sign | 0x7e00 | uint16(man>>42)
+		}
+		return sign | 0x7c00
+	}
+	e := exp - 1023 + 15 // float16 biased exponent
+	if e >= 31 {
+		return sign | 0x7c00
+	}
+	if e <= 0 {
+		if exp == 0 {
+			return sign // zero or float64 subnormal: far below 2^-25
+		}
+		m := man | 1<<52
+		shift := uint(42 + 1 - e)
+		if shift > 53 {
+			return sign // below half the smallest subnormal
+		}
+		r := m >> shift
+		rem := m & (1<<shift - 1)
+		half := uint64(1) << (shift - 1)
+		if rem > half || (rem == half && r&1 == 1) {
+			r++
+		}
+		return sign | uint16(r)
+	}
+	r := uint64(e)<<10 | man>>42
+	rem := man & (1<<42 - 1)
+	const half = 1 << 41
+	if rem > half || (rem == half && r&1 == 1) {
+		r++ // a carry into the exponent is right, up to Inf
+	}
+	return sign | uint16(r)
+}
+
+// FromFloat64 converts src into dst directly (see Float64ToBits) and adds
+// the audit of src to st.
+func FromFloat64(dst []uint16, src []float64, st *Stats) {
+	if len(dst) < len(src) {
+		panic("f16: dst too short")
+	}
+	if st == nil {
+		for i, f := range src {
+			dst[i] = Float64ToBits(f)
+		}
+		return
+	}
+	var s Stats
+	const (
+		inf64       = 0x7ff0000000000000
+		overflow64  = 0x40effe0000000000 // 65520
+		underflow64 = 0x3e60000000000000 // 2^-25
+	)
+	var maxBits uint64
+	for i, f := range src {
+		b := math.Float64bits(f)
+		dst[i] = Float64ToBits(f)
+		a := b &^ (1 << 63)
+		switch {
+		case a > inf64:
+			s.NaN++
+		case a == inf64:
+			s.InfIn++
+		default:
+			if a >= overflow64 {
+				s.Overflow++
+			} else if a != 0 && a <= underflow64 {
+				s.Underflow++
+			}
+			maxBits = max(maxBits, a)
+		}
+	}
+	s.MaxAbs = math.Float64frombits(maxBits)
+	st.Add(s)
+}
+
+// FromFloat16 copies src into dst and adds the audit of src to st.
+func FromFloat16(dst, src []uint16, st *Stats) {
+	copy(dst, src)
+	if st == nil {
+		return
+	}
+	var s Stats
+	var maxBits uint16
+	for _, h := range src {
+		a := h &^ 0x8000
+		switch {
+		case a > 0x7c00:
+			s.NaN++
+		case a == 0x7c00:
+			s.InfIn++
+		default:
+			maxBits = max(maxBits, a)
+		}
+	}
+	s.MaxAbs = float64(array.Float16ToFloat32(maxBits))
+	st.Add(s)
+}
+
+// Convert converts the little-endian elements in src, of dtype dt, to
+// float16 bits in dst (2 bytes per element, little-endian) and adds the
+// audit to st (unless st is nil). Integer and bool sources convert through float64 (exact for
+// every value float16 can represent). src must hold a whole number of
+// elements and dst room for them.
+func Convert(dst, src []byte, dt array.DType, st *Stats) error {
+	n := len(src) / dt.Size
+	if len(src)%dt.Size != 0 || len(dst) < 2*n {
+		return fmt.Errorf("f16: %d source bytes of %s do not fit %d destination bytes", len(src), dt, len(dst))
+	}
+	if n == 0 {
+		return nil
+	}
+	out := unsafe.Slice((*uint16)(unsafe.Pointer(&dst[0])), n)
+	switch dt {
+	case array.Float32:
+		FromFloat32(out, unsafe.Slice((*float32)(unsafe.Pointer(&src[0])), n), st)
+	case array.Float64:
+		FromFloat64(out, unsafe.Slice((*float64)(unsafe.Pointer(&src[0])), n), st)
+	case array.Float16:
+		FromFloat16(out, unsafe.Slice((*uint16)(unsafe.Pointer(&src[0])), n), st)
+	default:
+		return fromInteger(out, src, dt, st)
+	}
+	return nil
+}
+
+func fromInteger(dst []uint16, src []byte, dt array.DType, st *Stats) error {
+	n := len(src) / dt.Size
+	var s Stats
+	var maxAbs float64
+	for i := 0; i < n; i++ {
+		var f float64
+		p := src[i*dt.Size:]
+		switch dt {
+		case array.DType{Kind: array.Bool, Size: 1}, array.DType{Kind: array.Uint, Size: 1}:
+			f = float64(p[0])
+		case array.DType{Kind: array.Int, Size: 1}:
+			f = float64(int8(p[0]))
+		case array.DType{Kind: array.Int, Size: 2}:
+			f = float64(int16(uint16(p[0]) | uint16(p[1])<<8))
+		case array.DType{Kind: array.Uint, Size: 2}:
+			f = float64(uint16(p[0]) | uint16(p[1])<<8)
+		case array.DType{Kind: array.Int, Size: 4}:
+			f = float64(int32(le32(p)))
+		case array.DType{Kind: array.Uint, Size: 4}:
+			f = float64(le32(p))
+		case array.DType{Kind: array.Int, Size: 8}:
+			f = float64(int64(le64(p)))
+		case array.DType{Kind: array.Uint, Size: 8}:
+			f = float64(le64(p))
+		default:
+			return fmt.Errorf("f16: cannot convert %s", dt)
+		}
+		dst[i] = Float64ToBits(f)
+		a := math.Abs(f)
+		if a >= 65520 {
+			s.Overflow++
+		}
+		maxAbs = max(maxAbs, a)
+	}
+	s.MaxAbs = maxAbs
+	if st != nil {
+		st.Add(s)
+	}
+	return nil
+}
+
+func le32(p []byte) uint32 {
+	return uint32(p[0]) | uint32(p[1])<<8 | uint32(p[2])<<16 | uint32(p[3])<<24
+}
+
+func le64(p []byte) uint64 { return uint64(le32(p)) | uint64(le32(p[4:]))<<32 }

@@ -1,0 +1,183 @@
+#include "textflag.h"
+
+// Audit thresholds on |x| (float32 bits), broadcast into registers.
+DATA absmask<>+0(SB)/4, $0x7fffffff
+GLOBL absmask<>(SB), RODATA|NOPTR, $4
+DATA thnan<>+0(SB)/4, $0x7f800000    // |x| >  this: NaN
+GLOBL thnan<>(SB), RODATA|NOPTR, $4
+DATA thnonfin<>+0(SB)/4, $0x7f7fffff // |x| >  this: NaN or Inf
+GLOBL thnonfin<>(SB), RODATA|NOPTR, $4
+DATA thbig<>+0(SB)/4, $0x477fefff    // |x| >  this: |x| >= 65520, rounds to Inf
+GLOBL thbig<>(SB), RODATA|NOPTR, $4
+DATA thsmall<>+0(SB)/4, $0x33000000  // |x| <= this (and > 0): rounds to 0
+GLOBL thsmall<>(SB), RODATA|NOPTR, $4
+
+// func cpuid(eaxArg, ecxArg uint32) (eax, ebx, ecx, edx uint32)
+TEXT ·cpuid(SB), NOSPLIT, $0-24
+	MOVL eaxArg+0(FP), AX
+	MOVL ecxArg+4(FP), CX
+	CPUID
+	MOVL AX, eax+8(FP)
+	MOVL BX, ebx+12(FP)
+	MOVL CX, ecx+16(FP)
+	MOVL DX, edx+20(FP)
+	RET
+
+// func xgetbv() (eax, edx uint32)
+TEXT ·xgetbv(SB), NOSPLIT, $0-8
+	MOVL $0, CX
+	XGETBV
+	MOVL AX, eax+0(FP)
+	MOVL DX, edx+4(FP)
+	RET
+
+// func f32ToF16AVX2(dst *uint16, src *float32, n int, acc *accum)
+// n is a positive multiple of 8. Each lane of the accumulators counts, for
+// the inputs it saw: |x| > thbig, > thnonfin, > thnan, > 0, > thsmall, and
+// keeps the largest finite |x| bits.
+TEXT ·f32ToF16AVX2(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	MOVQ acc+24(FP), DX
+
+	VPBROADCASTD absmask<>(SB), Y15
+	VPBROADCASTD thnan<>(SB), Y14
+	VPBROADCASTD thnonfin<>(SB), Y13
+	VPBROADCASTD thbig<>(SB), Y12
+	VPBROADCASTD thsmall<>(SB), Y11
+	VPXOR Y10, Y10, Y10 // count |x| > thbig
+	VPXOR Y9, Y9, Y9    // count |x| > thnonfin
+	VPXOR Y8, Y8, Y8    // count |x| > thnan
+	VPXOR Y7, Y7, Y7    // count |x| > 0
+	VPXOR Y6, Y6, Y6    // count |x| > thsmall
+	VPXOR Y5, Y5, Y5    // max finite |x|
+	VPXOR Y4, Y4, Y4    // zero
+
+loop:
+	VMOVDQU   (SI), Y0
+	VCVTPS2PH $0, Y0, X2 // imm 0: round to nearest, ties to even
+	VMOVDQU   X2, (DI)
+	VPAND     Y15, Y0, Y1
+	VPCMPGTD  Y12, Y1, Y3
+	VPSUBD    Y3, Y10, Y10
+	VPCMPGTD  Y13, Y1, Y3
+	VPSUBD    Y3, Y9, Y9
+	VPANDN    Y1, Y3, Y2 // finite |x|, else 0
+	VPMAXSD   Y2, Y5, Y5
+	VPCMPGTD  Y14, Y1, Y3
+	VPSUBD    Y3, Y8, Y8
+	VPCMPGTD  Y4, Y1, Y3
+	VPSUBD    Y3, Y7, Y7
+	VPCMPGTD  Y11, Y1, Y3
+	VPSUBD    Y3, Y6, Y6
+	ADDQ      $32, SI
+	ADDQ      $16, DI
+	SUBQ      $8, CX
+	JNZ       loop
+
+	VMOVDQU Y10, 0(DX)
+	VMOVDQU Y9, 32(DX)
+	VMOVDQU Y8, 64(DX)
+	VMOVDQU Y7, 96(DX)
+	VMOVDQU Y6, 128(DX)
+	VMOVDQU Y5, 160(DX)
+	VZEROUPPER
+	RET
+
+// func f32ToF16AVX2NoAudit(dst *uint16, src *float32, n int)
+// n is a positive multiple of 8.
+TEXT ·f32ToF16AVX2NoAudit(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	CMPQ CX, $32
+	JLT  tail8
+
+loop32:
+	VMOVUPS   (SI), Y0
+	VMOVUPS   32(SI), Y1
+	VMOVUPS   64(SI), Y2
+	VMOVUPS   96(SI), Y3
+	VCVTPS2PH $0, Y0, (DI)
+	VCVTPS2PH $0, Y1, 16(DI)
+	VCVTPS2PH $0, Y2, 32(DI)
+	VCVTPS2PH $0, Y3, 48(DI)
+	ADDQ      $128, SI
+	ADDQ      $64, DI
+	SUBQ      $32, CX
+	CMPQ      CX, $32
+	JGE       loop32
+
+tail8:
+	TESTQ CX, CX
+	JZ    done
+
+loop8:
+	VMOVUPS   (SI), Y0
+	VCVTPS2PH $0, Y0, (DI)
+	ADDQ      $32, SI
+	ADDQ      $16, DI
+	SUBQ      $8, CX
+	JNZ       loop8
+
+done:
+	VZEROUPPER
+	RET
+
+// func f32ToF16Screen(dst *uint16, src *float32, n int, maxOut *[8]uint32) int
+// Converts blocks of 64 floats (n is a multiple of 64) while checking, per
+// block, that nothing needs counting: every |x| <= thbig (no NaN, Inf or
+// overflow) and every non-zero |x| > thsmall (no underflow). It stops after
+// the first block that fails the check, and returns the number of elements
+// before that block (those blocks are clean; the failing block is converted
+// but must be audited again). maxOut gets the per-lane max |x| bits of the
+// clean blocks.
+TEXT ·f32ToF16Screen(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	MOVQ maxOut+24(FP), DX
+	XORQ BX, BX
+
+	VPBROADCASTD absmask<>(SB), Y15
+	VPBROADCASTD thbig<>(SB), Y14
+	VPBROADCASTD thsmall<>(SB), Y13
+	VPCMPEQD     Y12, Y12, Y12 // all ones
+	VPXOR        Y11, Y11, Y11 // max |x| of clean blocks
+
+block:
+	CMPQ    BX, CX
+	JGE     done
+	VPXOR   Y10, Y10, Y10 // block max |x|
+	VMOVDQU Y12, Y9       // block min of |x|-1, unsigned (0 wraps to max)
+	MOVQ    $8, R8
+
+vec:
+	VMOVUPS   (SI), Y0
+	VCVTPS2PH $0, Y0, (DI) // imm 0: round to nearest, ties to even
+	VPAND     Y15, Y0, Y1
+	VPMAXUD   Y1, Y10, Y10
+	VPADDD    Y12, Y1, Y1
+	VPMINUD   Y1, Y9, Y9
+	ADDQ      $32, SI
+	ADDQ      $16, DI
+	DECQ      R8
+	JNZ       vec
+
+	VPCMPGTD  Y14, Y10, Y2 // lanes with max > thbig
+	VPMAXUD   Y13, Y9, Y3
+	VPCMPEQD  Y3, Y9, Y3   // lanes with min(|x|-1) >= thsmall
+	VPANDN    Y3, Y2, Y3   // clean lanes
+	VPMOVMSKB Y3, AX
+	CMPL      AX, $0xffffffff
+	JNE       done
+	VPMAXUD   Y10, Y11, Y11
+	ADDQ      $64, BX
+	JMP       block
+
+done:
+	VMOVDQU Y11, (DX)
+	MOVQ    BX, ret+32(FP)
+	VZEROUPPER
+	RET
