@@ -1,14 +1,30 @@
 module github.com/clipshard/clipshard
 
-go 1.26
-
-require github.com/nlpodyssey/gopickle v0.3.0
+go 1.26.0
 
 require (
-	codeberg.org/sbinet/npyio v0.14.0 // indirect
+	codeberg.org/sbinet/npyio v0.14.0
+	github.com/apache/arrow-go/v18 v18.8.0
+	github.com/cespare/xxhash/v2 v2.3.0
+	github.com/nlpodyssey/gopickle v0.3.0
+	github.com/x448/float16 v0.8.4
+	golang.org/x/sys v0.50.0
+)
+
+require (
+	github.com/andybalholm/brotli v1.2.3 // indirect
+	github.com/apache/thrift v0.24.0 // indirect
 	github.com/campoy/embedmd v1.0.0 // indirect
+	github.com/goccy/go-json v0.10.6 // indirect
+	github.com/google/flatbuffers v25.12.19+incompatible // indirect
+	github.com/google/uuid v1.6.0 // indirect
+	github.com/klauspost/compress v1.19.2 // indirect
+	github.com/klauspost/cpuid/v2 v2.4.0 // indirect
+	github.com/pierrec/lz4/v4 v4.1.29 // indirect
 	github.com/pmezard/go-difflib v1.0.0 // indirect
-	github.com/x448/float16 v0.8.4 // indirect
-	golang.org/x/text v0.34.0 // indirect
+	github.com/zeebo/xxh3 v1.1.0 // indirect
+	golang.org/x/exp v0.0.0-20260112195511-716be5621a96 // indirect
+	golang.org/x/sync v0.22.0 // indirect
+	golang.org/x/text v0.41.0 // indirect
 	gonum.org/v1/gonum v0.17.0 // indirect
 )

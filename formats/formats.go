@@ -6,6 +6,8 @@ package formats
 import (
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -43,25 +45,55 @@ func FormatOf(path string) (Format, error) {
 // keys must be empty. The array is C-ordered and little-endian. Errors name
 // the path and, for pickles, the key.
 func Load(path, keys string) (*array.Array, error) {
-	f, err := FormatOf(path)
+	a, _, err := LoadInto(path, keys, nil)
+	return a, err
+}
+
+// LoadInto is Load with one open of path, returning the file's FileInfo
+// from that same open (size and mtime of exactly what was read). If buf is
+// not nil, a .npy file is read with a single read into *buf, which is grown
+// first if it is too small, and the array aliases it; pickles allocate
+// their own payloads.
+func LoadInto(path, keys string, buf *[]byte) (*array.Array, fs.FileInfo, error) {
+	format, err := FormatOf(path)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	switch f {
+	if format == NPY && keys != "" {
+		return nil, nil, fmt.Errorf("%s: keys %q given for a .npy file, which holds one array", path, keys)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return nil, nil, err
+	}
+	if !info.Mode().IsRegular() {
+		return nil, nil, fmt.Errorf("%s: not a regular file", path)
+	}
+	var a *array.Array
+	switch format {
 	case NPY:
-		if keys != "" {
-			return nil, fmt.Errorf("%s: keys %q given for a .npy file, which holds one array", path, keys)
+		var b []byte
+		if buf != nil {
+			if int64(cap(*buf)) < info.Size() {
+				*buf = make([]byte, info.Size())
+			}
+			b = *buf
 		}
-		return npy.ReadFile(path)
+		a, err = npy.ReadBuffer(f, info.Size(), b)
 	default:
-		obj, err := pickle.DecodeFile(path)
-		if err != nil {
-			return nil, err
+		var obj any
+		obj, err = pickle.Decode(f, info.Size())
+		if err == nil {
+			a, err = pickle.Select(obj, keys)
 		}
-		a, err := pickle.Select(obj, keys)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
-		}
-		return a, nil
 	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return a, info, nil
 }

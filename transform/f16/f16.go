@@ -110,6 +110,24 @@ func FromFloat32Portable(dst []uint16, src []float32, st *Stats) {
 // even once, as numpy's npy_double_to_half does.
 func Float64ToBits(f float64) uint16 {
 	b := math.Float64bits(f)
+	a := b &^ (1 << 63)
+	// Normal float16 range, 2^-14 <= |f| < 2^16: rebias the exponent
+	// (1023-15 = 1008) and round the mantissa to 10 bits without branches;
+	// a carry out of the mantissa bumps the exponent, up to Inf.
+	if a-normLo64 < normHi64-normLo64 {
+		v := a - 1008<<52
+		return uint16(b>>48)&0x8000 | uint16((v+(1<<41-1)+(v>>42)&1)>>42)
+	}
+	return float64ToBitsRare(b)
+}
+
+// Bits of 2^-14 and 2^16: |x| in [normLo64, normHi64) converts to a normal
+// float16 (or rounds up to Inf) on the branch-free path.
+const normLo64, normHi64 = 0x3f10000000000000, 0x40f0000000000000
+
+// float64ToBitsRare converts the values outside float16's normal range:
+// zeros, subnormal results, overflow, Inf and NaN.
+func float64ToBitsRare(b uint64) uint16 {
 	sign := uint16(b>>48) & 0x8000
 	exp := int((b >> 52) & 0x7ff)
 	man := b & (1<<52 - 1)
@@ -150,41 +168,72 @@ func Float64ToBits(f float64) uint16 {
 	return sign | uint16(r)
 }
 
+// Float64 thresholds on |x| bits, as for float32 above.
+const (
+	inf64       = 0x7ff0000000000000
+	overflow64  = 0x40effe0000000000 // 65520
+	underflow64 = 0x3e60000000000000 // 2^-25
+)
+
 // FromFloat64 converts src into dst directly (see Float64ToBits) and adds
-// the audit of src to st.
+// the audit of src to st (unless st is nil).
+//
+// The audit screens blocks of 64 values with a running max and min of |x|
+// and counts only in blocks that hold something to count.
 func FromFloat64(dst []uint16, src []float64, st *Stats) {
 	if len(dst) < len(src) {
 		panic("f16: dst too short")
 	}
+	dst = dst[:len(src)]
 	if st == nil {
 		for i, f := range src {
-			dst[i] = Float64ToBits(f)
+			b := math.Float64bits(f)
+			if a := b &^ (1 << 63); a-normLo64 < normHi64-normLo64 { // Float64ToBits, inlined
+				v := a - 1008<<52
+				dst[i] = uint16(b>>48)&0x8000 | uint16((v+(1<<41-1)+(v>>42)&1)>>42)
+			} else {
+				dst[i] = float64ToBitsRare(b)
+			}
 		}
 		return
 	}
 	var s Stats
-	const (
-		inf64       = 0x7ff0000000000000
-		overflow64  = 0x40effe0000000000 // 65520
-		underflow64 = 0x3e60000000000000 // 2^-25
-	)
 	var maxBits uint64
-	for i, f := range src {
-		b := math.Float64bits(f)
-		dst[i] = Float64ToBits(f)
-		a := b &^ (1 << 63)
-		switch {
-		case a > inf64:
-			s.NaN++
-		case a == inf64:
-			s.InfIn++
-		default:
-			if a >= overflow64 {
-				s.Overflow++
-			} else if a != 0 && a <= underflow64 {
-				s.Underflow++
+	for off := 0; off < len(src); off += 64 {
+		blk := src[off:min(off+64, len(src))]
+		out := dst[off : off+len(blk)]
+		hiA, loA := uint64(0), ^uint64(0)
+		for i, f := range blk {
+			b := math.Float64bits(f)
+			a := b &^ (1 << 63)
+			if a-normLo64 < normHi64-normLo64 { // Float64ToBits, inlined
+				v := a - 1008<<52
+				out[i] = uint16(b>>48)&0x8000 | uint16((v+(1<<41-1)+(v>>42)&1)>>42)
+			} else {
+				out[i] = float64ToBitsRare(b)
 			}
-			maxBits = max(maxBits, a)
+			hiA = max(hiA, a)
+			loA = min(loA, a-1) // 0 wraps to the top and drops out
+		}
+		if hiA < overflow64 && loA >= underflow64 {
+			maxBits = max(maxBits, hiA)
+			continue
+		}
+		for _, f := range blk {
+			a := math.Float64bits(f) &^ (1 << 63)
+			switch {
+			case a > inf64:
+				s.NaN++
+			case a == inf64:
+				s.InfIn++
+			default:
+				if a >= overflow64 {
+					s.Overflow++
+				} else if a != 0 && a <= underflow64 {
+					s.Underflow++
+				}
+				maxBits = max(maxBits, a)
+			}
 		}
 	}
 	s.MaxAbs = math.Float64frombits(maxBits)

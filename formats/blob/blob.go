@@ -1,0 +1,100 @@
+// Package blob writes the concatenated per-modality arrays of a dataset:
+// a .npy file whose 4096-byte header is reserved up front and written when
+// the blob is finished, and whose data grows by appending whole rows.
+//
+// A blob can be reopened after a crash at a known row count: Open truncates
+// it to exactly that many rows and appends from there, so a resumed
+// conversion ends byte-identical to an uninterrupted one. Crash safety of
+// the published name is the caller's business (clipshard writes blobs in a
+// staging directory that is renamed into place when complete).
+package blob
+
+import (
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/clipshard/clipshard/formats/array"
+	"github.com/clipshard/clipshard/formats/npy"
+)
+
+// Writer appends rows to a blob. It is not safe for concurrent use.
+type Writer struct {
+	f          *os.File
+	dtype      array.DType
+	frameShape []int
+	frameBytes int64
+	rows       int64
+	pending    int64 // bytes written since the last whole row
+}
+
+// Open opens (creating it if needed) the blob at path for rows of
+// frameShape elements of dtype dt, keeps its first rows rows and positions
+// for appending after them. It fails if the file holds fewer.
+func Open(path string, dt array.DType, frameShape []int, rows int64) (*Writer, error) {
+	fb, err := array.ByteSize(frameShape, dt.Size)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	keep := npy.DataAlign + rows*fb
+	st, err := f.Stat()
+	if err == nil && st.Size() < keep && rows > 0 {
+		err = fmt.Errorf("blob: %s: has %d bytes, resuming at %d rows needs %d", path, st.Size(), rows, keep)
+	}
+	if err == nil {
+		err = f.Truncate(keep)
+	}
+	if err == nil && rows == 0 {
+		_, err = f.WriteAt(make([]byte, npy.DataAlign), 0) // placeholder header
+	}
+	if err == nil {
+		_, err = f.Seek(keep, io.SeekStart)
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return &Writer{f: f, dtype: dt, frameShape: append([]int(nil), frameShape...), frameBytes: fb, rows: rows}, nil
+}
+
+// Write appends element bytes straight to the file (callers write whole
+// clips); rows may span calls.
+func (w *Writer) Write(p []byte) (int, error) {
+	n, err := w.f.Write(p)
+	if w.frameBytes > 0 {
+		total := w.pending + int64(n)
+		w.rows += total / w.frameBytes
+		w.pending = total % w.frameBytes
+	}
+	return n, err
+}
+
+// Rows returns the number of whole rows in the blob.
+func (w *Writer) Rows() int64 { return w.rows }
+
+// Sync fsyncs the file.
+func (w *Writer) Sync() error { return w.f.Sync() }
+
+// Finish writes the header for the rows written, syncs and closes the file.
+// It fails if a partial row was written.
+func (w *Writer) Finish() error {
+	defer w.f.Close()
+	if w.pending != 0 {
+		return fmt.Errorf("blob: %s: %d bytes of a partial row", w.f.Name(), w.pending)
+	}
+	hdr, err := npy.EncodeHeader(w.dtype.Descr(), false, append([]int{int(w.rows)}, w.frameShape...), npy.DataAlign)
+	if err != nil {
+		return err
+	}
+	if _, err := w.f.WriteAt(hdr, 0); err != nil {
+		return err
+	}
+	return w.f.Sync()
+}
+
+// Close closes the file without finishing it (the blob stays resumable).
+func (w *Writer) Close() error { return w.f.Close() }

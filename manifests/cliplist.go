@@ -1,0 +1,176 @@
+package manifests
+
+import (
+	"bufio"
+	"encoding/csv"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/apache/arrow-go/v18/parquet"
+	"github.com/apache/arrow-go/v18/parquet/file"
+)
+
+// ErrClipList marks a clip list that cannot be used.
+var ErrClipList = errors.New("manifests: bad clip list")
+
+// ReadClipList reads the clip ids of a clip list, in order: a .csv or
+// .parquet file with a "clip" column, or text with one id per line (blank
+// lines and lines starting with # are ignored, surrounding space trimmed).
+// Duplicate or empty ids are an error naming the line (or row).
+func ReadClipList(path string) ([]string, error) {
+	var ids []string
+	var where []string
+	var err error
+	switch strings.ToLower(filepath.Ext(path)) {
+	case ".csv":
+		ids, err = readCSVClips(path)
+	case ".parquet":
+		ids, err = readParquetClips(path)
+	default:
+		ids, where, err = readTextClips(path)
+	}
+	if err != nil {
+		return nil, err
+	}
+	seen := make(map[string]int, len(ids))
+	for i, id := range ids {
+		loc := fmt.Sprintf("row %d", i+1)
+		if where != nil {
+			loc = where[i]
+		}
+		if id == "" {
+			return nil, fmt.Errorf("%w: %s: %s: empty clip id", ErrClipList, path, loc)
+		}
+		if strings.ContainsAny(id, "\t\n\r") {
+			return nil, fmt.Errorf("%w: %s: %s: clip id %q contains a tab or newline", ErrClipList, path, loc, id)
+		}
+		if j, dup := seen[id]; dup {
+			prev := fmt.Sprintf("row %d", j+1)
+			if where != nil {
+				prev = where[j]
+			}
+			return nil, fmt.Errorf("%w: %s: %s: duplicate clip id %q (first at %s)", ErrClipList, path, loc, id, prev)
+		}
+		seen[id] = i
+	}
+	if len(ids) == 0 {
+		return nil, fmt.Errorf("%w: %s: no clip ids", ErrClipList, path)
+	}
+	return ids, nil
+}
+
+func readTextClips(path string) (ids, where []string, err error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	line := 0
+	for sc.Scan() {
+		line++
+		s := strings.TrimSpace(sc.Text())
+		if s == "" || strings.HasPrefix(s, "#") {
+			continue
+		}
+		ids = append(ids, s)
+		where = append(where, fmt.Sprintf("line %d", line))
+	}
+	if err := sc.Err(); err != nil {
+		return nil, nil, fmt.Errorf("%w: %s: %w", ErrClipList, path, err)
+	}
+	return ids, where, nil
+}
+
+func readCSVClips(path string) ([]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	r := csv.NewReader(f)
+	r.FieldsPerRecord = -1
+	header, err := r.Read()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrClipList, path, err)
+	}
+	col := -1
+	for i, h := range header {
+		if strings.TrimSpace(strings.TrimPrefix(h, "\ufeff")) == "clip" {
+			col = i
+		}
+	}
+	if col < 0 {
+		return nil, fmt.Errorf("%w: %s: no \"clip\" column in header %q", ErrClipList, path, header)
+	}
+	var ids []string
+	for {
+		rec, err := r.Read()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: %w", ErrClipList, path, err)
+		}
+		if col >= len(rec) {
+			line, _ := r.FieldPos(0)
+			return nil, fmt.Errorf("%w: %s: line %d has no clip field", ErrClipList, path, line)
+		}
+		ids = append(ids, strings.TrimSpace(rec[col]))
+	}
+	return ids, nil
+}
+
+func readParquetClips(path string) (ids []string, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %s: %v", ErrClipList, path, r)
+		}
+	}()
+	rd, err := file.OpenParquetFile(path, false)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrClipList, path, err)
+	}
+	defer rd.Close()
+	ci := rd.MetaData().Schema.ColumnIndexByName("clip")
+	if ci < 0 {
+		return nil, fmt.Errorf("%w: %s: no \"clip\" column", ErrClipList, path)
+	}
+	for g := 0; g < rd.NumRowGroups(); g++ {
+		rg := rd.RowGroup(g)
+		cr, err := rg.Column(ci)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: %w", ErrClipList, path, err)
+		}
+		br, ok := cr.(*file.ByteArrayColumnChunkReader)
+		if !ok {
+			return nil, fmt.Errorf("%w: %s: column \"clip\" is not a string column", ErrClipList, path)
+		}
+		n := int(rg.NumRows())
+		vals := make([]parquet.ByteArray, n)
+		def := make([]int16, n)
+		off := 0
+		for off < n {
+			_, k, err := br.ReadBatch(int64(n-off), vals[off:], def[off:], nil)
+			if err != nil && !errors.Is(err, io.EOF) {
+				return nil, fmt.Errorf("%w: %s: %w", ErrClipList, path, err)
+			}
+			if k == 0 {
+				break
+			}
+			off += k
+		}
+		if off != n {
+			return nil, fmt.Errorf("%w: %s: column \"clip\" has null values", ErrClipList, path)
+		}
+		for _, v := range vals {
+			ids = append(ids, string(v))
+		}
+	}
+	return ids, nil
+}

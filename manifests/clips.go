@@ -1,0 +1,282 @@
+package manifests
+
+import (
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/apache/arrow-go/v18/parquet"
+	"github.com/apache/arrow-go/v18/parquet/compress"
+	"github.com/apache/arrow-go/v18/parquet/file"
+	"github.com/apache/arrow-go/v18/parquet/schema"
+
+	"github.com/clipshard/clipshard/formats/atomicfile"
+)
+
+// ClipRow is one row of clips.parquet.
+type ClipRow struct {
+	Clip    string
+	Start   int64
+	Length  int64
+	Trimmed int64
+	// Per modality, in the dataset's modality order.
+	Sources []ClipSource
+}
+
+// ClipSource is one modality's part of a ClipRow.
+type ClipSource struct {
+	XXH64   uint64 // xxHash64 (seed 0) of the clip's converted bytes
+	Path    string // source path as resolved
+	Size    int64
+	MtimeNS int64
+}
+
+type colKind int
+
+const (
+	colString colKind = iota
+	colInt64
+	colUint64
+)
+
+type column struct {
+	name string
+	kind colKind
+	get  func(r *ClipRow) any
+}
+
+func clipColumns(modalities []string) []column {
+	cols := []column{
+		{"clip", colString, func(r *ClipRow) any { return r.Clip }},
+		{"start", colInt64, func(r *ClipRow) any { return r.Start }},
+		{"length", colInt64, func(r *ClipRow) any { return r.Length }},
+		{"trimmed", colInt64, func(r *ClipRow) any { return r.Trimmed }},
+	}
+	for i, m := range modalities {
+		i := i
+		cols = append(cols,
+			column{m + "_xxh64", colUint64, func(r *ClipRow) any { return r.Sources[i].XXH64 }},
+			column{m + "_source", colString, func(r *ClipRow) any { return r.Sources[i].Path }},
+			column{m + "_source_size", colInt64, func(r *ClipRow) any { return r.Sources[i].Size }},
+			column{m + "_source_mtime_ns", colInt64, func(r *ClipRow) any { return r.Sources[i].MtimeNS }},
+		)
+	}
+	return cols
+}
+
+func parquetSchema(cols []column) (*schema.GroupNode, error) {
+	fields := make(schema.FieldList, len(cols))
+	for i, c := range cols {
+		var err error
+		switch c.kind {
+		case colString:
+			fields[i], err = schema.NewPrimitiveNodeLogical(c.name, parquet.Repetitions.Required, schema.StringLogicalType{}, parquet.Types.ByteArray, -1, -1)
+		case colInt64:
+			fields[i], err = schema.NewPrimitiveNodeLogical(c.name, parquet.Repetitions.Required, schema.NewIntLogicalType(64, true), parquet.Types.Int64, -1, -1)
+		case colUint64:
+			fields[i], err = schema.NewPrimitiveNodeLogical(c.name, parquet.Repetitions.Required, schema.NewIntLogicalType(64, false), parquet.Types.Int64, -1, -1)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return schema.NewGroupNode("schema", parquet.Repetitions.Required, fields, -1)
+}
+
+// WriteClips writes clips.parquet atomically: the columns of docs/FORMAT.md
+// for the given modality names, one row group.
+func WriteClips(path string, modalities []string, rows []ClipRow) (err error) {
+	cols := clipColumns(modalities)
+	sc, err := parquetSchema(cols)
+	if err != nil {
+		return err
+	}
+	f, err := atomicfile.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Abort()
+	props := parquet.NewWriterProperties(
+		parquet.WithCompression(compress.Codecs.Zstd),
+		parquet.WithCreatedBy("clipshard"),
+		parquet.WithStats(true),
+	)
+	w, err := file.NewParquetWriterWithError(f, sc, file.WithWriterProps(props))
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if r := recover(); r != nil && err == nil {
+			err = fmt.Errorf("manifests: writing %s: %v", path, r)
+		}
+	}()
+	rg, err := w.AppendRowGroupChecked()
+	if err != nil {
+		return err
+	}
+	for _, c := range cols {
+		cw, err := rg.NextColumn()
+		if err != nil {
+			return err
+		}
+		switch c.kind {
+		case colString:
+			vals := make([]parquet.ByteArray, len(rows))
+			for i := range rows {
+				vals[i] = parquet.ByteArray(c.get(&rows[i]).(string))
+			}
+			_, err = cw.(*file.ByteArrayColumnChunkWriter).WriteBatch(vals, nil, nil)
+		case colInt64, colUint64:
+			vals := make([]int64, len(rows))
+			for i := range rows {
+				switch v := c.get(&rows[i]).(type) {
+				case int64:
+					vals[i] = v
+				case uint64:
+					vals[i] = int64(v)
+				}
+			}
+			_, err = cw.(*file.Int64ColumnChunkWriter).WriteBatch(vals, nil, nil)
+		}
+		if err != nil {
+			return err
+		}
+		if err := cw.Close(); err != nil {
+			return err
+		}
+	}
+	if err := rg.Close(); err != nil {
+		return err
+	}
+	if err := w.FlushWithFooter(); err != nil {
+		return err
+	}
+	return f.Commit()
+}
+
+// ReadClips reads clips.parquet and checks that it has the columns of the
+// given modalities.
+func ReadClips(path string, modalities []string) (rows []ClipRow, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %s: %v", ErrManifest, path, r)
+		}
+	}()
+	rd, err := file.OpenParquetFile(path, false)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrManifest, path, err)
+	}
+	defer rd.Close()
+	cols := clipColumns(modalities)
+	sch := rd.MetaData().Schema
+	idx := make([]int, len(cols))
+	for i, c := range cols {
+		idx[i] = sch.ColumnIndexByName(c.name)
+		if idx[i] < 0 {
+			return nil, fmt.Errorf("%w: %s: no column %q", ErrManifest, path, c.name)
+		}
+	}
+	n := rd.NumRows()
+	rows = make([]ClipRow, n)
+	for i := range rows {
+		rows[i].Sources = make([]ClipSource, len(modalities))
+	}
+	base := 0
+	for g := 0; g < rd.NumRowGroups(); g++ {
+		rg := rd.RowGroup(g)
+		m := int(rg.NumRows())
+		if base+m > len(rows) {
+			return nil, fmt.Errorf("%w: %s: row groups hold more rows than the footer says", ErrManifest, path)
+		}
+		for ci, c := range cols {
+			cr, err := rg.Column(idx[ci])
+			if err != nil {
+				return nil, fmt.Errorf("%w: %s: column %q: %w", ErrManifest, path, c.name, err)
+			}
+			if err := readColumn(cr, c, rows[base:base+m], ci, len(modalities)); err != nil {
+				return nil, fmt.Errorf("%w: %s: column %q: %w", ErrManifest, path, c.name, err)
+			}
+		}
+		base += m
+	}
+	if base != len(rows) {
+		return nil, fmt.Errorf("%w: %s: %d rows read, footer says %d", ErrManifest, path, base, len(rows))
+	}
+	return rows, nil
+}
+
+func readColumn(cr file.ColumnChunkReader, c column, rows []ClipRow, ci, nmod int) error {
+	set := func(r *ClipRow, v any) {
+		switch ci {
+		case 0:
+			r.Clip = v.(string)
+		case 1:
+			r.Start = v.(int64)
+		case 2:
+			r.Length = v.(int64)
+		case 3:
+			r.Trimmed = v.(int64)
+		default:
+			s := &r.Sources[(ci-4)/4]
+			switch (ci - 4) % 4 {
+			case 0:
+				s.XXH64 = uint64(v.(int64))
+			case 1:
+				s.Path = v.(string)
+			case 2:
+				s.Size = v.(int64)
+			case 3:
+				s.MtimeNS = v.(int64)
+			}
+		}
+	}
+	n := len(rows)
+	switch c.kind {
+	case colString:
+		r, ok := cr.(*file.ByteArrayColumnChunkReader)
+		if !ok {
+			return errors.New("not a string column")
+		}
+		vals := make([]parquet.ByteArray, n)
+		if err := readAll(func(off int) (int, error) {
+			_, k, err := r.ReadBatch(int64(n-off), vals[off:], nil, nil)
+			return k, err
+		}, n); err != nil {
+			return err
+		}
+		for i := range rows {
+			set(&rows[i], string(vals[i]))
+		}
+	default:
+		r, ok := cr.(*file.Int64ColumnChunkReader)
+		if !ok {
+			return errors.New("not an int64 column")
+		}
+		vals := make([]int64, n)
+		if err := readAll(func(off int) (int, error) {
+			_, k, err := r.ReadBatch(int64(n-off), vals[off:], nil, nil)
+			return k, err
+		}, n); err != nil {
+			return err
+		}
+		for i := range rows {
+			set(&rows[i], vals[i])
+		}
+	}
+	return nil
+}
+
+func readAll(read func(off int) (int, error), n int) error {
+	off := 0
+	for off < n {
+		k, err := read(off)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return err
+		}
+		if k == 0 {
+			return fmt.Errorf("%d of %d values", off, n)
+		}
+		off += k
+	}
+	return nil
+}

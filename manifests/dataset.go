@@ -1,0 +1,189 @@
+// Package manifests reads, writes and checks the manifests of a clipshard
+// dataset directory (docs/FORMAT.md): dataset.json (the commit point),
+// clips.parquet (one row per clip), index.npy (start and length per clip)
+// and SHA256SUMS.
+//
+// Every path a manifest holds is relative to the manifest's directory and
+// never escapes it; loaders refuse anything else before opening a file.
+package manifests
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"github.com/clipshard/clipshard/formats/atomicfile"
+)
+
+// Errors returned by this package; test with errors.Is.
+var (
+	// ErrManifest marks a manifest that cannot be read or is not one.
+	ErrManifest = errors.New("manifests: bad manifest")
+	// ErrPath marks a manifest path that is absolute or escapes its
+	// directory.
+	ErrPath = errors.New("manifests: path escapes the dataset directory")
+)
+
+// Names of the files in a dataset directory.
+const (
+	DatasetFile = "dataset.json"
+	ClipsFile   = "clips.parquet"
+	IndexFile   = "index.npy"
+	SumsFile    = "SHA256SUMS"
+	SkippedFile = "skipped.tsv"
+)
+
+// DatasetFormat is the value of dataset.json's "format" key.
+const DatasetFormat = "clipshard.dataset"
+
+// Dataset is dataset.json.
+type Dataset struct {
+	Format     string           `json:"format"`
+	Version    int              `json:"version"`
+	Clips      int64            `json:"clips"`
+	Frames     int64            `json:"frames"`
+	Align      string           `json:"align"`
+	Modalities []Modality       `json:"modalities"`
+	Stats      map[string]Stats `json:"stats"`
+	Created    string           `json:"created"`
+	Tool       string           `json:"tool"`
+	Files      Files            `json:"files"`
+	// Fingerprint identifies the inputs (clip list, templates, flags): a
+	// re-run with the same fingerprint and unchanged sources is a no-op.
+	Fingerprint string `json:"fingerprint"`
+	// Trimmed is the total of clip frames dropped by --align trim.
+	Trimmed int64 `json:"trimmed"`
+	// Skipped lists clips left out by --on-error skip.
+	Skipped []Skipped `json:"skipped"`
+}
+
+// Files names the dataset's other manifests.
+type Files struct {
+	Clips   string `json:"clips"`
+	Index   string `json:"index"`
+	Sums    string `json:"sha256sums"`
+	Skipped string `json:"skipped,omitempty"`
+}
+
+// Modality describes one blob.
+type Modality struct {
+	Name        string `json:"name"`
+	File        string `json:"file"`
+	DType       string `json:"dtype"`
+	SourceDType string `json:"source_dtype"`
+	FrameShape  []int  `json:"frame_shape"`
+	Rate        int    `json:"rate"`
+	Rows        int64  `json:"rows"`
+	DataOffset  int64  `json:"data_offset"`
+	Size        int64  `json:"size"`
+	SHA256      string `json:"sha256"`
+	Template    string `json:"template"`
+	Keys        string `json:"keys"`
+}
+
+// Stats is the conversion audit of a modality.
+type Stats struct {
+	NaN       int64   `json:"nan"`
+	InfIn     int64   `json:"inf_in"`
+	Overflow  int64   `json:"overflow"`
+	Underflow int64   `json:"underflow"`
+	MaxAbs    float64 `json:"max_abs"`
+}
+
+// Skipped is a clip left out, and why, with the state of its sources then
+// (so that a re-run can tell whether anything changed).
+type Skipped struct {
+	Clip    string        `json:"clip"`
+	Reason  string        `json:"reason"`
+	Sources []SourceStamp `json:"sources,omitempty"`
+}
+
+// SourceStamp is a source file's path, size and mtime (size -1: missing).
+type SourceStamp struct {
+	Path    string `json:"path"`
+	Size    int64  `json:"size"`
+	MtimeNS int64  `json:"mtime_ns"`
+}
+
+// Stamp stats path now.
+func Stamp(path string) SourceStamp {
+	st, err := os.Stat(path)
+	if err != nil {
+		return SourceStamp{Path: path, Size: -1}
+	}
+	return SourceStamp{Path: path, Size: st.Size(), MtimeNS: st.ModTime().UnixNano()}
+}
+
+// CheckRelPath returns an error wrapping ErrPath unless p is a relative,
+// clean, slash-separated path that stays inside its directory.
+func CheckRelPath(p string) error {
+	switch {
+	case p == "" || p == ".":
+		return fmt.Errorf("%w: empty path", ErrPath)
+	case strings.HasPrefix(p, "/") || filepath.IsAbs(p) || strings.Contains(p, "\\") || strings.ContainsRune(p, 0):
+		return fmt.Errorf("%w: %q is absolute", ErrPath, p)
+	case path.Clean(p) != p || p == ".." || strings.HasPrefix(p, "../"):
+		return fmt.Errorf("%w: %q", ErrPath, p)
+	}
+	return nil
+}
+
+// LoadDataset reads and checks DIR/dataset.json: format, version, and that
+// every path in it is relative and inside DIR. It opens nothing else.
+func LoadDataset(dir string) (*Dataset, error) {
+	p := filepath.Join(dir, DatasetFile)
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrManifest, err)
+	}
+	var d Dataset
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if err := dec.Decode(&d); err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrManifest, p, err)
+	}
+	if d.Format != DatasetFormat || d.Version != 1 {
+		return nil, fmt.Errorf("%w: %s: format %q version %d, want %q version 1", ErrManifest, p, d.Format, d.Version, DatasetFormat)
+	}
+	paths := []string{d.Files.Clips, d.Files.Index, d.Files.Sums}
+	if d.Files.Skipped != "" {
+		paths = append(paths, d.Files.Skipped)
+	}
+	seen := map[string]bool{}
+	for _, m := range d.Modalities {
+		if m.Name == "" || seen[m.Name] {
+			return nil, fmt.Errorf("%w: %s: modality name %q empty or repeated", ErrManifest, p, m.Name)
+		}
+		seen[m.Name] = true
+		paths = append(paths, m.File)
+	}
+	for _, f := range paths {
+		if err := CheckRelPath(f); err != nil {
+			return nil, fmt.Errorf("%s: %w", p, err)
+		}
+	}
+	return &d, nil
+}
+
+// Write writes d to DIR/dataset.json atomically.
+func (d *Dataset) Write(dir string) error {
+	b, err := json.MarshalIndent(d, "", "  ")
+	if err != nil {
+		return err
+	}
+	return atomicfile.WriteFile(filepath.Join(dir, DatasetFile), append(b, '\n'))
+}
+
+// Modality returns the modality called name, or nil.
+func (d *Dataset) Modality(name string) *Modality {
+	for i := range d.Modalities {
+		if d.Modalities[i].Name == name {
+			return &d.Modalities[i]
+		}
+	}
+	return nil
+}

@@ -1,0 +1,128 @@
+package manifests
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/clipshard/clipshard/formats/array"
+	"github.com/clipshard/clipshard/formats/atomicfile"
+	"github.com/clipshard/clipshard/formats/npy"
+)
+
+// WriteIndex writes index.npy: int64 [N, 2] of (start, length) per clip.
+func WriteIndex(path string, starts, lengths []int64) error {
+	if len(starts) != len(lengths) {
+		return fmt.Errorf("manifests: %d starts, %d lengths", len(starts), len(lengths))
+	}
+	data := make([]byte, 16*len(starts))
+	for i := range starts {
+		binary.LittleEndian.PutUint64(data[16*i:], uint64(starts[i]))
+		binary.LittleEndian.PutUint64(data[16*i+8:], uint64(lengths[i]))
+	}
+	f, err := atomicfile.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Abort()
+	a := &array.Array{DType: array.DType{Kind: array.Int, Size: 8}, Shape: []int{len(starts), 2}, Data: data}
+	if err := npy.WriteArray(f, a); err != nil {
+		return err
+	}
+	return f.Commit()
+}
+
+// ReadIndex reads index.npy and returns starts and lengths.
+func ReadIndex(path string) (starts, lengths []int64, err error) {
+	a, err := npy.ReadFile(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	if a.DType != (array.DType{Kind: array.Int, Size: 8}) || len(a.Shape) != 2 || a.Shape[1] != 2 {
+		return nil, nil, fmt.Errorf("%w: %s is %s, want int64[N, 2]", ErrManifest, path, a)
+	}
+	n := a.Shape[0]
+	starts, lengths = make([]int64, n), make([]int64, n)
+	for i := 0; i < n; i++ {
+		starts[i] = int64(binary.LittleEndian.Uint64(a.Data[16*i:]))
+		lengths[i] = int64(binary.LittleEndian.Uint64(a.Data[16*i+8:]))
+	}
+	return starts, lengths, nil
+}
+
+// WriteSums writes a SHA256SUMS file that `sha256sum -c` accepts in its
+// directory: one "HEX  NAME" line per file, sorted by name.
+func WriteSums(path string, sums map[string]string) error {
+	names := make([]string, 0, len(sums))
+	for n := range sums {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	var b bytes.Buffer
+	for _, n := range names {
+		fmt.Fprintf(&b, "%s  %s\n", sums[n], n)
+	}
+	return atomicfile.WriteFile(path, b.Bytes())
+}
+
+// ReadSums reads a SHA256SUMS file. Names are checked with CheckRelPath.
+func ReadSums(path string) (map[string]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	sums := map[string]string{}
+	sc := bufio.NewScanner(f)
+	line := 0
+	for sc.Scan() {
+		line++
+		hexsum, name, ok := strings.Cut(sc.Text(), "  ")
+		if !ok || len(hexsum) != 64 {
+			if h, n, ok2 := strings.Cut(sc.Text(), " *"); ok2 && len(h) == 64 {
+				hexsum, name, ok = h, n, true
+			}
+		}
+		if _, err := hex.DecodeString(hexsum); !ok || err != nil || len(hexsum) != 64 {
+			return nil, fmt.Errorf("%w: %s:%d: not a sha256sum line", ErrManifest, path, line)
+		}
+		if err := CheckRelPath(name); err != nil {
+			return nil, fmt.Errorf("%s:%d: %w", path, line, err)
+		}
+		sums[name] = hexsum
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	return sums, nil
+}
+
+// HashFile returns the hex sha256 of the file at path, read in 1 MiB blocks.
+func HashFile(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.CopyBuffer(h, f, make([]byte, 1<<20)); err != nil {
+		return "", fmt.Errorf("%s: %w", path, err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// Join joins a manifest-relative path to its directory after checking it.
+func Join(dir, rel string) (string, error) {
+	if err := CheckRelPath(rel); err != nil {
+		return "", err
+	}
+	return filepath.Join(dir, filepath.FromSlash(rel)), nil
+}

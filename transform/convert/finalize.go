@@ -1,0 +1,207 @@
+package convert
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"golang.org/x/sys/unix"
+
+	"github.com/clipshard/clipshard/formats/array"
+	"github.com/clipshard/clipshard/formats/atomicfile"
+	"github.com/clipshard/clipshard/formats/blob"
+	"github.com/clipshard/clipshard/formats/npy"
+	"github.com/clipshard/clipshard/manifests"
+)
+
+// hashRange returns the xxHash64 of n bytes of f at off.
+func hashRange(f *os.File, off, n int64) (uint64, error) {
+	d := xxhash.New()
+	if _, err := io.Copy(d, io.NewSectionReader(f, off, n)); err != nil {
+		return 0, err
+	}
+	st, err := f.Stat()
+	if err != nil {
+		return 0, err
+	}
+	if st.Size() < off+n {
+		return 0, io.ErrUnexpectedEOF
+	}
+	return d.Sum64(), nil
+}
+
+// finalize finishes the blobs and writes the manifests into the staging
+// directory, dataset.json last.
+func (j *job) finalize(w *writer) (*manifests.Dataset, error) {
+	o := j.opts
+	if len(w.rows) == 0 {
+		return nil, fmt.Errorf("%w: no clip could be converted (%d skipped)", ErrInput, len(w.skipped))
+	}
+	report := func(phase string) {
+		if o.Progress != nil {
+			o.Progress(Progress{Clips: w.next, ClipsTotal: len(j.clips), BytesOut: w.bytesOut, Phase: phase})
+		}
+	}
+	report("finish")
+	d := &manifests.Dataset{
+		Format:      manifests.DatasetFormat,
+		Version:     1,
+		Clips:       int64(len(w.rows)),
+		Frames:      w.frames,
+		Align:       o.Align,
+		Stats:       map[string]manifests.Stats{},
+		Created:     o.Now().UTC().Format(time.RFC3339),
+		Tool:        o.Tool,
+		Fingerprint: j.fingerprint,
+		Trimmed:     w.trimmed,
+		Skipped:     w.skipped,
+		Files:       manifests.Files{Clips: manifests.ClipsFile, Index: manifests.IndexFile, Sums: manifests.SumsFile},
+	}
+	names := make([]string, len(o.Modalities))
+	for k, m := range o.Modalities {
+		st := w.mods[k]
+		names[k] = m.Name
+		if st.w == nil { // resumed with every clip already written
+			var err error
+			if st.w, err = blob.Open(j.blobPath(k), st.dtype, st.frameShape, st.rows); err != nil {
+				return nil, err
+			}
+		}
+		if st.w.Rows() != st.rows {
+			return nil, fmt.Errorf("convert: %s: %d rows written, journal says %d", j.blobPath(k), st.w.Rows(), st.rows)
+		}
+		if err := st.w.Finish(); err != nil {
+			return nil, err
+		}
+		st.w = nil
+		fb, _ := array.ByteSize(st.frameShape, st.dtype.Size)
+		d.Modalities = append(d.Modalities, manifests.Modality{
+			Name: m.Name, File: m.Name + ".npy", DType: st.dtype.Descr(), SourceDType: strings.Join(st.descrs, ","),
+			FrameShape: append([]int{}, st.frameShape...), Rate: m.Rate, Rows: st.rows, DataOffset: npy.DataAlign,
+			Size: npy.DataAlign + st.rows*fb, Template: m.Template, Keys: m.Keys,
+		})
+		d.Stats[m.Name] = manifests.Stats(st.stats)
+	}
+	starts := make([]int64, len(w.rows))
+	lengths := make([]int64, len(w.rows))
+	for i, r := range w.rows {
+		starts[i], lengths[i] = r.Start, r.Length
+	}
+	if err := manifests.WriteIndex(filepath.Join(j.staging, manifests.IndexFile), starts, lengths); err != nil {
+		return nil, err
+	}
+	if err := manifests.WriteClips(filepath.Join(j.staging, manifests.ClipsFile), names, w.rows); err != nil {
+		return nil, err
+	}
+	files := []string{manifests.IndexFile, manifests.ClipsFile}
+	if len(w.skipped) > 0 {
+		var b bytes.Buffer
+		b.WriteString("clip\treason\n")
+		for _, s := range w.skipped {
+			fmt.Fprintf(&b, "%s\t%s\n", s.Clip, strings.ReplaceAll(s.Reason, "\t", " "))
+		}
+		if err := atomicfile.WriteFile(filepath.Join(j.staging, manifests.SkippedFile), b.Bytes()); err != nil {
+			return nil, err
+		}
+		d.Files.Skipped = manifests.SkippedFile
+		files = append(files, manifests.SkippedFile)
+	}
+	for _, m := range d.Modalities {
+		files = append(files, m.File)
+	}
+	report("checksum")
+	sums, err := hashFiles(j.staging, files, o.Workers)
+	if err != nil {
+		return nil, err
+	}
+	for i := range d.Modalities {
+		d.Modalities[i].SHA256 = sums[d.Modalities[i].File]
+	}
+	js, err := json.MarshalIndent(d, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	js = append(js, '\n')
+	h := sha256.Sum256(js)
+	sums[manifests.DatasetFile] = hex.EncodeToString(h[:])
+	if err := manifests.WriteSums(filepath.Join(j.staging, manifests.SumsFile), sums); err != nil {
+		return nil, err
+	}
+	if err := atomicfile.WriteFile(filepath.Join(j.staging, manifests.DatasetFile), js); err != nil {
+		return nil, err
+	}
+	return d, atomicfile.SyncDir(j.staging)
+}
+
+// hashFiles returns the sha256 of each named file in dir, hashing up to
+// workers files at once.
+func hashFiles(dir string, names []string, workers int) (map[string]string, error) {
+	sums := make(map[string]string, len(names))
+	var mu sync.Mutex
+	var firstErr error
+	sem := make(chan struct{}, max(1, workers))
+	var wg sync.WaitGroup
+	for _, n := range names {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			s, err := manifests.HashFile(filepath.Join(dir, n))
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil && firstErr == nil {
+				firstErr = err
+			}
+			sums[n] = s
+		}()
+	}
+	wg.Wait()
+	return sums, firstErr
+}
+
+// commit publishes the staging directory as o.Out: an atomic exchange with
+// a previous dataset (then removed), or a rename if there is none.
+func (j *job) commit() error {
+	out := j.opts.Out
+	parent := filepath.Dir(out)
+	err := unix.Renameat2(unix.AT_FDCWD, j.staging, unix.AT_FDCWD, out, unix.RENAME_EXCHANGE)
+	switch {
+	case err == nil:
+		// j.staging now holds the previous dataset.
+		if err := atomicfile.SyncDir(parent); err != nil {
+			return err
+		}
+		return os.RemoveAll(j.staging)
+	case errors.Is(err, unix.ENOENT):
+		if err := os.Rename(j.staging, out); err != nil {
+			return err
+		}
+	case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOSYS):
+		// Filesystem without RENAME_EXCHANGE: move the old one aside first.
+		old := j.staging + ".old"
+		if err := os.Rename(out, old); err != nil {
+			return err
+		}
+		if err := os.Rename(j.staging, out); err != nil {
+			return err
+		}
+		if err := atomicfile.SyncDir(parent); err != nil {
+			return err
+		}
+		return os.RemoveAll(old)
+	default:
+		return fmt.Errorf("convert: publishing %s: %w", out, err)
+	}
+	return atomicfile.SyncDir(parent)
+}

@@ -1,0 +1,141 @@
+package convert
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+
+	"github.com/clipshard/clipshard/manifests"
+)
+
+// The journal is a JSON-lines file next to the staging directory: a header
+// line with the fingerprint of the inputs, then one line per finished clip
+// in clip-list order, written after the clip's bytes were appended to the
+// blobs. A resumed run keeps the longest prefix of records whose bytes it
+// can verify (by xxHash64) in the staged blobs.
+
+type journalHeader struct {
+	Journal     string `json:"journal"`
+	Fingerprint string `json:"fingerprint"`
+}
+
+type journalRecord struct {
+	Index   int          `json:"i"`
+	Clip    string       `json:"clip"`
+	Length  int64        `json:"len,omitempty"`
+	Trimmed int64        `json:"trim,omitempty"`
+	Skip    string       `json:"skip,omitempty"`
+	Mods    []journalMod `json:"m,omitempty"`
+	// Sources of a skipped clip (size -1: missing), for the no-op check.
+	SkipSources []manifests.SourceStamp `json:"ss,omitempty"`
+}
+
+type journalMod struct {
+	XXH64       string    `json:"x"` // hex: JSON numbers lose uint64 bits
+	Path        string    `json:"p"`
+	Size        int64     `json:"s"`
+	MtimeNS     int64     `json:"t"`
+	Rows        int64     `json:"r"`
+	DType       string    `json:"d"`
+	SourceDescr string    `json:"sd"`
+	FrameShape  []int     `json:"fs"`
+	Stats       [5]string `json:"st"` // nan, inf, overflow, underflow, max_abs (exact text)
+}
+
+const journalMagic = "clipshard.convert.journal/1"
+
+func encodeStats(s manifests.Stats) [5]string {
+	return [5]string{
+		strconv.FormatInt(s.NaN, 10), strconv.FormatInt(s.InfIn, 10),
+		strconv.FormatInt(s.Overflow, 10), strconv.FormatInt(s.Underflow, 10),
+		strconv.FormatFloat(s.MaxAbs, 'g', -1, 64),
+	}
+}
+
+func decodeStats(v [5]string) (manifests.Stats, error) {
+	var s manifests.Stats
+	var err error
+	ints := []*int64{&s.NaN, &s.InfIn, &s.Overflow, &s.Underflow}
+	for i, p := range ints {
+		if *p, err = strconv.ParseInt(v[i], 10, 64); err != nil {
+			return s, err
+		}
+	}
+	s.MaxAbs, err = strconv.ParseFloat(v[4], 64)
+	return s, err
+}
+
+// readJournal reads a journal file. It returns the fingerprint and the
+// records up to the first line that does not parse (a torn last write).
+func readJournal(path string) (string, []journalRecord, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", nil, err
+	}
+	defer f.Close()
+	r := bufio.NewReaderSize(f, 1<<20)
+	var hdr journalHeader
+	line, err := r.ReadBytes('\n')
+	if err != nil || json.Unmarshal(line, &hdr) != nil || hdr.Journal != journalMagic {
+		return "", nil, fmt.Errorf("convert: %s: not a journal", path)
+	}
+	var recs []journalRecord
+	for {
+		line, err := r.ReadBytes('\n')
+		if err == io.EOF || (err == nil && len(bytes.TrimSpace(line)) == 0) {
+			break
+		}
+		if err != nil {
+			return "", nil, err
+		}
+		var rec journalRecord
+		if json.Unmarshal(line, &rec) != nil || rec.Index != len(recs) {
+			break
+		}
+		recs = append(recs, rec)
+	}
+	return hdr.Fingerprint, recs, nil
+}
+
+// journal appends records to a journal file.
+type journal struct {
+	f *os.File
+}
+
+func createJournal(f *os.File, fingerprint string) (*journal, error) {
+	if err := f.Truncate(0); err != nil {
+		return nil, err
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return nil, err
+	}
+	j := &journal{f: f}
+	return j, j.write(journalHeader{Journal: journalMagic, Fingerprint: fingerprint})
+}
+
+// truncateJournal keeps the header and the first n records of f.
+func truncateJournal(f *os.File, fingerprint string, recs []journalRecord) (*journal, error) {
+	j, err := createJournal(f, fingerprint)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range recs {
+		if err := j.write(r); err != nil {
+			return nil, err
+		}
+	}
+	return j, nil
+}
+
+func (j *journal) write(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	_, err = j.f.Write(append(b, '\n'))
+	return err
+}

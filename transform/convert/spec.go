@@ -1,0 +1,127 @@
+// Package convert packs clips into a clipshard dataset: it decodes every
+// clip's sources (.npy or numpy-in-pickle), converts them to float16 exactly
+// as numpy's astype(np.float16) would, and concatenates each modality along
+// time into one .npy blob, with the manifests of docs/FORMAT.md.
+//
+// Run decodes and converts clips in parallel and writes them in clip-list
+// order from one goroutine, with a byte budget on the results in flight.
+// Output goes to a staging directory next to the output, with a journal of
+// finished clips; a killed run resumes from the journal, and the finished
+// dataset replaces the previous one in a single atomic directory exchange.
+package convert
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/clipshard/clipshard/formats"
+)
+
+// ErrUsage marks options that cannot work (bad modality spec, flags that
+// contradict each other).
+var ErrUsage = errors.New("convert: usage")
+
+// ErrInput marks a problem with the input data: a clip whose source is
+// missing, unreadable, refused or inconsistent.
+var ErrInput = errors.New("convert: bad input")
+
+// Modality is one --modality NAME[@RATE]=TEMPLATE[:KEYS].
+type Modality struct {
+	Name     string `json:"name"`
+	Rate     int    `json:"rate"`
+	Template string `json:"template"`
+	Keys     string `json:"keys"`
+	// KeepDType keeps the source dtype instead of converting to float16.
+	KeepDType bool `json:"keep_dtype"`
+}
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]*$`)
+
+// ParseModality parses NAME[@RATE]=TEMPLATE[:KEYS]. TEMPLATE must contain
+// {clip} and end in .npy, .pkl or .pickle; KEYS follow a pickle template.
+func ParseModality(s string) (Modality, error) {
+	lhs, tmpl, ok := strings.Cut(s, "=")
+	if !ok || lhs == "" || tmpl == "" {
+		return Modality{}, fmt.Errorf("%w: modality %q: want NAME[@RATE]=TEMPLATE[:KEYS]", ErrUsage, s)
+	}
+	m := Modality{Name: lhs, Rate: 1}
+	if name, rate, ok := strings.Cut(lhs, "@"); ok {
+		r, err := strconv.Atoi(rate)
+		if err != nil || r < 1 {
+			return Modality{}, fmt.Errorf("%w: modality %q: rate %q is not an integer >= 1", ErrUsage, s, rate)
+		}
+		m.Name, m.Rate = name, r
+	}
+	if !nameRE.MatchString(m.Name) || m.Name == "index" || m.Name == "dataset" {
+		return Modality{}, fmt.Errorf("%w: modality name %q: use letters, digits, _ . - (not \"index\" or \"dataset\")", ErrUsage, m.Name)
+	}
+	lower := strings.ToLower(tmpl)
+	for _, ext := range []string{".pkl:", ".pickle:"} {
+		if i := strings.LastIndex(lower, ext); i >= 0 {
+			m.Template, m.Keys = tmpl[:i+len(ext)-1], tmpl[i+len(ext):]
+			if m.Keys == "" {
+				return Modality{}, fmt.Errorf("%w: modality %q: empty KEYS after ':'", ErrUsage, s)
+			}
+			break
+		}
+	}
+	if m.Template == "" {
+		m.Template = tmpl
+	}
+	if !strings.Contains(m.Template, "{clip}") {
+		return Modality{}, fmt.Errorf("%w: modality %q: template %q has no {clip}", ErrUsage, s, m.Template)
+	}
+	if _, err := formats.FormatOf(m.Template); err != nil {
+		return Modality{}, fmt.Errorf("%w: modality %q: %w", ErrUsage, s, err)
+	}
+	return m, nil
+}
+
+// Path returns the source path of clip for this modality: the template with
+// {clip} replaced, joined to root when relative.
+func (m Modality) Path(root, clip string) string {
+	p := strings.ReplaceAll(m.Template, "{clip}", clip)
+	if !filepath.IsAbs(p) {
+		p = filepath.Join(root, p)
+	}
+	return p
+}
+
+// Options configure Run.
+type Options struct {
+	ClipList   string     // --clips
+	Modalities []Modality // --modality, in order
+	Root       string     // --root; default: the clip list's folder
+	Out        string     // --out
+	Align      string     // "strict" (default) or "trim"
+
+	AllowInt       bool
+	AllowNonFinite bool
+	AllowOverflow  bool
+	SkipBadClips   bool // --on-error skip
+	Force          bool
+
+	Workers int   // decode/convert goroutines; default GOMAXPROCS
+	Budget  int64 // bytes of decoded results in flight; default 256 MiB
+
+	// Progress, if set, is called from the writing goroutine after each clip
+	// and once at the end; it must return quickly.
+	Progress func(Progress)
+	// Now returns the time recorded as "created"; default time.Now.
+	Now func() time.Time
+	// Tool is recorded as "tool".
+	Tool string
+}
+
+// Progress is a snapshot of a running conversion.
+type Progress struct {
+	Clips, ClipsTotal int
+	Resumed           int   // clips taken over from an interrupted run
+	BytesIn, BytesOut int64 // source bytes read, blob bytes written, this run
+	Phase             string
+}
