@@ -33,6 +33,13 @@ func Create(path string) (*File, error) {
 	if err != nil {
 		return nil, err
 	}
+	// CreateTemp makes 0600 files; published files are readable like any
+	// other output.
+	if err := f.Chmod(0o644); err != nil {
+		f.Close()
+		os.Remove(f.Name())
+		return nil, err
+	}
 	return &File{File: f, final: path}, nil
 }
 

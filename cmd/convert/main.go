@@ -1,0 +1,247 @@
+// Command convert packs per-clip .npy and pickle sources into a clipshard
+// dataset: one float16 .npy blob per modality plus offset manifests.
+// Run "convert --help" for the flags; docs/FORMAT.md describes the output.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/clipshard/clipshard/internal/ui"
+	"github.com/clipshard/clipshard/transform/convert"
+)
+
+const usage = `usage: convert --clips FILE --out DIR -m NAME[@RATE]=TEMPLATE[:KEYS] [-m ...] [flags]
+
+Decode every clip's sources, convert them to float16 exactly as numpy's
+astype(np.float16), and concatenate each modality along time into
+DIR/NAME.npy, with DIR/clips.parquet, DIR/index.npy, DIR/SHA256SUMS and
+DIR/dataset.json (written last). A re-run with unchanged inputs does nothing;
+a killed run resumes where it stopped.
+
+Example:
+  convert --clips testdata/demo/clips.txt --out /tmp/demo-ds \
+    -m 'motion=motion/{clip}.pkl:exp+pose' \
+    -m 'whisper@2=whisper/{clip}.npy' -m 'emotion=emotion/{clip}.npy'
+
+TEMPLATE is a path with {clip} replaced by the clip id, relative to --root.
+KEYS select arrays inside a pickle: exp, params/exp, exp+pose (concatenated
+along the last axis); without KEYS the pickle must hold a bare array.
+@RATE: rows per clip frame (default 1).
+
+Flags:
+`
+
+const exitCodes = `
+Exit status: 0 done or up to date; 1 bad input or failure (one line on
+stderr names the file, clip and key); 2 usage error.
+`
+
+type multi []string
+
+func (m *multi) String() string     { return strings.Join(*m, ",") }
+func (m *multi) Set(s string) error { *m = append(*m, s); return nil }
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("convert", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		mods, keep     multi
+		o              convert.Options
+		onError        string
+		quiet, jsonOut bool
+		budgetMiB      int64
+	)
+	fs.StringVar(&o.ClipList, "clips", "", "clip list: text (one id per line), .csv or .parquet with a `clip` column")
+	fs.Var(&mods, "modality", "`NAME[@RATE]=TEMPLATE[:KEYS]` (repeatable)")
+	fs.Var(&mods, "m", "short for --modality")
+	fs.StringVar(&o.Root, "root", "", "folder relative templates start from (default: the clip list's folder)")
+	fs.StringVar(&o.Out, "out", "", "dataset directory to write")
+	fs.StringVar(&o.Align, "align", "strict", "`strict`: modalities must agree on each clip's length; trim: cut to the shortest")
+	fs.Var(&keep, "keep-dtype", "keep modality `NAME` in its source dtype instead of float16 (repeatable)")
+	fs.BoolVar(&o.AllowInt, "allow-int", false, "accept integer and bool arrays")
+	fs.BoolVar(&o.AllowNonFinite, "allow-nonfinite", false, "accept NaN and ±Inf in sources (counted in stats)")
+	fs.BoolVar(&o.AllowOverflow, "allow-overflow", false, "accept finite values that become ±Inf in float16 (counted in stats)")
+	fs.IntVar(&o.Workers, "workers", 0, "decode/convert goroutines (default: GOMAXPROCS)")
+	fs.Int64Var(&budgetMiB, "mem", 256, "MiB of converted clips held waiting to be written")
+	fs.StringVar(&onError, "on-error", "fail", "`fail` on the first bad clip, or skip it (listed in skipped.tsv)")
+	fs.BoolVar(&o.Force, "force", false, "rebuild even if the dataset is up to date")
+	fs.BoolVar(&quiet, "quiet", false, "no progress on stderr")
+	fs.BoolVar(&jsonOut, "json", false, "print the summary as JSON")
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage)
+		fs.PrintDefaults()
+		fmt.Fprint(stderr, exitCodes)
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "convert: unexpected argument %q (see --help)\n", fs.Arg(0))
+		return 2
+	}
+	switch onError {
+	case "fail":
+	case "skip":
+		o.SkipBadClips = true
+	default:
+		fmt.Fprintf(stderr, "convert: --on-error %q: want fail or skip\n", onError)
+		return 2
+	}
+	for _, s := range mods {
+		m, err := convert.ParseModality(s)
+		if err != nil {
+			ui.Fail(stderr, "convert", err)
+			return 2
+		}
+		o.Modalities = append(o.Modalities, m)
+	}
+	for _, k := range keep {
+		found := false
+		for i := range o.Modalities {
+			if o.Modalities[i].Name == k {
+				o.Modalities[i].KeepDType, found = true, true
+			}
+		}
+		if !found {
+			fmt.Fprintf(stderr, "convert: --keep-dtype %q names no --modality\n", k)
+			return 2
+		}
+	}
+	o.Budget = budgetMiB << 20
+	o.Tool = "clipshard convert " + version()
+	if t, ok, err := sourceDateEpoch(); err != nil {
+		fmt.Fprintln(stderr, "convert:", err)
+		return 2
+	} else if ok {
+		o.Now = func() time.Time { return t }
+	}
+
+	var bar *ui.Progress
+	crash := crashHook()
+	o.Progress = func(p convert.Progress) {
+		if bar == nil {
+			bar = ui.New("convert", "clips", int64(p.ClipsTotal), quiet)
+		}
+		bar.Update(int64(p.Clips), fmt.Sprintf("%s in, %s out", ui.Bytes(p.BytesIn), ui.Bytes(p.BytesOut)))
+		crash(p)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	res, err := convert.Run(ctx, o)
+	if bar != nil {
+		bar.Finish()
+	}
+	if err != nil {
+		ui.Fail(stderr, "convert", err)
+		if errors.Is(err, convert.ErrUsage) {
+			return 2
+		}
+		return 1
+	}
+	summary(stdout, res, jsonOut)
+	return 0
+}
+
+func summary(w io.Writer, r *convert.Result, asJSON bool) {
+	d := r.Dataset
+	if asJSON {
+		out := map[string]any{
+			"dir": r.Dir, "up_to_date": r.UpToDate, "clips": d.Clips, "frames": d.Frames,
+			"converted": r.Converted, "resumed": r.Resumed, "skipped": d.Skipped,
+			"bytes_in": r.BytesIn, "bytes_out": r.BytesOut, "seconds": r.Elapsed.Seconds(),
+			"stats": d.Stats, "trimmed": d.Trimmed,
+		}
+		b, _ := json.MarshalIndent(out, "", "  ")
+		fmt.Fprintln(w, string(b))
+		return
+	}
+	if r.UpToDate {
+		fmt.Fprintf(w, "up to date: %s (%d clips, %d frames); nothing to do\n", r.Dir, d.Clips, d.Frames)
+		return
+	}
+	rate := ""
+	if s := r.Elapsed.Seconds(); s > 0 {
+		rate = fmt.Sprintf(", %s/s in", ui.Bytes(int64(float64(r.BytesIn)/s)))
+	}
+	fmt.Fprintf(w, "converted %d clips (%d frames) into %s in %.1fs: %s read, %s written%s\n",
+		d.Clips, d.Frames, r.Dir, r.Elapsed.Seconds(), ui.Bytes(r.BytesIn), ui.Bytes(r.BytesOut), rate)
+	if r.Resumed > 0 {
+		fmt.Fprintf(w, "resumed: %d clips were already done by an interrupted run\n", r.Resumed)
+	}
+	for _, m := range d.Modalities {
+		s := d.Stats[m.Name]
+		fmt.Fprintf(w, "  %-12s %s %v x%d rows  max|x| %g  nan %d inf %d overflow %d underflow %d\n",
+			m.Name, m.DType, m.FrameShape, m.Rows, s.MaxAbs, s.NaN, s.InfIn, s.Overflow, s.Underflow)
+	}
+	if d.Trimmed > 0 {
+		fmt.Fprintf(w, "trimmed: %d clip frames dropped to align modalities\n", d.Trimmed)
+	}
+	if n := len(d.Skipped); n > 0 {
+		fmt.Fprintf(w, "skipped %d clips (see %s):\n", n, d.Files.Skipped)
+		for i, s := range d.Skipped {
+			if i == 10 {
+				fmt.Fprintf(w, "  ... and %d more\n", n-10)
+				break
+			}
+			fmt.Fprintf(w, "  %s: %s\n", s.Clip, s.Reason)
+		}
+	}
+}
+
+// sourceDateEpoch reads SOURCE_DATE_EPOCH (reproducible-builds.org): when
+// set, it is recorded as "created", so that two runs are byte-identical.
+func sourceDateEpoch() (time.Time, bool, error) {
+	v := os.Getenv("SOURCE_DATE_EPOCH")
+	if v == "" {
+		return time.Time{}, false, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("SOURCE_DATE_EPOCH=%q is not a number of seconds", v)
+	}
+	return time.Unix(n, 0), true, nil
+}
+
+// crashHook is fault injection for the crash tests: with
+// CLIPSHARD_KILL_AFTER_CLIPS=N the process SIGKILLs itself once N clips are
+// written; with CLIPSHARD_KILL_AT_PHASE=finish|checksum, when that phase
+// starts.
+func crashHook() func(convert.Progress) {
+	after, _ := strconv.Atoi(os.Getenv("CLIPSHARD_KILL_AFTER_CLIPS"))
+	phase := os.Getenv("CLIPSHARD_KILL_AT_PHASE")
+	if after <= 0 && phase == "" {
+		return func(convert.Progress) {}
+	}
+	return func(p convert.Progress) {
+		if (after > 0 && p.Clips >= after) || (phase != "" && p.Phase == phase) {
+			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {}
+		}
+	}
+}
+
+func version() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "(devel)"
+}

@@ -1,0 +1,371 @@
+package main_test
+
+import (
+	"bytes"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/clipshard/clipshard/internal/numpytest"
+)
+
+var bin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "clipshard-convert-test")
+	if err != nil {
+		panic(err)
+	}
+	bin = filepath.Join(dir, "convert")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+var demoMods = []string{
+	"-m", "motion=motion/{clip}.pkl:exp+pose",
+	"-m", "whisper@2=whisper/{clip}.npy",
+	"-m", "emotion=emotion/{clip}.npy",
+}
+
+// copyDemo copies testdata/demo to a temp dir, so a test may change sources.
+func copyDemo(t *testing.T) string {
+	t.Helper()
+	dst := filepath.Join(t.TempDir(), "src")
+	src := filepath.Join("..", "..", "testdata", "demo")
+	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		if d.IsDir() {
+			return os.MkdirAll(filepath.Join(dst, rel), 0o755)
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(dst, rel), b, 0o644)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dst
+}
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func runConvert(t *testing.T, env []string, args ...string) result {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(append(os.Environ(), "SOURCE_DATE_EPOCH=1700000000"), env...)
+	var so, se bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &so, &se
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+		if !ee.Exited() {
+			code = -1 // killed
+		}
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return result{code, so.String(), se.String()}
+}
+
+func demoArgs(src, out string, extra ...string) []string {
+	args := append([]string{"--clips", filepath.Join(src, "clips.txt"), "--out", out, "--quiet"}, demoMods...)
+	return append(args, extra...)
+}
+
+// snapshot returns every file of dir and its bytes.
+func snapshot(t *testing.T, dir string) map[string][]byte {
+	t.Helper()
+	files := map[string][]byte{}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[e.Name()] = b
+	}
+	return files
+}
+
+func sameTree(t *testing.T, a, b map[string][]byte, what string) {
+	t.Helper()
+	if len(a) != len(b) {
+		t.Fatalf("%s: %d files vs %d", what, len(a), len(b))
+	}
+	for name, data := range a {
+		if !bytes.Equal(data, b[name]) {
+			t.Fatalf("%s: %s differs", what, name)
+		}
+	}
+}
+
+func TestDemoMatchesNumpy(t *testing.T) {
+	src := copyDemo(t)
+	out := filepath.Join(t.TempDir(), "ds")
+	r := runConvert(t, nil, demoArgs(src, out)...)
+	if r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	if !strings.Contains(r.stdout, "converted 12 clips") {
+		t.Fatalf("summary: %s", r.stdout)
+	}
+	numpytest.Run(t, filepath.Join("..", "..", "testdata", "check_dataset.py"), out, filepath.Join(src, "clips.txt"), src)
+	cmd := exec.Command("sha256sum", "--strict", "-c", "SHA256SUMS")
+	cmd.Dir = out
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("sha256sum -c: %v\n%s", err, b)
+	}
+	for name := range snapshot(t, out) {
+		if st, _ := os.Stat(filepath.Join(out, name)); st.Mode().Perm() != 0o644 {
+			t.Errorf("%s has mode %v", name, st.Mode())
+		}
+	}
+}
+
+func TestWorkersSameBytes(t *testing.T) {
+	src := copyDemo(t)
+	var first map[string][]byte
+	for _, w := range []string{"1", "2", "8"} {
+		out := filepath.Join(t.TempDir(), "ds")
+		r := runConvert(t, nil, demoArgs(src, out, "--workers", w, "--mem", "1")...)
+		if r.code != 0 {
+			t.Fatalf("workers %s: exit %d: %s", w, r.code, r.stderr)
+		}
+		snap := snapshot(t, out)
+		if first == nil {
+			first = snap
+			continue
+		}
+		sameTree(t, first, snap, "--workers "+w)
+	}
+}
+
+func TestNoOpThenRebuild(t *testing.T) {
+	src := copyDemo(t)
+	out := filepath.Join(t.TempDir(), "ds")
+	if r := runConvert(t, nil, demoArgs(src, out)...); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	st1, _ := os.Stat(filepath.Join(out, "dataset.json"))
+	time.Sleep(10 * time.Millisecond)
+	r := runConvert(t, nil, demoArgs(src, out)...)
+	if r.code != 0 || !strings.Contains(r.stdout, "up to date") {
+		t.Fatalf("re-run: exit %d, %q", r.code, r.stdout)
+	}
+	st2, _ := os.Stat(filepath.Join(out, "dataset.json"))
+	if !st2.ModTime().Equal(st1.ModTime()) {
+		t.Fatal("no-op run rewrote dataset.json")
+	}
+	// A touched source rebuilds.
+	future := time.Now().Add(time.Hour)
+	os.Chtimes(filepath.Join(src, "emotion", "clip005.npy"), future, future)
+	r = runConvert(t, nil, demoArgs(src, out)...)
+	if r.code != 0 || !strings.Contains(r.stdout, "converted 12 clips") {
+		t.Fatalf("after touch: exit %d, %q %s", r.code, r.stdout, r.stderr)
+	}
+	// --force rebuilds too.
+	r = runConvert(t, nil, demoArgs(src, out, "--force")...)
+	if r.code != 0 || !strings.Contains(r.stdout, "converted 12 clips") {
+		t.Fatalf("--force: exit %d, %q", r.code, r.stdout)
+	}
+	entries, _ := os.ReadDir(filepath.Dir(out))
+	if len(entries) != 1 {
+		t.Fatalf("left behind in the parent: %v", entries)
+	}
+}
+
+func TestKillAndResume(t *testing.T) {
+	src := copyDemo(t)
+	ref := filepath.Join(t.TempDir(), "ref")
+	if r := runConvert(t, nil, demoArgs(src, ref)...); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	want := snapshot(t, ref)
+	for kill, resumed := range map[string]int{
+		"CLIPSHARD_KILL_AFTER_CLIPS=1": 1, "CLIPSHARD_KILL_AFTER_CLIPS=5": 5, "CLIPSHARD_KILL_AFTER_CLIPS=12": 12,
+		"CLIPSHARD_KILL_AT_PHASE=finish": 12, "CLIPSHARD_KILL_AT_PHASE=checksum": 12,
+	} {
+		t.Run(kill, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "ds")
+			r := runConvert(t, []string{kill}, demoArgs(src, out, "--workers", "2")...)
+			if r.code != -1 {
+				t.Fatalf("not killed: exit %d %s", r.code, r.stderr)
+			}
+			if _, err := os.Stat(filepath.Join(out, "dataset.json")); err == nil {
+				t.Fatal("dataset.json exists after a kill")
+			}
+			r = runConvert(t, nil, demoArgs(src, out)...)
+			if r.code != 0 {
+				t.Fatalf("resume: exit %d: %s", r.code, r.stderr)
+			}
+			if !strings.Contains(r.stdout, fmt.Sprintf("resumed: %d clips", resumed)) {
+				t.Errorf("resume did not take over %d clips: %q", resumed, r.stdout)
+			}
+			sameTree(t, want, snapshot(t, out), "resumed")
+			if entries, _ := os.ReadDir(filepath.Dir(out)); len(entries) != 1 {
+				t.Fatalf("left behind: %v", entries)
+			}
+		})
+	}
+	// A kill while replacing an older dataset leaves the old one intact.
+	out := filepath.Join(t.TempDir(), "ds")
+	if r := runConvert(t, nil, demoArgs(src, out)...); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	old := snapshot(t, out)
+	r := runConvert(t, []string{"CLIPSHARD_KILL_AFTER_CLIPS=3"}, demoArgs(src, out, "--force")...)
+	if r.code != -1 {
+		t.Fatalf("not killed: %d", r.code)
+	}
+	sameTree(t, old, snapshot(t, out), "previous dataset after a killed --force")
+}
+
+// TestBadInput: each broken source fails with one line naming the file, the
+// clip and the key, exit 1, and leaves no dataset behind.
+func TestBadInput(t *testing.T) {
+	broken := filepath.Join("..", "..", "testdata", "convert")
+	evil := filepath.Join("..", "..", "testdata", "formats", "pickle", "evil_os_system_p4.pkl")
+	cases := []struct {
+		replace, with string
+		extra         []string
+		want          []string
+	}{
+		{"emotion/clip003.npy", filepath.Join(broken, "nan_emotion.npy"), nil, []string{"emotion/clip003.npy", `clip "clip003"`, "NaN", "first at row 5", "--allow-nonfinite"}},
+		{"emotion/clip003.npy", filepath.Join(broken, "overflow_emotion.npy"), nil, []string{"emotion/clip003.npy", `clip "clip003"`, "overflow", "first at row 2"}},
+		{"emotion/clip003.npy", filepath.Join(broken, "int_emotion.npy"), nil, []string{`modality "emotion"`, "int64", "--allow-int"}},
+		{"emotion/clip003.npy", filepath.Join(broken, "short_emotion.npy"), nil, []string{`clip "clip003"`, "disagree", "emotion=50", "motion=51", "whisper=102(@2)"}},
+		{"emotion/clip003.npy", filepath.Join(broken, "wide_emotion.npy"), nil, []string{`clip "clip003"`, "frame shape [9] differs from [8] of clip \"clip000\""}},
+		{"motion/clip003.pkl", filepath.Join(broken, "nopose_motion.pkl"), nil, []string{"motion/clip003.pkl", `clip "clip003"`, `(keys "exp+pose")`, `key "pose" not found`, `"exp", "fps"`}},
+		{"motion/clip003.pkl", filepath.Join(broken, "truncated_motion.pkl"), nil, []string{"motion/clip003.pkl", `clip "clip003"`, "truncated", "offset"}},
+		{"motion/clip003.pkl", evil, nil, []string{"motion/clip003.pkl", `clip "clip003"`, "refused", "posix.system"}},
+		{"emotion/clip003.npy", filepath.Join("..", "..", "testdata", "formats", "npy", "lying_header.npy"), nil, []string{"emotion/clip003.npy", "declares"}},
+		{"emotion/clip003.npy", "", nil, []string{"emotion/clip003.npy", "no such file"}},
+	}
+	for _, c := range cases {
+		t.Run(filepath.Base(c.with)+"/"+c.replace, func(t *testing.T) {
+			src := copyDemo(t)
+			target := filepath.Join(src, c.replace)
+			if c.with == "" {
+				os.Remove(target)
+			} else {
+				b, err := os.ReadFile(c.with)
+				if err != nil {
+					t.Fatal(err)
+				}
+				os.WriteFile(target, b, 0o644)
+			}
+			out := filepath.Join(t.TempDir(), "ds")
+			r := runConvert(t, nil, demoArgs(src, out, c.extra...)...)
+			if r.code != 1 {
+				t.Fatalf("exit %d, want 1; stderr %q", r.code, r.stderr)
+			}
+			lines := strings.Split(strings.TrimSpace(r.stderr), "\n")
+			if len(lines) != 1 {
+				t.Fatalf("stderr has %d lines: %q", len(lines), r.stderr)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(lines[0], w) {
+					t.Errorf("stderr %q lacks %q", lines[0], w)
+				}
+			}
+			if strings.Contains(r.stderr, "panic") || strings.Contains(r.stderr, "goroutine") {
+				t.Fatalf("stack trace: %s", r.stderr)
+			}
+			if _, err := os.Stat(out); err == nil {
+				t.Fatal("output directory exists after a failed run")
+			}
+			// --on-error skip converts the rest and lists the clip.
+			r = runConvert(t, nil, demoArgs(src, out, append(c.extra, "--on-error", "skip")...)...)
+			if r.code != 0 || !strings.Contains(r.stdout, "skipped 1 clips") || !strings.Contains(r.stdout, "clip003") {
+				t.Fatalf("skip: exit %d %q %q", r.code, r.stdout, r.stderr)
+			}
+			tsv, err := os.ReadFile(filepath.Join(out, "skipped.tsv"))
+			if err != nil || !strings.Contains(string(tsv), "clip003\t") {
+				t.Fatalf("skipped.tsv: %v %q", err, tsv)
+			}
+			numpytest.Run(t, filepath.Join("..", "..", "testdata", "check_dataset.py"), out, filepath.Join(src, "clips.txt"), src)
+		})
+	}
+}
+
+func TestAllowFlags(t *testing.T) {
+	broken := filepath.Join("..", "..", "testdata", "convert")
+	for _, c := range []struct{ file, flag, stat string }{
+		{"nan_emotion.npy", "--allow-nonfinite", `"nan": 1`},
+		{"overflow_emotion.npy", "--allow-overflow", `"overflow": 1`},
+		{"int_emotion.npy", "--allow-int", `"max_abs"`},
+		{"short_emotion.npy", "--align=trim", `"trimmed": 1`},
+	} {
+		t.Run(c.flag, func(t *testing.T) {
+			src := copyDemo(t)
+			b, _ := os.ReadFile(filepath.Join(broken, c.file))
+			os.WriteFile(filepath.Join(src, "emotion", "clip003.npy"), b, 0o644)
+			out := filepath.Join(t.TempDir(), "ds")
+			r := runConvert(t, nil, demoArgs(src, out, c.flag)...)
+			if r.code != 0 {
+				t.Fatalf("exit %d: %s", r.code, r.stderr)
+			}
+			js, _ := os.ReadFile(filepath.Join(out, "dataset.json"))
+			if !strings.Contains(string(js), c.stat) {
+				t.Fatalf("dataset.json lacks %s:\n%s", c.stat, js)
+			}
+			numpytest.Run(t, filepath.Join("..", "..", "testdata", "check_dataset.py"), out, filepath.Join(src, "clips.txt"), src)
+		})
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	src := copyDemo(t)
+	notDataset := t.TempDir()
+	os.WriteFile(filepath.Join(notDataset, "precious.txt"), []byte("keep me"), 0o644)
+	dup := filepath.Join(t.TempDir(), "dup.txt")
+	os.WriteFile(dup, []byte("clip000\nclip001\nclip000\n"), 0o644)
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"--clips", filepath.Join(src, "clips.txt"), "--out", "x", "-m", "motion=motion/c.pkl"}, 2, "has no {clip}"},
+		{[]string{"--clips", filepath.Join(src, "clips.txt"), "--out", "x", "-m", "m@0=a/{clip}.npy"}, 2, "rate"},
+		{[]string{"--clips", filepath.Join(src, "clips.txt"), "--out", "x", "-m", "m=a/{clip}.h5"}, 2, "unknown file extension"},
+		{[]string{"--clips", filepath.Join(src, "clips.txt"), "--out", "x"}, 2, "no --modality"},
+		{append([]string{"--clips", filepath.Join(src, "clips.txt"), "--out", notDataset}, demoMods...), 2, "refusing to replace"},
+		{append([]string{"--clips", dup, "--root", src, "--out", filepath.Join(t.TempDir(), "o")}, demoMods...), 1, `line 3: duplicate clip id "clip000" (first at line 1)`},
+		{append([]string{"--clips", filepath.Join(src, "clips.txt"), "--out", "x", "--keep-dtype", "nope"}, demoMods...), 2, "names no --modality"},
+		{[]string{"--bogus"}, 2, "flag provided but not defined"},
+	} {
+		r := runConvert(t, nil, c.args...)
+		if r.code != c.code || !strings.Contains(r.stderr, c.want) {
+			t.Errorf("%v: exit %d, stderr %q; want %d and %q", c.args, r.code, r.stderr, c.code, c.want)
+		}
+	}
+	if b, _ := os.ReadFile(filepath.Join(notDataset, "precious.txt")); string(b) != "keep me" {
+		t.Fatal("non-dataset --out was touched")
+	}
+	r := runConvert(t, nil, "--help")
+	if r.code != 0 || !strings.Contains(r.stderr, "Example:") || !strings.Contains(r.stderr, "Exit status") {
+		t.Fatalf("--help: %d %q", r.code, r.stderr)
+	}
+}
