@@ -66,6 +66,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		onError        string
 		quiet, jsonOut bool
 		budgetMiB      int64
+		checkpointMiB  int64
 	)
 	fs.StringVar(&o.ClipList, "clips", "", "clip list: text (one id per line), .csv or .parquet with a `clip` column")
 	fs.Var(&mods, "modality", "`NAME[@RATE]=TEMPLATE[:KEYS]` (repeatable)")
@@ -79,6 +80,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.AllowOverflow, "allow-overflow", false, "accept finite values that become ±Inf in float16 (counted in stats)")
 	fs.IntVar(&o.Workers, "workers", 0, "decode/convert goroutines (default: GOMAXPROCS)")
 	fs.Int64Var(&budgetMiB, "mem", 256, "MiB of converted clips held waiting to be written")
+	fs.Int64Var(&checkpointMiB, "checkpoint", 16, "flush finished clips to disk every `MiB` (0: every clip); a kill loses at most that much work")
 	fs.StringVar(&onError, "on-error", "fail", "`fail` on the first bad clip, or skip it (listed in skipped.tsv)")
 	fs.BoolVar(&o.Force, "force", false, "rebuild even if the dataset is up to date")
 	fs.BoolVar(&quiet, "quiet", false, "no progress on stderr")
@@ -127,6 +129,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	o.Budget = budgetMiB << 20
+	o.Checkpoint = checkpointMiB << 20
 	o.Tool = "clipshard convert " + version()
 	if t, ok, err := sourceDateEpoch(); err != nil {
 		fmt.Fprintln(stderr, "convert:", err)

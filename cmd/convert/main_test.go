@@ -209,7 +209,7 @@ func TestKillAndResume(t *testing.T) {
 	} {
 		t.Run(kill, func(t *testing.T) {
 			out := filepath.Join(t.TempDir(), "ds")
-			r := runConvert(t, []string{kill}, demoArgs(src, out, "--workers", "2")...)
+			r := runConvert(t, []string{kill}, demoArgs(src, out, "--workers", "2", "--checkpoint", "0")...)
 			if r.code != -1 {
 				t.Fatalf("not killed: exit %d %s", r.code, r.stderr)
 			}

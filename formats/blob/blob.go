@@ -10,9 +10,12 @@
 package blob
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"os"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/clipshard/clipshard/formats/array"
 	"github.com/clipshard/clipshard/formats/npy"
@@ -21,6 +24,8 @@ import (
 // Writer appends rows to a blob. It is not safe for concurrent use.
 type Writer struct {
 	f          *os.File
+	bw         *bufio.Writer
+	flushed    int64 // file offset up to which writeback was started
 	dtype      array.DType
 	frameShape []int
 	frameBytes int64
@@ -58,13 +63,21 @@ func Open(path string, dt array.DType, frameShape []int, rows int64) (*Writer, e
 		f.Close()
 		return nil, err
 	}
-	return &Writer{f: f, dtype: dt, frameShape: append([]int(nil), frameShape...), frameBytes: fb, rows: rows}, nil
+	return &Writer{f: f, bw: bufio.NewWriterSize(f, 4<<20), flushed: keep, dtype: dt, frameShape: append([]int(nil), frameShape...), frameBytes: fb, rows: rows}, nil
 }
 
-// Write appends element bytes straight to the file (callers write whole
-// clips); rows may span calls.
+// Write appends element bytes (buffered; see Flush); rows may span calls.
 func (w *Writer) Write(p []byte) (int, error) {
-	n, err := w.f.Write(p)
+	var n int
+	var err error
+	if len(p) >= directWrite {
+		// Large chunks skip the buffer copy.
+		if err = w.bw.Flush(); err == nil {
+			n, err = w.f.Write(p)
+		}
+	} else {
+		n, err = w.bw.Write(p)
+	}
 	if w.frameBytes > 0 {
 		total := w.pending + int64(n)
 		w.rows += total / w.frameBytes
@@ -73,16 +86,37 @@ func (w *Writer) Write(p []byte) (int, error) {
 	return n, err
 }
 
+// directWrite is the chunk size from which Write bypasses its buffer.
+const directWrite = 256 << 10
+
 // Rows returns the number of whole rows in the blob.
 func (w *Writer) Rows() int64 { return w.rows }
 
-// Sync fsyncs the file.
-func (w *Writer) Sync() error { return w.f.Sync() }
+// Flush writes buffered rows to the file and asks the kernel to start
+// writing them back to disk (sync_file_range, asynchronously), so that the
+// fsync in Finish has little left to wait for.
+func (w *Writer) Flush() error {
+	if err := w.bw.Flush(); err != nil {
+		return err
+	}
+	end := npy.DataAlign + w.rows*w.frameBytes + w.pending
+	if end > w.flushed {
+		// Advisory: an error (e.g. a filesystem without it) changes nothing.
+		unix.SyncFileRange(int(w.f.Fd()), w.flushed, end-w.flushed, unix.SYNC_FILE_RANGE_WRITE)
+		w.flushed = end
+	}
+	return nil
+}
 
-// Finish writes the header for the rows written, syncs and closes the file.
-// It fails if a partial row was written.
+// Finish writes the header for the rows written and closes the file,
+// without waiting for it to reach the disk: call SyncFile (which may run
+// concurrently with reading the file back) before publishing it. It fails
+// if a partial row was written.
 func (w *Writer) Finish() error {
 	defer w.f.Close()
+	if err := w.bw.Flush(); err != nil {
+		return err
+	}
 	if w.pending != 0 {
 		return fmt.Errorf("blob: %s: %d bytes of a partial row", w.f.Name(), w.pending)
 	}
@@ -90,11 +124,25 @@ func (w *Writer) Finish() error {
 	if err != nil {
 		return err
 	}
-	if _, err := w.f.WriteAt(hdr, 0); err != nil {
+	_, err = w.f.WriteAt(hdr, 0)
+	return err
+}
+
+// SyncFile fsyncs the file at path.
+func SyncFile(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
 		return err
 	}
-	return w.f.Sync()
+	defer f.Close()
+	return f.Sync()
 }
 
 // Close closes the file without finishing it (the blob stays resumable).
-func (w *Writer) Close() error { return w.f.Close() }
+func (w *Writer) Close() error {
+	err := w.bw.Flush()
+	if cerr := w.f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}

@@ -42,15 +42,26 @@ func Read(r io.ReaderAt, size int64) (*array.Array, error) {
 // ReadBuffer is Read reusing buf when it has the capacity for the whole
 // file. The returned array's Data aliases buf in that case.
 func ReadBuffer(r io.ReaderAt, size int64, buf []byte) (*array.Array, error) {
+	if int64(cap(buf)) >= size {
+		// Room for the whole file: one read, then parse the header in place.
+		buf = buf[:size]
+		if n, err := r.ReadAt(buf, 0); int64(n) != size {
+			if err == nil || err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, fmt.Errorf("%w: reading %d bytes: %w", ErrTruncated, size, err)
+		}
+		h, err := ParseHeader(buf[:min(size, MaxHeaderLen+12)], size)
+		if err != nil {
+			return nil, err
+		}
+		return array.New(h.Descr, h.Shape, h.Fortran, buf[h.DataOffset:])
+	}
 	h, err := ReadHeader(r, size)
 	if err != nil {
 		return nil, err
 	}
-	if int64(cap(buf)) >= size {
-		buf = buf[:size]
-	} else {
-		buf = make([]byte, size)
-	}
+	buf = make([]byte, size)
 	if n, err := r.ReadAt(buf, 0); int64(n) != size {
 		if err == nil || err == io.EOF {
 			err = io.ErrUnexpectedEOF

@@ -14,6 +14,7 @@
 package pickle
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -42,10 +43,18 @@ var (
 // after the read. Errors carry the byte offset at which decoding stopped;
 // Decode never panics on bad input.
 func Decode(r io.ReaderAt, size int64) (obj any, err error) {
+	if size <= smallFile {
+		// One read for small files; scanning and decoding then work in memory.
+		buf := make([]byte, size)
+		if n, err := r.ReadAt(buf, 0); int64(n) != size {
+			return nil, fmt.Errorf("%w: reading %d bytes: %w", ErrTruncated, size, err)
+		}
+		r = bytes.NewReader(buf)
+	}
 	if err := scan(r, size); err != nil {
 		return nil, err
 	}
-	pr := &posReader{r: r, size: size, buf: make([]byte, 0, 64<<10)}
+	pr := &posReader{r: r, size: size, buf: make([]byte, 0, min(size, 64<<10))}
 	defer func() {
 		if p := recover(); p != nil {
 			obj, err = nil, fmt.Errorf("%w: decoder failed near offset %d: %v", ErrFormat, pr.pos, p)
@@ -62,6 +71,9 @@ func Decode(r io.ReaderAt, size int64) (obj any, err error) {
 	}
 	return obj, nil
 }
+
+// smallFile is the size up to which Decode reads a pickle with one read.
+const smallFile = 64 << 10
 
 // DecodeFile opens, decodes and closes the pickle at path; see Decode.
 // Errors name the path.

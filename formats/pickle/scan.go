@@ -127,7 +127,7 @@ func (s *scanner) readN(n int) ([]byte, error) {
 // nothing follows it. This bounds every allocation the unpickler makes by
 // the file size. Errors name the byte offset of the offending opcode.
 func scan(r io.ReaderAt, size int64) error {
-	s := &scanner{r: r, size: size, win: make([]byte, 0, 64<<10), woff: -1}
+	s := &scanner{r: r, size: size, win: make([]byte, 0, min(size, 64<<10)), woff: -1}
 	if size == 0 {
 		return fmt.Errorf("%w: empty file", ErrTruncated)
 	}

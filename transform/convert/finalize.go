@@ -120,7 +120,22 @@ func (j *job) finalize(w *writer) (*manifests.Dataset, error) {
 		files = append(files, m.File)
 	}
 	report("checksum")
+	// Hash and fsync every file at once: the fsyncs wait on the disk while
+	// the hashes keep the CPUs busy.
+	syncErr := make(chan error, 1)
+	go func() {
+		var first error
+		for _, f := range files {
+			if err := blob.SyncFile(filepath.Join(j.staging, f)); err != nil && first == nil {
+				first = err
+			}
+		}
+		syncErr <- first
+	}()
 	sums, err := hashFiles(j.staging, files, o.Workers)
+	if serr := <-syncErr; err == nil {
+		err = serr
+	}
 	if err != nil {
 		return nil, err
 	}

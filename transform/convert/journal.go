@@ -101,9 +101,11 @@ func readJournal(path string) (string, []journalRecord, error) {
 	return hdr.Fingerprint, recs, nil
 }
 
-// journal appends records to a journal file.
+// journal appends records to a journal file, buffered: Flush after the
+// blobs the records describe were flushed.
 type journal struct {
-	f *os.File
+	f  *os.File
+	bw *bufio.Writer
 }
 
 func createJournal(f *os.File, fingerprint string) (*journal, error) {
@@ -113,8 +115,11 @@ func createJournal(f *os.File, fingerprint string) (*journal, error) {
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return nil, err
 	}
-	j := &journal{f: f}
-	return j, j.write(journalHeader{Journal: journalMagic, Fingerprint: fingerprint})
+	j := &journal{f: f, bw: bufio.NewWriterSize(f, 256<<10)}
+	if err := j.write(journalHeader{Journal: journalMagic, Fingerprint: fingerprint}); err != nil {
+		return nil, err
+	}
+	return j, j.bw.Flush()
 }
 
 // truncateJournal keeps the header and the first n records of f.
@@ -128,7 +133,7 @@ func truncateJournal(f *os.File, fingerprint string, recs []journalRecord) (*jou
 			return nil, err
 		}
 	}
-	return j, nil
+	return j, j.bw.Flush()
 }
 
 func (j *journal) write(v any) error {
@@ -136,6 +141,8 @@ func (j *journal) write(v any) error {
 	if err != nil {
 		return err
 	}
-	_, err = j.f.Write(append(b, '\n'))
+	_, err = j.bw.Write(append(b, '\n'))
 	return err
 }
+
+func (j *journal) flush() error { return j.bw.Flush() }

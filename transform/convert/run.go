@@ -132,6 +132,9 @@ func newJob(o Options) (*job, error) {
 	if o.Budget <= 0 {
 		o.Budget = 256 << 20
 	}
+	if o.Checkpoint < 0 {
+		o.Checkpoint = 16 << 20
+	}
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -258,6 +261,20 @@ type writer struct {
 	frames   int64 // clip frames written
 	trimmed  int64
 	bytesOut int64
+	unsynced int64 // bytes appended since the last flush
+}
+
+// flush writes buffered blob rows, then the journal records describing them.
+func (w *writer) flush() error {
+	for _, m := range w.mods {
+		if m.w != nil {
+			if err := m.w.Flush(); err != nil {
+				return err
+			}
+		}
+	}
+	w.unsynced = 0
+	return w.journal.flush()
 }
 
 func (w *writer) closeBlobs() {
@@ -454,6 +471,7 @@ func (w *writer) write(c *clipOut) error {
 			st.descrs = append(st.descrs, mo.sourceDescr)
 		}
 		w.bytesOut += int64(len(mo.data))
+		w.unsynced += int64(len(mo.data))
 		row.Sources[k] = mo.src
 		rec.Mods[k] = journalMod{
 			XXH64: fmt.Sprintf("%016x", mo.xxh), Path: mo.src.Path, Size: mo.src.Size, MtimeNS: mo.src.MtimeNS,
@@ -463,6 +481,11 @@ func (w *writer) write(c *clipOut) error {
 	}
 	if err := w.journal.write(rec); err != nil {
 		return err
+	}
+	if w.unsynced >= j.opts.Checkpoint {
+		if err := w.flush(); err != nil {
+			return err
+		}
 	}
 	w.rows = append(w.rows, row)
 	w.frames += c.length
@@ -563,6 +586,7 @@ func (j *job) pipeline(ctx context.Context, w *writer, res *Result) error {
 		select {
 		case c = <-results:
 		case <-ctx.Done():
+			w.flush()
 			return ctx.Err()
 		}
 		pending[c.index] = c
@@ -580,6 +604,7 @@ func (j *job) pipeline(ctx context.Context, w *writer, res *Result) error {
 				for _, p := range pending {
 					p.release()
 				}
+				w.flush() // keep what is done for a resume
 				return err
 			}
 			if c.err == nil {
@@ -589,7 +614,7 @@ func (j *job) pipeline(ctx context.Context, w *writer, res *Result) error {
 		}
 	}
 	res.BytesOut = w.bytesOut
-	return nil
+	return w.flush()
 }
 
 // budget bounds the bytes of converted clips waiting to be written. The

@@ -108,6 +108,11 @@ type Options struct {
 
 	Workers int   // decode/convert goroutines; default GOMAXPROCS
 	Budget  int64 // bytes of decoded results in flight; default 256 MiB
+	// Checkpoint is how many converted bytes may sit in write buffers
+	// before the blobs and then the journal are flushed: a kill loses at
+	// most that much finished work. 0 flushes after every clip; negative
+	// means the default, 16 MiB.
+	Checkpoint int64
 
 	// Progress, if set, is called from the writing goroutine after each clip
 	// and once at the end; it must return quickly.

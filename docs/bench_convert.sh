@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Side-by-side convert benchmark (just bench-convert):
+#   convert  vs  cat of the same source files  vs  a plain numpy/pickle script
+# on two generated sets, warm page cache, best of 3, plus peak RSS.
+#   large: 200 clips, float32 [400, 1024] features (.npy) + motion pickles (~340 MB)
+#   small: 5000 clips, float32 [30, 64] features (.npy) + motion pickles (many small files)
+# Usage: docs/bench_convert.sh [WORKDIR]   (default /tmp/clipshard-bench; needs python3-numpy)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${CLIPSHARD_PYTHON:-/usr/bin/python3}
+W=${1:-/tmp/clipshard-bench}
+mkdir -p "$W"
+go build -o "$W/convert" ./cmd/convert
+
+gen() { # name clips T D
+  [ -f "$W/$1/clips.txt" ] && return
+  "$PY" - "$W/$1" "$2" "$3" "$4" <<'PYEOF'
+import os, pickle, sys
+import numpy as np
+out, n, t, d = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+os.makedirs(out + "/feat", exist_ok=True); os.makedirs(out + "/motion", exist_ok=True)
+rng = np.random.default_rng(0)
+with open(out + "/clips.txt", "w") as f:
+    for i in range(n):
+        c = "c%05d" % i
+        f.write(c + "\n")
+        np.save("%s/feat/%s.npy" % (out, c), rng.standard_normal((t, d), dtype=np.float32))
+        with open("%s/motion/%s.pkl" % (out, c), "wb") as g:
+            pickle.dump({"exp": rng.standard_normal((t, 50), dtype=np.float32),
+                         "pose": rng.standard_normal((t, 6), dtype=np.float32)}, g, protocol=4)
+PYEOF
+}
+
+cat > "$W/numpy_convert.py" <<'PYEOF'
+# The straightforward script: load every clip, astype(float16), concatenate, save.
+import os, pickle, sys
+import numpy as np
+src, out = sys.argv[1], sys.argv[2]
+os.makedirs(out, exist_ok=True)
+clips = [l.strip() for l in open(src + "/clips.txt") if l.strip()]
+feat, motion, index, start = [], [], [], 0
+for c in clips:
+    f = np.load("%s/feat/%s.npy" % (src, c)).astype(np.float16)
+    with open("%s/motion/%s.pkl" % (src, c), "rb") as g:
+        m = pickle.load(g)
+    motion.append(np.concatenate([m["exp"], m["pose"]], axis=-1).astype(np.float16))
+    feat.append(f)
+    index.append((start, len(f))); start += len(f)
+np.save(out + "/feat.npy", np.concatenate(feat))
+np.save(out + "/motion.npy", np.concatenate(motion))
+np.save(out + "/index.npy", np.array(index, dtype=np.int64))
+PYEOF
+
+best() { # label command... ; prints best wall time of 3 and peak RSS of the last run
+  local label=$1; shift
+  local t best=999999 rss
+  for _ in 1 2 3; do
+    sync
+    /usr/bin/time -f "%e %M" -o "$W/time.txt" "$@" >/dev/null 2>"$W/err.txt" || { cat "$W/err.txt"; exit 1; }
+    read -r t rss < "$W/time.txt"
+    best=$(awk -v a="$t" -v b="$best" 'BEGIN{print (a<b)?a:b}')
+  done
+  printf "  %-8s %7.2f s  peak RSS %6d MiB\n" "$label" "$best" $((rss / 1024))
+  echo "$best" > "$W/$label.best"
+}
+
+for set in large small; do
+  case $set in
+    large) gen large 200 400 1024 ;;
+    small) gen small 5000 30 64 ;;
+  esac
+  S="$W/$set"
+  du -sh --apparent-size "$S" | awk '{print "'"$set"': sources " $1}'
+  cat "$S"/feat/*.npy "$S"/motion/*.pkl > /dev/null   # warm the page cache
+  best cat sh -c "cat '$S'/feat/*.npy '$S'/motion/*.pkl > '$W/cat.out'"
+  best convert "$W/convert" --clips "$S/clips.txt" --out "$W/$set-ds" --force --quiet \
+    -m 'feat=feat/{clip}.npy' -m 'motion=motion/{clip}.pkl:exp+pose'
+  best numpy "$PY" "$W/numpy_convert.py" "$S" "$W/$set-np"
+  awk -v c="$(cat "$W/convert.best")" -v k="$(cat "$W/cat.best")" -v n="$(cat "$W/numpy.best")" \
+    'BEGIN{printf "  convert/cat %.2fx   numpy/convert %.2fx\n", c/k, n/c}'
+  cmp "$W/$set-ds/feat.npy" "$W/$set-np/feat.npy" >/dev/null 2>&1 || \
+    "$PY" -c "import numpy as np,sys; a=np.load(sys.argv[1]); b=np.load(sys.argv[2]); assert (a.view('u2')==b.view('u2')).all(); print('  convert output == numpy output (bits)')" "$W/$set-ds/feat.npy" "$W/$set-np/feat.npy"
+  rm -f "$W/cat.out"
+done

@@ -1,0 +1,166 @@
+package manifests_test
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strconv"
+	"testing"
+
+	"github.com/clipshard/clipshard/manifests"
+)
+
+func sampleRows() []manifests.ClipRow {
+	return []manifests.ClipRow{
+		{Clip: "a", Start: 0, Length: 10, Sources: []manifests.ClipSource{{XXH64: 0xffffffffffffffff, Path: "/d/a.pkl", Size: 5, MtimeNS: 1700000000123456789}, {XXH64: 1, Path: "/d/a.npy", Size: 7, MtimeNS: 2}}},
+		{Clip: "b é", Start: 10, Length: 3, Trimmed: 2, Sources: []manifests.ClipSource{{XXH64: 0x8000000000000000, Path: "/d/b.pkl", Size: 6, MtimeNS: 3}, {XXH64: 42, Path: "/d/b.npy", Size: 8, MtimeNS: 4}}},
+	}
+}
+
+func TestClipsRoundTrip(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "clips.parquet")
+	rows := sampleRows()
+	if err := manifests.WriteClips(path, []string{"motion", "w2v"}, rows); err != nil {
+		t.Fatal(err)
+	}
+	got, err := manifests.ReadClips(path, []string{"motion", "w2v"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, rows) {
+		t.Fatalf("got %+v", got)
+	}
+	if _, err := manifests.ReadClips(path, []string{"motion", "other"}); !errors.Is(err, manifests.ErrManifest) {
+		t.Fatalf("missing modality: %v", err)
+	}
+}
+
+// TestClipsDuckDB reads clips.parquet with DuckDB (npm @duckdb/node-api),
+// an independent Parquet reader, and checks columns, types and values.
+func TestClipsDuckDB(t *testing.T) {
+	dir := filepath.Join("..", "testdata", "duckdb")
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "@duckdb", "node-api")); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("DuckDB is not installed: .ci/run must run npm install --prefix testdata/duckdb")
+		}
+		t.Skip("needs DuckDB for node: npm install --prefix testdata/duckdb")
+	}
+	path := filepath.Join(t.TempDir(), "clips.parquet")
+	rows := sampleRows()
+	if err := manifests.WriteClips(path, []string{"motion", "w2v"}, rows); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("node", filepath.Join(dir, "query.mjs"), path).CombinedOutput()
+	if err != nil {
+		t.Fatalf("duckdb: %v\n%s", err, out)
+	}
+	var res struct {
+		Columns []string         `json:"columns"`
+		Rows    []map[string]any `json:"rows"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	want := []string{"clip:VARCHAR", "start:BIGINT", "length:BIGINT", "trimmed:BIGINT",
+		"motion_xxh64:UBIGINT", "motion_source:VARCHAR", "motion_source_size:BIGINT", "motion_source_mtime_ns:BIGINT",
+		"w2v_xxh64:UBIGINT", "w2v_source:VARCHAR", "w2v_source_size:BIGINT", "w2v_source_mtime_ns:BIGINT"}
+	if !reflect.DeepEqual(res.Columns, want) {
+		t.Fatalf("columns %v", res.Columns)
+	}
+	if len(res.Rows) != len(rows) {
+		t.Fatalf("%d rows", len(res.Rows))
+	}
+	for i, r := range rows {
+		d := res.Rows[i]
+		if d["clip"] != r.Clip || d["start"] != strconv.FormatInt(r.Start, 10) || d["trimmed"] != strconv.FormatInt(r.Trimmed, 10) ||
+			d["motion_xxh64"] != strconv.FormatUint(r.Sources[0].XXH64, 10) || d["w2v_source"] != r.Sources[1].Path ||
+			d["motion_source_mtime_ns"] != strconv.FormatInt(r.Sources[0].MtimeNS, 10) {
+			t.Errorf("row %d: duckdb %v, wrote %+v", i, d, r)
+		}
+	}
+}
+
+func TestIndexAndSums(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "index.npy")
+	if err := manifests.WriteIndex(p, []int64{0, 10, 13}, []int64{10, 3, 7}); err != nil {
+		t.Fatal(err)
+	}
+	s, l, err := manifests.ReadIndex(p)
+	if err != nil || !reflect.DeepEqual(s, []int64{0, 10, 13}) || !reflect.DeepEqual(l, []int64{10, 3, 7}) {
+		t.Fatalf("%v %v %v", s, l, err)
+	}
+	h, err := manifests.HashFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := filepath.Join(dir, "SHA256SUMS")
+	if err := manifests.WriteSums(sp, map[string]string{"index.npy": h}); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("sha256sum", "--strict", "-c", "SHA256SUMS")
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("sha256sum: %v %s", err, out)
+	}
+	got, err := manifests.ReadSums(sp)
+	if err != nil || got["index.npy"] != h {
+		t.Fatalf("%v %v", got, err)
+	}
+}
+
+func TestCheckRelPath(t *testing.T) {
+	for _, p := range []string{"a.npy", "sub/a.npy", "epoch-0001/rank-00/shard-00000.motion.npy"} {
+		if err := manifests.CheckRelPath(p); err != nil {
+			t.Errorf("%q: %v", p, err)
+		}
+	}
+	for _, p := range []string{"", ".", "/etc/passwd", "../x.npy", "a/../../x", "a/./b", "..", "a\\b", "a//b"} {
+		if err := manifests.CheckRelPath(p); !errors.Is(err, manifests.ErrPath) {
+			t.Errorf("%q accepted", p)
+		}
+	}
+}
+
+func TestLoadDatasetRefusesEscapes(t *testing.T) {
+	dir := t.TempDir()
+	d := manifests.Dataset{Format: manifests.DatasetFormat, Version: 1,
+		Files:      manifests.Files{Clips: "clips.parquet", Index: "index.npy", Sums: "SHA256SUMS"},
+		Modalities: []manifests.Modality{{Name: "m", File: "../../etc/passwd"}}}
+	if err := d.Write(dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := manifests.LoadDataset(dir); !errors.Is(err, manifests.ErrPath) {
+		t.Fatalf("got %v", err)
+	}
+	os.WriteFile(filepath.Join(dir, "dataset.json"), []byte("{not json"), 0o644)
+	if _, err := manifests.LoadDataset(dir); !errors.Is(err, manifests.ErrManifest) {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestClipList(t *testing.T) {
+	dir := t.TempDir()
+	txt := filepath.Join(dir, "c.txt")
+	os.WriteFile(txt, []byte("# comment\n a \n\nb\n"), 0o644)
+	csvp := filepath.Join(dir, "c.csv")
+	os.WriteFile(csvp, []byte("id,clip\n1,a\n2,b\n"), 0o644)
+	pq := filepath.Join(dir, "c.parquet")
+	if err := manifests.WriteClips(pq, nil, []manifests.ClipRow{{Clip: "a"}, {Clip: "b"}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{txt, csvp, pq} {
+		ids, err := manifests.ReadClipList(p)
+		if err != nil || !reflect.DeepEqual(ids, []string{"a", "b"}) {
+			t.Errorf("%s: %v %v", p, ids, err)
+		}
+	}
+	bad := filepath.Join(dir, "bad.csv")
+	os.WriteFile(bad, []byte("name\nx\n"), 0o644)
+	if _, err := manifests.ReadClipList(bad); !errors.Is(err, manifests.ErrClipList) {
+		t.Errorf("no clip column: %v", err)
+	}
+}
