@@ -15,8 +15,19 @@ fuzz FUZZTIME="10m":
 # Regenerate the decoder fixtures with real numpy (Debian: python3-numpy).
 fixtures:
     {{python}} testdata/formats/gen.py
+    {{python}} testdata/demo/gen.py
+    {{python}} testdata/convert/gen.py
 
 # Go benchmarks of the decoders and the float16 kernels.
 bench:
     go test -run '^$' -bench . -benchtime 2s ./formats/... ./transform/...
     {{python}} docs/bench_numpy_astype.py
+
+# The README's demo: convert testdata/demo and check the sums.
+demo:
+    go run ./cmd/convert --clips testdata/demo/clips.txt --out /tmp/clipshard-demo -m 'motion=motion/{clip}.pkl:exp+pose' -m 'whisper@2=whisper/{clip}.npy' -m 'emotion=emotion/{clip}.npy'
+    cd /tmp/clipshard-demo && sha256sum -c SHA256SUMS
+
+# convert vs cat vs a numpy script on generated sets (docs/BENCHMARKS.md).
+bench-convert:
+    docs/bench_convert.sh

@@ -205,14 +205,31 @@ func (codecsEncode) Call(args ...any) (any, error) {
 	if !ok1 || !ok2 || (enc != "latin1" && enc != "latin-1" && enc != "iso-8859-1") {
 		return nil, fmt.Errorf("%w: _codecs.encode(%s, %v): only latin1 strings are allowed", ErrRefused, typeName(args[0]), args[1])
 	}
-	out := make([]byte, 0, len(s))
-	for _, r := range s {
-		if r > 0xff {
-			return nil, fmt.Errorf("%w: _codecs.encode: character U+%04X is not latin1", ErrFormat, r)
-		}
-		out = append(out, byte(r))
+	// s is UTF-8; latin1 characters are one byte (< 0x80) or two (0xC2 or
+	// 0xC3, then a continuation byte). Array payloads are random bytes, so
+	// decode without data-dependent branches and check validity once.
+	out := make([]byte, len(s))
+	n := 0
+	var bad byte
+	i := 0
+	for ; i+1 < len(s); n++ {
+		c, next := s[i], s[i+1]
+		hi := c >> 7 // 1 for a two-byte character
+		two := (c&0x03)<<6 | next&0x3f
+		mask := -hi // 0x00 or 0xff
+		out[n] = c ^ ((c ^ two) & mask)
+		bad |= mask & (((c >> 1) ^ 0x61) | ((next >> 6) ^ 2))
+		i += 1 + int(hi)
 	}
-	return out, nil
+	if i < len(s) { // a last one-byte character
+		bad |= s[i] >> 7
+		out[n] = s[i]
+		n++
+	}
+	if bad != 0 {
+		return nil, fmt.Errorf("%w: _codecs.encode: string has a character beyond latin1", ErrFormat)
+	}
+	return out[:n], nil
 }
 
 // Call implements bytes() (empty bytes in protocol 2).

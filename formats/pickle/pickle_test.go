@@ -2,6 +2,7 @@ package pickle_test
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"strings"
 	"testing"
@@ -60,6 +61,39 @@ func TestPayloadNotCopied(t *testing.T) {
 		// Fixed overhead: two 64 KiB read buffers and the unpickler memo.
 		if got > payload+192<<10 {
 			t.Errorf("%s: decoding a %d-byte payload allocated %d bytes (a copy?)", name, payload, got)
+		}
+	}
+}
+
+// TestCodecsLatin1 decodes protocol 2's spelling of bytes, which arrives as
+// _codecs.encode(<utf-8 str>, 'latin1'), and refuses non-latin1 strings.
+func TestCodecsLatin1(t *testing.T) {
+	build := func(s string) []byte {
+		// PROTO 2, GLOBAL _codecs.encode, BINUNICODE s, BINUNICODE latin1, TUPLE2, REDUCE, STOP
+		b := []byte("\x80\x02c_codecs\nencode\nX")
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(s)))
+		b = append(b, s...)
+		b = append(b, "X\x06\x00\x00\x00latin1\x86R."...)
+		return b
+	}
+	all := make([]rune, 256)
+	for i := range all {
+		all[i] = rune(255 - i)
+	}
+	obj, err := pickle.Decode(bytes.NewReader(build(string(all))), int64(len(build(string(all)))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := obj.([]byte)
+	for i, r := range all {
+		if got[i] != byte(r) {
+			t.Fatalf("byte %d: %#x, want %#x", i, got[i], r)
+		}
+	}
+	for _, s := range []string{"\u0100", "a\u00ff\u0180", "\u20ac", "\xc7\x80", "\xc3"} {
+		b := build(s)
+		if _, err := pickle.Decode(bytes.NewReader(b), int64(len(b))); !errors.Is(err, pickle.ErrFormat) {
+			t.Errorf("%q: %v", s, err)
 		}
 	}
 }
