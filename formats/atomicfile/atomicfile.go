@@ -65,7 +65,7 @@ func (f *File) Commit() error {
 		os.Remove(f.Name())
 		return err
 	}
-	return SyncDir(filepath.Dir(f.final))
+	return Sync(filepath.Dir(f.final))
 }
 
 // Abort closes and removes the temporary file. It is a no-op after Commit
@@ -79,14 +79,15 @@ func (f *File) Abort() {
 	os.Remove(f.Name())
 }
 
-// SyncDir fsyncs a directory so that renames inside it are durable.
-func SyncDir(dir string) error {
-	d, err := os.Open(dir)
+// Sync fsyncs the file or directory at path (a directory, so that renames
+// inside it are durable).
+func Sync(path string) error {
+	f, err := os.Open(path)
 	if err != nil {
 		return err
 	}
-	defer d.Close()
-	return d.Sync()
+	defer f.Close()
+	return f.Sync()
 }
 
 // WriteFile writes data to path atomically.

@@ -109,7 +109,7 @@ func (w *Writer) Flush() error {
 }
 
 // Finish writes the header for the rows written and closes the file,
-// without waiting for it to reach the disk: call SyncFile (which may run
+// without waiting for it to reach the disk: call atomicfile.Sync (which may run
 // concurrently with reading the file back) before publishing it. It fails
 // if a partial row was written.
 func (w *Writer) Finish() error {
@@ -126,16 +126,6 @@ func (w *Writer) Finish() error {
 	}
 	_, err = w.f.WriteAt(hdr, 0)
 	return err
-}
-
-// SyncFile fsyncs the file at path.
-func SyncFile(path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
 }
 
 // Close closes the file without finishing it (the blob stays resumable).

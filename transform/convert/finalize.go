@@ -126,7 +126,7 @@ func (j *job) finalize(w *writer) (*manifests.Dataset, error) {
 	go func() {
 		var first error
 		for _, f := range files {
-			if err := blob.SyncFile(filepath.Join(j.staging, f)); err != nil && first == nil {
+			if err := atomicfile.Sync(filepath.Join(j.staging, f)); err != nil && first == nil {
 				first = err
 			}
 		}
@@ -155,7 +155,7 @@ func (j *job) finalize(w *writer) (*manifests.Dataset, error) {
 	if err := atomicfile.WriteFile(filepath.Join(j.staging, manifests.DatasetFile), js); err != nil {
 		return nil, err
 	}
-	return d, atomicfile.SyncDir(j.staging)
+	return d, atomicfile.Sync(j.staging)
 }
 
 // hashFiles returns the sha256 of each named file in dir, hashing up to
@@ -194,7 +194,7 @@ func (j *job) commit() error {
 	switch {
 	case err == nil:
 		// j.staging now holds the previous dataset.
-		if err := atomicfile.SyncDir(parent); err != nil {
+		if err := atomicfile.Sync(parent); err != nil {
 			return err
 		}
 		return os.RemoveAll(j.staging)
@@ -211,12 +211,12 @@ func (j *job) commit() error {
 		if err := os.Rename(j.staging, out); err != nil {
 			return err
 		}
-		if err := atomicfile.SyncDir(parent); err != nil {
+		if err := atomicfile.Sync(parent); err != nil {
 			return err
 		}
 		return os.RemoveAll(old)
 	default:
 		return fmt.Errorf("convert: publishing %s: %w", out, err)
 	}
-	return atomicfile.SyncDir(parent)
+	return atomicfile.Sync(parent)
 }
