@@ -11,6 +11,9 @@ test:
 fuzz FUZZTIME="10m":
     cd formats/npy && go test -run '^$' -fuzz '^FuzzRead$' -fuzztime {{FUZZTIME}} -fuzzminimizetime 10s
     cd formats/pickle && go test -run '^$' -fuzz '^FuzzDecode$' -fuzztime {{FUZZTIME}} -fuzzminimizetime 10s
+    cd manifests && go test -run '^$' -fuzz '^FuzzLoadDataset$' -fuzztime {{FUZZTIME}} -fuzzminimizetime 10s
+    cd manifests && go test -run '^$' -fuzz '^FuzzReadClips$' -fuzztime {{FUZZTIME}} -fuzzminimizetime 10s
+    cd manifests && go test -run '^$' -fuzz '^FuzzReadSums$' -fuzztime {{FUZZTIME}} -fuzzminimizetime 10s
 
 # Regenerate the decoder fixtures with real numpy (Debian: python3-numpy).
 fixtures:
@@ -26,6 +29,7 @@ bench:
 # The README's demo: convert testdata/demo and check the sums.
 demo:
     go run ./cmd/convert --clips testdata/demo/clips.txt --out /tmp/clipshard-demo -m 'motion=motion/{clip}.pkl:exp+pose' -m 'whisper@2=whisper/{clip}.npy' -m 'emotion=emotion/{clip}.npy'
+    go run ./cmd/verify --deep --sources /tmp/clipshard-demo
     cd /tmp/clipshard-demo && sha256sum -c SHA256SUMS
 
 # convert vs cat vs a numpy script on generated sets (docs/BENCHMARKS.md).

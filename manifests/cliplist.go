@@ -151,6 +151,9 @@ func readParquetClips(path string) (ids []string, err error) {
 		if !ok {
 			return nil, fmt.Errorf("%w: %s: column \"clip\" is not a string column", ErrClipList, path)
 		}
+		if err := checkRowCount(path, rg.NumRows()); err != nil {
+			return nil, err
+		}
 		n := int(rg.NumRows())
 		vals := make([]parquet.ByteArray, n)
 		def := make([]int16, n)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 
 	"github.com/apache/arrow-go/v18/parquet"
 	"github.com/apache/arrow-go/v18/parquet/compress"
@@ -177,6 +178,9 @@ func ReadClips(path string, modalities []string) (rows []ClipRow, err error) {
 		}
 	}
 	n := rd.NumRows()
+	if err := checkRowCount(path, n); err != nil {
+		return nil, err
+	}
 	rows = make([]ClipRow, n)
 	for i := range rows {
 		rows[i].Sources = make([]ClipSource, len(modalities))
@@ -277,6 +281,21 @@ func readAll(read func(off int) (int, error), n int) error {
 			return fmt.Errorf("%d of %d values", off, n)
 		}
 		off += k
+	}
+	return nil
+}
+
+// checkRowCount bounds the row count a Parquet footer declares before
+// anything is allocated for it: at most maxRows, and at most 1024 rows per
+// byte of file (hostile footers declare billions).
+func checkRowCount(path string, n int64) error {
+	const maxRows = 1 << 27
+	st, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	if n < 0 || n > maxRows || n > 1024*st.Size() {
+		return fmt.Errorf("%w: %s: footer declares %d rows for a %d-byte file", ErrManifest, path, n, st.Size())
 	}
 	return nil
 }

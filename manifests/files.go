@@ -3,11 +3,9 @@ package manifests
 import (
 	"bufio"
 	"bytes"
-	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -107,16 +105,11 @@ func ReadSums(path string) (map[string]string, error) {
 
 // HashFile returns the hex sha256 of the file at path, read in 1 MiB blocks.
 func HashFile(path string) (string, error) {
-	f, err := os.Open(path)
+	s, _, err := hashFileCounting(path, func(int64) {})
 	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.CopyBuffer(h, f, make([]byte, 1<<20)); err != nil {
 		return "", fmt.Errorf("%s: %w", path, err)
 	}
-	return hex.EncodeToString(h.Sum(nil)), nil
+	return s, nil
 }
 
 // Join joins a manifest-relative path to its directory after checking it.

@@ -1,0 +1,248 @@
+package main_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/clipshard/clipshard/manifests"
+	"github.com/clipshard/clipshard/transform/convert"
+)
+
+var bin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "clipshard-verify-test")
+	if err != nil {
+		panic(err)
+	}
+	bin = filepath.Join(dir, "verify")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// demoDataset converts a copy of testdata/demo and returns (sources, dataset).
+func demoDataset(t *testing.T) (string, string) {
+	t.Helper()
+	src := filepath.Join(t.TempDir(), "src")
+	from := filepath.Join("..", "..", "testdata", "demo")
+	err := filepath.WalkDir(from, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(from, p)
+		if d.IsDir() {
+			return os.MkdirAll(filepath.Join(src, rel), 0o755)
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(src, rel), b, 0o644)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mods []convert.Modality
+	for _, s := range []string{"motion=motion/{clip}.pkl:exp+pose", "whisper@2=whisper/{clip}.npy", "emotion=emotion/{clip}.npy"} {
+		m, err := convert.ParseModality(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mods = append(mods, m)
+	}
+	out := filepath.Join(t.TempDir(), "ds")
+	if _, err := convert.Run(context.Background(), convert.Options{ClipList: filepath.Join(src, "clips.txt"), Out: out, Modalities: mods}); err != nil {
+		t.Fatal(err)
+	}
+	return src, out
+}
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func verify(t *testing.T, args ...string) result {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"--quiet"}, args...)...)
+	var so, se bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &so, &se
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(se.String(), "panic") || strings.Contains(se.String(), "goroutine ") {
+		t.Fatalf("stack trace: %s", se.String())
+	}
+	return result{code, so.String(), se.String()}
+}
+
+// clipRange returns the byte range of clip i in a modality's blob.
+func clipRange(t *testing.T, dir string, i int, name string) (int64, int64) {
+	d, err := manifests.LoadDataset(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := d.Modality(name)
+	starts, lengths, err := manifests.ReadIndex(filepath.Join(dir, "index.npy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fb := int64(2)
+	for _, x := range m.FrameShape {
+		fb *= int64(x)
+	}
+	return m.DataOffset + starts[i]*int64(m.Rate)*fb, lengths[i] * int64(m.Rate) * fb
+}
+
+func flipByte(t *testing.T, path string, off int64) {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := make([]byte, 1)
+	f.ReadAt(b, off)
+	b[0] ^= 0x40
+	f.WriteAt(b, off)
+}
+
+func TestIntact(t *testing.T) {
+	_, dir := demoDataset(t)
+	for _, args := range [][]string{{dir}, {"--deep", dir}, {"--deep", "--sources", dir}} {
+		r := verify(t, args...)
+		if r.code != 0 || !strings.Contains(r.stdout, "ok: ") {
+			t.Fatalf("%v: exit %d: %s %s", args, r.code, r.stdout, r.stderr)
+		}
+	}
+	r := verify(t, "--json", "--deep", dir)
+	var rep manifests.Report
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil || rep.Files != 6 || rep.Clips != 12 || len(rep.Problems) != 0 {
+		t.Fatalf("json: %v %+v", err, rep)
+	}
+}
+
+// TestCorruption: each mutation, its exit code, and the culprit named.
+func TestCorruption(t *testing.T) {
+	cases := []struct {
+		name   string
+		mutate func(t *testing.T, src, dir string)
+		args   []string
+		code   int
+		want   []string
+	}{
+		{"flipped byte, default names the file", func(t *testing.T, src, dir string) {
+			off, _ := clipRange(t, dir, 4, "whisper")
+			flipByte(t, filepath.Join(dir, "whisper.npy"), off+10)
+		}, nil, 1, []string{"whisper.npy: sha256 mismatch"}},
+		{"flipped byte, --deep names the clip", func(t *testing.T, src, dir string) {
+			off, _ := clipRange(t, dir, 4, "whisper")
+			flipByte(t, filepath.Join(dir, "whisper.npy"), off+10)
+		}, []string{"--deep"}, 1, []string{`whisper.npy: clip "clip004": xxh64 mismatch`}},
+		{"truncated blob", func(t *testing.T, src, dir string) {
+			p := filepath.Join(dir, "motion.npy")
+			st, _ := os.Stat(p)
+			os.Truncate(p, st.Size()-100)
+		}, nil, 1, []string{"motion.npy: size", "truncated"}},
+		{"missing file", func(t *testing.T, src, dir string) {
+			os.Remove(filepath.Join(dir, "index.npy"))
+		}, nil, 1, []string{"index.npy: missing"}},
+		{"extra file", func(t *testing.T, src, dir string) {
+			os.WriteFile(filepath.Join(dir, "notes.txt"), []byte("hi"), 0o644)
+		}, nil, 1, []string{"notes.txt: unexpected file"}},
+		{"edited parquet row, sums updated", func(t *testing.T, src, dir string) {
+			d, _ := manifests.LoadDataset(dir)
+			names := []string{}
+			for _, m := range d.Modalities {
+				names = append(names, m.Name)
+			}
+			p := filepath.Join(dir, "clips.parquet")
+			rows, err := manifests.ReadClips(p, names)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rows[7].Length++
+			if err := manifests.WriteClips(p, names, rows); err != nil {
+				t.Fatal(err)
+			}
+			sums, _ := manifests.ReadSums(filepath.Join(dir, "SHA256SUMS"))
+			sums["clips.parquet"], _ = manifests.HashFile(p)
+			manifests.WriteSums(filepath.Join(dir, "SHA256SUMS"), sums)
+		}, nil, 1, []string{`clips.parquet: clip "clip007": row 7: start`, "index.npy says"}},
+		{"edited parquet, sums stale", func(t *testing.T, src, dir string) {
+			flipByte(t, filepath.Join(dir, "clips.parquet"), 200)
+		}, nil, 1, []string{"clips.parquet"}},
+		{"dataset.json points outside", func(t *testing.T, src, dir string) {
+			d, _ := manifests.LoadDataset(dir)
+			d.Modalities[0].File = "../../etc/passwd"
+			d.Write(dir)
+		}, nil, 2, []string{"escapes the dataset directory", "../../etc/passwd"}},
+		{"absolute path in dataset.json", func(t *testing.T, src, dir string) {
+			d, _ := manifests.LoadDataset(dir)
+			d.Files.Index = "/etc/passwd"
+			d.Write(dir)
+		}, nil, 2, []string{"/etc/passwd", "absolute"}},
+		{"unreadable dataset.json", func(t *testing.T, src, dir string) {
+			os.WriteFile(filepath.Join(dir, "dataset.json"), []byte(`{"format": "clipshard.dataset", "version": `), 0o644)
+		}, nil, 2, []string{"dataset.json"}},
+		{"source changed after conversion", func(t *testing.T, src, dir string) {
+			p := filepath.Join(src, "emotion", "clip010.npy") // little-endian float64
+			b, _ := os.ReadFile(p)
+			b[len(b)-1] ^= 0x80 // negate the last value, same size
+			os.WriteFile(p, b, 0o644)
+			future := time.Now().Add(time.Hour)
+			os.Chtimes(p, future, future)
+		}, []string{"--sources"}, 1, []string{"emotion/clip010.npy", `clip "clip010"`, "content drift", "changed since conversion"}},
+		{"source gone", func(t *testing.T, src, dir string) {
+			os.Remove(filepath.Join(src, "motion", "clip010.pkl"))
+		}, []string{"--sources"}, 1, []string{"motion/clip010.pkl", `clip "clip010"`, "gone"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			src, dir := demoDataset(t)
+			c.mutate(t, src, dir)
+			r := verify(t, append(c.args, dir)...)
+			out := r.stdout + r.stderr
+			if r.code != c.code {
+				t.Fatalf("exit %d, want %d: %s", r.code, c.code, out)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(out, w) {
+					t.Errorf("output lacks %q:\n%s", w, out)
+				}
+			}
+			if c.code == 2 && strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
+				t.Errorf("want one line on stderr: %q", r.stderr)
+			}
+		})
+	}
+}
+
+func TestUsage(t *testing.T) {
+	if r := verify(t); r.code != 2 {
+		t.Fatalf("no args: %d", r.code)
+	}
+	if r := verify(t, t.TempDir()); r.code != 2 || !strings.Contains(r.stderr, "no dataset.json") {
+		t.Fatalf("empty dir: %d %q", r.code, r.stderr)
+	}
+	if r := verify(t, "--help"); r.code != 0 || !strings.Contains(r.stderr, "Exit status") {
+		t.Fatalf("--help: %d", r.code)
+	}
+}

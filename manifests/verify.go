@@ -1,0 +1,428 @@
+package manifests
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/clipshard/clipshard/formats"
+	"github.com/clipshard/clipshard/formats/array"
+	"github.com/clipshard/clipshard/formats/npy"
+	"github.com/clipshard/clipshard/transform/f16"
+)
+
+// Problem is one thing verification found wrong.
+type Problem struct {
+	File string `json:"file"`           // path relative to the checked directory (or a source path)
+	Clip string `json:"clip,omitempty"` // the clip concerned, if any
+	What string `json:"what"`
+}
+
+func (p Problem) String() string {
+	s := p.File
+	if p.Clip != "" {
+		s += ": clip " + fmt.Sprintf("%q", p.Clip)
+	}
+	return s + ": " + p.What
+}
+
+// Report is the result of a verification.
+type Report struct {
+	Kind     string    `json:"kind"` // "dataset"
+	Dir      string    `json:"dir"`
+	Level    string    `json:"level"` // "structure+sha256", "+deep", "+sources"
+	Files    int       `json:"files_checked"`
+	Bytes    int64     `json:"bytes_hashed"`
+	Clips    int       `json:"clips"`
+	Problems []Problem `json:"problems"`
+	mu       *sync.Mutex
+}
+
+func (r *Report) add(p Problem) {
+	r.mu.Lock()
+	r.Problems = append(r.Problems, p)
+	r.mu.Unlock()
+}
+
+// OK reports whether nothing was found wrong.
+func (r *Report) OK() bool { return len(r.Problems) == 0 }
+
+// VerifyOptions select how deep verification goes.
+type VerifyOptions struct {
+	Deep    bool // per-clip xxHash64 of every blob
+	Sources bool // re-decode the sources and compare
+	Workers int  // files hashed at once (default 2)
+	// Progress, if set, is called with bytes hashed so far and the total.
+	Progress func(done, total int64)
+}
+
+// VerifyDataset checks the dataset in dir. The error is non-nil only when
+// the manifest itself cannot be used (missing, unreadable, or naming paths
+// outside dir): then nothing else was checked. Everything else found wrong
+// is listed in the report.
+func VerifyDataset(dir string, o VerifyOptions) (*Report, error) {
+	d, err := LoadDataset(dir)
+	if err != nil {
+		return nil, err
+	}
+	if o.Workers <= 0 {
+		o.Workers = 2
+	}
+	r := &Report{Kind: "dataset", Dir: dir, Level: "structure+sha256", Clips: int(d.Clips), mu: new(sync.Mutex)}
+	if o.Deep {
+		r.Level += "+deep"
+	}
+	if o.Sources {
+		r.Level += "+sources"
+	}
+
+	// Expected files: the manifests, the blobs, nothing else.
+	want := map[string]bool{DatasetFile: true, d.Files.Clips: true, d.Files.Index: true, d.Files.Sums: true}
+	if d.Files.Skipped != "" {
+		want[d.Files.Skipped] = true
+	}
+	for _, m := range d.Modalities {
+		want[m.File] = true
+	}
+	present := map[string]bool{}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrManifest, err)
+	}
+	for _, e := range entries {
+		present[e.Name()] = true
+		if !want[e.Name()] {
+			r.add(Problem{File: e.Name(), What: "unexpected file (not in dataset.json)"})
+		}
+	}
+	for f := range want {
+		if !present[f] {
+			r.add(Problem{File: f, What: "missing"})
+		}
+	}
+
+	// SHA256SUMS lists every file but itself, and every listed hash holds.
+	sums, err := ReadSums(filepath.Join(dir, d.Files.Sums))
+	if err != nil {
+		if present[d.Files.Sums] {
+			r.add(Problem{File: d.Files.Sums, What: oneLine(err)})
+		}
+		sums = nil
+	}
+	if sums != nil {
+		for f := range want {
+			if _, ok := sums[f]; !ok && f != d.Files.Sums {
+				r.add(Problem{File: d.Files.Sums, What: fmt.Sprintf("does not list %s", f)})
+			}
+		}
+		for f := range sums {
+			if !want[f] {
+				r.add(Problem{File: d.Files.Sums, What: fmt.Sprintf("lists %s, which is not part of the dataset", f)})
+			}
+		}
+	}
+	for _, m := range d.Modalities {
+		if sums != nil && sums[m.File] != "" && sums[m.File] != m.SHA256 {
+			r.add(Problem{File: DatasetFile, What: fmt.Sprintf("modality %q sha256 differs from %s", m.Name, d.Files.Sums)})
+		}
+	}
+
+	// Blob headers and sizes against dataset.json.
+	checkBlobs(dir, d, present, r)
+
+	// index.npy, clips.parquet and dataset.json agree.
+	rows := checkOffsets(dir, d, present, r)
+
+	// sha256 of every listed file, in parallel.
+	hashAll(dir, sums, present, o, r)
+
+	if o.Deep && rows != nil {
+		deepClips(dir, d, rows, r)
+	}
+	if o.Sources && rows != nil {
+		checkSources(dir, d, rows, r)
+	}
+	sort.SliceStable(r.Problems, func(i, j int) bool { return r.Problems[i].File < r.Problems[j].File })
+	return r, nil
+}
+
+func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", " ") }
+
+func checkBlobs(dir string, d *Dataset, present map[string]bool, r *Report) {
+	for _, m := range d.Modalities {
+		if !present[m.File] {
+			continue
+		}
+		f, err := os.Open(filepath.Join(dir, m.File))
+		if err != nil {
+			r.add(Problem{File: m.File, What: oneLine(err)})
+			continue
+		}
+		st, err := f.Stat()
+		if err == nil && st.Size() != m.Size {
+			r.add(Problem{File: m.File, What: fmt.Sprintf("size %d, dataset.json says %d (truncated or extended)", st.Size(), m.Size)})
+		}
+		var h *npy.Header
+		if err == nil {
+			h, err = npy.ReadHeader(f, st.Size())
+		}
+		f.Close()
+		if err != nil {
+			if st != nil && st.Size() == m.Size {
+				r.add(Problem{File: m.File, What: oneLine(err)})
+			}
+			continue
+		}
+		if h.Descr != m.DType {
+			r.add(Problem{File: m.File, What: fmt.Sprintf("header dtype %s, dataset.json says %s", h.Descr, m.DType)})
+		}
+		wantShape := append([]int{int(m.Rows)}, m.FrameShape...)
+		if !slices.Equal(h.Shape, wantShape) || h.Fortran {
+			r.add(Problem{File: m.File, What: fmt.Sprintf("header shape %s (fortran=%v), dataset.json says %s", array.FormatShape(h.Shape), h.Fortran, array.FormatShape(wantShape))})
+		}
+		if h.DataOffset != m.DataOffset || h.DataOffset%npy.DataAlign != 0 {
+			r.add(Problem{File: m.File, What: fmt.Sprintf("data at offset %d, dataset.json says %d (must be 4096-aligned)", h.DataOffset, m.DataOffset)})
+		}
+		if m.Rate < 1 || m.Rows != d.Frames*int64(m.Rate) {
+			r.add(Problem{File: DatasetFile, What: fmt.Sprintf("modality %q has %d rows, but %d frames at rate %d make %d", m.Name, m.Rows, d.Frames, m.Rate, d.Frames*int64(m.Rate))})
+		}
+	}
+}
+
+// checkOffsets checks index.npy and clips.parquet against each other and
+// dataset.json, and returns the parquet rows (nil if unreadable).
+func checkOffsets(dir string, d *Dataset, present map[string]bool, r *Report) []ClipRow {
+	names := make([]string, len(d.Modalities))
+	for i, m := range d.Modalities {
+		names[i] = m.Name
+	}
+	var starts, lengths []int64
+	if present[d.Files.Index] {
+		var err error
+		if starts, lengths, err = ReadIndex(filepath.Join(dir, d.Files.Index)); err != nil {
+			r.add(Problem{File: d.Files.Index, What: oneLine(err)})
+			starts = nil
+		}
+	}
+	if starts != nil {
+		if int64(len(starts)) != d.Clips {
+			r.add(Problem{File: d.Files.Index, What: fmt.Sprintf("%d clips, dataset.json says %d", len(starts), d.Clips)})
+		}
+		var next int64
+		for i := range starts {
+			if starts[i] != next || lengths[i] < 0 {
+				r.add(Problem{File: d.Files.Index, What: fmt.Sprintf("row %d: start %d length %d, want start %d (contiguous from 0)", i, starts[i], lengths[i], next)})
+				break
+			}
+			next += lengths[i]
+		}
+		if next != d.Frames {
+			r.add(Problem{File: d.Files.Index, What: fmt.Sprintf("lengths add up to %d frames, dataset.json says %d", next, d.Frames)})
+		}
+	}
+	if !present[d.Files.Clips] {
+		return nil
+	}
+	rows, err := ReadClips(filepath.Join(dir, d.Files.Clips), names)
+	if err != nil {
+		r.add(Problem{File: d.Files.Clips, What: oneLine(err)})
+		return nil
+	}
+	if int64(len(rows)) != d.Clips {
+		r.add(Problem{File: d.Files.Clips, What: fmt.Sprintf("%d rows, dataset.json says %d clips", len(rows), d.Clips)})
+	}
+	seen := map[string]bool{}
+	for i, row := range rows {
+		if seen[row.Clip] {
+			r.add(Problem{File: d.Files.Clips, Clip: row.Clip, What: "clip listed twice"})
+		}
+		seen[row.Clip] = true
+		if starts != nil && i < len(starts) && (row.Start != starts[i] || row.Length != lengths[i]) {
+			r.add(Problem{File: d.Files.Clips, Clip: row.Clip, What: fmt.Sprintf("row %d: start %d length %d, index.npy says %d %d", i, row.Start, row.Length, starts[i], lengths[i])})
+		}
+		if row.Trimmed < 0 {
+			r.add(Problem{File: d.Files.Clips, Clip: row.Clip, What: fmt.Sprintf("negative trimmed %d", row.Trimmed)})
+		}
+	}
+	return rows
+}
+
+func hashAll(dir string, sums map[string]string, present map[string]bool, o VerifyOptions, r *Report) {
+	var names []string
+	var total int64
+	for f := range sums {
+		if present[f] {
+			names = append(names, f)
+			if st, err := os.Stat(filepath.Join(dir, f)); err == nil {
+				total += st.Size()
+			}
+		}
+	}
+	sort.Strings(names)
+	var mu sync.Mutex
+	var done int64
+	sem := make(chan struct{}, o.Workers)
+	var wg sync.WaitGroup
+	for _, f := range names {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			got, n, err := hashFileCounting(filepath.Join(dir, f), func(k int64) {
+				if o.Progress != nil {
+					mu.Lock()
+					done += k
+					o.Progress(done, total)
+					mu.Unlock()
+				}
+			})
+			r.mu.Lock()
+			r.Files++
+			r.Bytes += n
+			r.mu.Unlock()
+			switch {
+			case err != nil:
+				r.add(Problem{File: f, What: oneLine(err)})
+			case got != sums[f]:
+				r.add(Problem{File: f, What: "sha256 mismatch: content differs from SHA256SUMS"})
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// deepClips checks every clip's xxHash64 in every blob.
+func deepClips(dir string, d *Dataset, rows []ClipRow, r *Report) {
+	for k, m := range d.Modalities {
+		f, err := os.Open(filepath.Join(dir, m.File))
+		if err != nil {
+			continue // reported already
+		}
+		fb, err := array.ByteSize(m.FrameShape, dtypeSize(m.DType))
+		if err != nil {
+			f.Close()
+			continue
+		}
+		off := m.DataOffset
+		for _, row := range rows {
+			n := row.Length * int64(m.Rate) * fb
+			h := xxhash.New()
+			got, err := io.Copy(h, io.NewSectionReader(f, off, n))
+			if err != nil || got != n {
+				r.add(Problem{File: m.File, Clip: row.Clip, What: fmt.Sprintf("rows past the end of the file (%d of %d bytes)", got, n)})
+				break
+			}
+			if h.Sum64() != row.Sources[k].XXH64 {
+				first := row.Start * int64(m.Rate)
+				r.add(Problem{File: m.File, Clip: row.Clip, What: fmt.Sprintf("xxh64 mismatch: rows %d..%d (bytes %d..%d) differ from what convert wrote",
+					first, first+row.Length*int64(m.Rate), off, off+n)})
+			}
+			off += n
+		}
+		f.Close()
+	}
+}
+
+func dtypeSize(descr string) int {
+	dt, _, err := array.ParseDescr(descr)
+	if err != nil {
+		return 0
+	}
+	return dt.Size
+}
+
+// checkSources re-decodes every clip's sources and compares the converted
+// bytes with the recorded xxHash64.
+func checkSources(dir string, d *Dataset, rows []ClipRow, r *Report) {
+	for _, row := range rows {
+		for k, m := range d.Modalities {
+			s := row.Sources[k]
+			st := Stamp(s.Path)
+			if st.Size < 0 {
+				r.add(Problem{File: s.Path, Clip: row.Clip, What: "source is gone"})
+				continue
+			}
+			changed := st.Size != s.Size || st.MtimeNS != s.MtimeNS
+			a, err := formats.Load(s.Path, m.Keys)
+			if err != nil {
+				r.add(Problem{File: s.Path, Clip: row.Clip, What: "source no longer decodes: " + oneLine(err)})
+				continue
+			}
+			got, err := convertedHash(a, row.Length*int64(m.Rate), m.DType)
+			switch {
+			case err != nil:
+				r.add(Problem{File: s.Path, Clip: row.Clip, What: oneLine(err)})
+			case got != s.XXH64:
+				what := "content drift: converted source differs from the blob"
+				if changed {
+					what += fmt.Sprintf(" (changed since conversion: size %d -> %d, mtime %d -> %d)", s.Size, st.Size, s.MtimeNS, st.MtimeNS)
+				}
+				r.add(Problem{File: s.Path, Clip: row.Clip, What: what})
+			case changed:
+				r.add(Problem{File: s.Path, Clip: row.Clip, What: fmt.Sprintf("changed since conversion (size %d -> %d, mtime %d -> %d) but converts to the same bytes", s.Size, st.Size, s.MtimeNS, st.MtimeNS)})
+			}
+		}
+	}
+}
+
+// convertedHash converts the first rows of a as convert would (float16, or
+// kept in its dtype) and returns the xxHash64.
+func convertedHash(a *array.Array, rows int64, dtype string) (uint64, error) {
+	if int64(a.Rows()) < rows || len(a.Shape) == 0 {
+		return 0, fmt.Errorf("source has %d rows, the dataset holds %d", a.Rows(), rows)
+	}
+	frame := int64(1)
+	for _, d := range a.FrameShape() {
+		frame *= int64(d)
+	}
+	src := a.Data[:rows*frame*int64(a.DType.Size)]
+	if dtype != array.Float16.Descr() {
+		if a.DType.Descr() != dtype {
+			return 0, fmt.Errorf("source dtype %s, dataset keeps %s", a.DType.Descr(), dtype)
+		}
+		return xxhash.Sum64(src), nil
+	}
+	out := make([]byte, 2*rows*frame)
+	if err := f16.Convert(out, src, a.DType, nil); err != nil {
+		return 0, err
+	}
+	return xxhash.Sum64(out), nil
+}
+
+// hashFileCounting is HashFile reporting progress as it reads.
+func hashFileCounting(path string, progress func(int64)) (string, int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", 0, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	buf := make([]byte, 1<<20)
+	var n int64
+	for {
+		k, err := f.Read(buf)
+		if k > 0 {
+			h.Write(buf[:k])
+			n += int64(k)
+			progress(int64(k))
+		}
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return "", n, err
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil)), n, nil
+}
