@@ -11,6 +11,7 @@ PY=${CLIPSHARD_PYTHON:-/usr/bin/python3}
 W=${1:-/tmp/clipshard-bench}
 mkdir -p "$W"
 go build -o "$W/convert" ./cmd/convert
+go build -o "$W/verify" ./cmd/verify
 
 gen() { # name clips T D
   [ -f "$W/$1/clips.txt" ] && return
@@ -82,3 +83,11 @@ for set in large small; do
     "$PY" -c "import numpy as np,sys; a=np.load(sys.argv[1]); b=np.load(sys.argv[2]); assert (a.view('u2')==b.view('u2')).all(); print('  convert output == numpy output (bits)')" "$W/$set-ds/feat.npy" "$W/$set-np/feat.npy"
   rm -f "$W/cat.out"
 done
+
+# verify (default level: structure + sha256 of every file) vs sha256sum of
+# the same files, on the large dataset just written.
+echo "verify vs sha256sum (large dataset, $(du -sh --apparent-size "$W/large-ds" | cut -f1))"
+best sha256sum sh -c "cd '$W/large-ds' && sha256sum -c SHA256SUMS"
+best verify "$W/verify" --quiet "$W/large-ds"
+awk -v v="$(cat "$W/verify.best")" -v s="$(cat "$W/sha256sum.best")" \
+  'BEGIN{printf "  verify throughput = %.2fx sha256sum\n", s/v}'
