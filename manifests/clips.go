@@ -86,8 +86,50 @@ func parquetSchema(cols []column) (*schema.GroupNode, error) {
 
 // WriteClips writes clips.parquet atomically: the columns of docs/FORMAT.md
 // for the given modality names, one row group.
-func WriteClips(path string, modalities []string, rows []ClipRow) (err error) {
+func WriteClips(path string, modalities []string, rows []ClipRow) error {
 	cols := clipColumns(modalities)
+	table := make([]Column, len(cols))
+	for ci, c := range cols {
+		table[ci] = Column{Name: c.name, Unsigned: c.kind == colUint64}
+		for i := range rows {
+			switch v := c.get(&rows[i]).(type) {
+			case string:
+				table[ci].Strings = append(table[ci].Strings, v)
+			case int64:
+				table[ci].Ints = append(table[ci].Ints, v)
+			case uint64:
+				table[ci].Ints = append(table[ci].Ints, int64(v))
+			}
+		}
+		if c.kind == colString && table[ci].Strings == nil {
+			table[ci].Strings = []string{}
+		}
+	}
+	return WriteTable(path, table)
+}
+
+// Column is one column of a table for WriteTable: Strings for a string
+// column, else Ints (int64, or uint64 bits when Unsigned).
+type Column struct {
+	Name     string
+	Strings  []string
+	Ints     []int64
+	Unsigned bool
+}
+
+// WriteTable writes a Parquet file atomically: required columns, one row
+// group, zstd, written with arrow-go's column writers.
+func WriteTable(path string, table []Column) (err error) {
+	cols := make([]column, len(table))
+	for i, c := range table {
+		cols[i] = column{name: c.Name, kind: colInt64}
+		switch {
+		case c.Strings != nil:
+			cols[i].kind = colString
+		case c.Unsigned:
+			cols[i].kind = colUint64
+		}
+	}
 	sc, err := parquetSchema(cols)
 	if err != nil {
 		return err
@@ -115,29 +157,19 @@ func WriteClips(path string, modalities []string, rows []ClipRow) (err error) {
 	if err != nil {
 		return err
 	}
-	for _, c := range cols {
+	for i, c := range table {
 		cw, err := rg.NextColumn()
 		if err != nil {
 			return err
 		}
-		switch c.kind {
-		case colString:
-			vals := make([]parquet.ByteArray, len(rows))
-			for i := range rows {
-				vals[i] = parquet.ByteArray(c.get(&rows[i]).(string))
+		if cols[i].kind == colString {
+			vals := make([]parquet.ByteArray, len(c.Strings))
+			for k, v := range c.Strings {
+				vals[k] = parquet.ByteArray(v)
 			}
 			_, err = cw.(*file.ByteArrayColumnChunkWriter).WriteBatch(vals, nil, nil)
-		case colInt64, colUint64:
-			vals := make([]int64, len(rows))
-			for i := range rows {
-				switch v := c.get(&rows[i]).(type) {
-				case int64:
-					vals[i] = v
-				case uint64:
-					vals[i] = int64(v)
-				}
-			}
-			_, err = cw.(*file.Int64ColumnChunkWriter).WriteBatch(vals, nil, nil)
+		} else {
+			_, err = cw.(*file.Int64ColumnChunkWriter).WriteBatch(c.Ints, nil, nil)
 		}
 		if err != nil {
 			return err

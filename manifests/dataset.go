@@ -171,11 +171,24 @@ func LoadDataset(dir string) (*Dataset, error) {
 
 // Write writes d to DIR/dataset.json atomically.
 func (d *Dataset) Write(dir string) error {
-	b, err := json.MarshalIndent(d, "", "  ")
+	b, err := MarshalJSON(d)
 	if err != nil {
 		return err
 	}
-	return atomicfile.WriteFile(filepath.Join(dir, DatasetFile), append(b, '\n'))
+	return atomicfile.WriteFile(filepath.Join(dir, DatasetFile), b)
+}
+
+// MarshalJSON encodes a manifest as indented JSON with a final newline,
+// without escaping <, > and & (dtypes read "<f2").
+func MarshalJSON(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
 }
 
 // Modality returns the modality called name, or nil.

@@ -12,6 +12,10 @@ import (
 	"time"
 
 	"github.com/clipshard/clipshard/internal/numpytest"
+	// The binary under test is built from these: importing them keys the
+	// test cache on their sources too.
+	_ "github.com/clipshard/clipshard/internal/ui"
+	_ "github.com/clipshard/clipshard/transform/convert"
 )
 
 var bin string

@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	// internal/ui is imported so that the test cache is keyed on it (the
+	// binary under test is built from it).
+	_ "github.com/clipshard/clipshard/internal/ui"
 	"github.com/clipshard/clipshard/manifests"
 	"github.com/clipshard/clipshard/transform/convert"
 )

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -142,11 +141,10 @@ func (j *job) finalize(w *writer) (*manifests.Dataset, error) {
 	for i := range d.Modalities {
 		d.Modalities[i].SHA256 = sums[d.Modalities[i].File]
 	}
-	js, err := json.MarshalIndent(d, "", "  ")
+	js, err := manifests.MarshalJSON(d)
 	if err != nil {
 		return nil, err
 	}
-	js = append(js, '\n')
 	h := sha256.Sum256(js)
 	sums[manifests.DatasetFile] = hex.EncodeToString(h[:])
 	if err := manifests.WriteSums(filepath.Join(j.staging, manifests.SumsFile), sums); err != nil {

@@ -1,0 +1,206 @@
+// Command shuffle pre-shuffles the windows a trainer samples from a
+// clipshard dataset into per-epoch, per-rank shards read strictly in order.
+// Run "shuffle --help" for the flags; docs/FORMAT.md describes the output.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/clipshard/clipshard/internal/ui"
+	"github.com/clipshard/clipshard/transform/shuffle"
+)
+
+const usage = `usage: shuffle --dataset DIR --out EDIR --window W (--epochs N | --epoch-range A:B) [flags]
+
+Materialise, for each epoch and DDP rank, the windows a trainer would sample
+from the dataset, in shuffled order, into shard files read strictly in
+order: EDIR/epoch-0003/rank-01/shard-00000.NAME.npy [S, W*RATE, ...] and
+shard-00000.samples.npy int64 [S, 3] (clip, start, valid). Same seed, same
+bytes, whatever --mem. Each epoch is committed atomically; a re-run skips
+finished epochs.
+
+Example:
+  shuffle --dataset /tmp/clipshard-demo --out /tmp/clipshard-epochs \
+    --window 15 --epochs 2 --world-size 2 --shard-samples 16 --seed 7
+
+Storage: N epochs take N times the dataset. Produce epoch e+1 while epoch e
+trains and delete e-1 (--epoch-range E:E+1), or replay one epoch in a seeded
+shard order (see the README).
+
+Flags:
+`
+
+const exitCodes = `
+Exit status: 0 done or up to date; 1 failure; 2 usage error (including not
+enough free space).
+`
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+// parseSize parses 2GiB, 512MiB, 1G, 1000000.
+func parseSize(s string) (int64, error) {
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3},
+		{"T", 1 << 40}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}, {"B", 1}}
+	for _, u := range units {
+		if strings.HasSuffix(s, u.suffix) {
+			n, err := strconv.ParseFloat(strings.TrimSuffix(s, u.suffix), 64)
+			if err != nil || n < 0 {
+				return 0, fmt.Errorf("bad size %q", s)
+			}
+			return int64(n * float64(u.mult)), nil
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("bad size %q (use e.g. 2GiB, 512MiB)", s)
+	}
+	return n, nil
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("shuffle", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		o               shuffle.Options
+		epochs          int
+		epochRange, mem string
+		quiet, jsonOut  bool
+		seed            uint64
+	)
+	fs.StringVar(&o.Dataset, "dataset", "", "dataset directory written by convert")
+	fs.StringVar(&o.Out, "out", "", "epochs directory to write")
+	fs.IntVar(&epochs, "epochs", 0, "write epochs 0..N-1")
+	fs.StringVar(&epochRange, "epoch-range", "", "write epochs `A:B` (A..B-1)")
+	fs.Uint64Var(&seed, "seed", 0, "random seed")
+	fs.IntVar(&o.Sampling.Window, "window", 0, "clip frames per sample (W)")
+	fs.StringVar(&o.Sampling.Mode, "sampling", "tile", "`tile`: non-overlapping windows from a random offset; random: --per-clip random windows")
+	fs.IntVar(&o.Sampling.PerClip, "per-clip", 0, "windows per clip per epoch with --sampling random")
+	fs.StringVar(&o.Sampling.Short, "short", "skip", "clips shorter than W: `skip` or pad (zeros past valid)")
+	fs.IntVar(&o.WorldSize, "world-size", 1, "DDP ranks (equal, disjoint shares; the remainder is dropped)")
+	fs.IntVar(&o.ShardSize, "shard-samples", 1024, "samples per shard file")
+	fs.StringVar(&mem, "mem", "2GiB", "memory budget (above it: external two-pass shuffle, sequential reads)")
+	fs.BoolVar(&o.Force, "force", false, "rewrite epochs that are already done (or replace other options' epochs)")
+	fs.BoolVar(&quiet, "quiet", false, "no progress on stderr")
+	fs.BoolVar(&jsonOut, "json", false, "print the summary as JSON")
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage)
+		fs.PrintDefaults()
+		fmt.Fprint(stderr, exitCodes)
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "shuffle: unexpected argument %q (see --help)\n", fs.Arg(0))
+		return 2
+	}
+	o.Seed = seed
+	switch {
+	case epochRange != "" && epochs != 0:
+		fmt.Fprintln(stderr, "shuffle: give --epochs or --epoch-range, not both")
+		return 2
+	case epochRange != "":
+		a, b, ok := strings.Cut(epochRange, ":")
+		ai, err1 := strconv.Atoi(a)
+		bi, err2 := strconv.Atoi(b)
+		if !ok || err1 != nil || err2 != nil {
+			fmt.Fprintf(stderr, "shuffle: --epoch-range %q: want A:B\n", epochRange)
+			return 2
+		}
+		o.EpochStart, o.EpochEnd = ai, bi
+	case epochs > 0:
+		o.EpochStart, o.EpochEnd = 0, epochs
+	default:
+		fmt.Fprintln(stderr, "shuffle: --epochs N or --epoch-range A:B is required")
+		return 2
+	}
+	var err error
+	if o.Mem, err = parseSize(mem); err != nil {
+		fmt.Fprintln(stderr, "shuffle: --mem:", err)
+		return 2
+	}
+	o.Tool = "clipshard shuffle " + version()
+	if v := os.Getenv("SOURCE_DATE_EPOCH"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			fmt.Fprintf(stderr, "shuffle: SOURCE_DATE_EPOCH=%q is not a number\n", v)
+			return 2
+		}
+		o.Now = func() time.Time { return time.Unix(n, 0) }
+	}
+	var bar *ui.Progress
+	killAt, _ := strconv.ParseInt(os.Getenv("CLIPSHARD_KILL_AFTER_SAMPLES"), 10, 64)
+	o.Progress = func(p shuffle.Progress) {
+		if bar == nil {
+			bar = ui.New("shuffle", "samples", p.Total, quiet)
+		}
+		bar.Update(p.Done, p.Phase+", "+ui.Bytes(p.BytesWritten)+" written")
+		if killAt > 0 && p.Phase == "write" && p.Done >= killAt { // fault injection for the crash tests
+			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {}
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	res, err := shuffle.Run(ctx, o)
+	if bar != nil {
+		bar.Finish()
+	}
+	if err != nil {
+		ui.Fail(stderr, "shuffle", err)
+		if errors.Is(err, shuffle.ErrUsage) {
+			return 2
+		}
+		return 1
+	}
+	if jsonOut {
+		b, _ := json.MarshalIndent(map[string]any{"dir": res.Dir, "up_to_date": res.UpToDate, "epochs_written": res.Done,
+			"epochs_skipped": res.Skipped, "dropped": res.Dropped, "external": res.External, "bytes": res.Bytes,
+			"planned_bytes": res.Planned, "seconds": res.Elapsed.Seconds()}, "", "  ")
+		fmt.Fprintln(stdout, string(b))
+		return 0
+	}
+	if res.UpToDate {
+		fmt.Fprintf(stdout, "up to date: %s has epochs %v; nothing to do\n", res.Dir, res.Skipped)
+		return 0
+	}
+	path := "in-memory gather"
+	if res.External {
+		path = "external two-pass shuffle"
+	}
+	fmt.Fprintf(stdout, "wrote epochs %v into %s in %.1fs: %s (%s, %d ranks)\n", res.Done, res.Dir, res.Elapsed.Seconds(), ui.Bytes(res.Bytes), path, o.WorldSize)
+	for _, e := range res.Done {
+		if d := res.Dropped[e]; d > 0 {
+			fmt.Fprintf(stdout, "  epoch %d: dropped %d samples to give every rank the same count\n", e, d)
+		}
+	}
+	if len(res.Skipped) > 0 {
+		fmt.Fprintf(stdout, "  already done: epochs %v\n", res.Skipped)
+	}
+	return 0
+}
+
+func version() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "(devel)"
+}

@@ -1,0 +1,240 @@
+package main_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/clipshard/clipshard/internal/numpytest"
+	// Imported so the test cache is keyed on the binary's sources.
+	_ "github.com/clipshard/clipshard/internal/ui"
+	"github.com/clipshard/clipshard/transform/convert"
+	_ "github.com/clipshard/clipshard/transform/shuffle"
+)
+
+var bin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "clipshard-shuffle-test")
+	if err != nil {
+		panic(err)
+	}
+	bin = filepath.Join(dir, "shuffle")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+var (
+	dsOnce sync.Once
+	dsDir  string
+	dsErr  error
+)
+
+// demoDataset converts testdata/demo once for all tests (read-only).
+func demoDataset(t *testing.T) string {
+	t.Helper()
+	dsOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "clipshard-shuffle-ds")
+		if err != nil {
+			dsErr = err
+			return
+		}
+		var mods []convert.Modality
+		for _, s := range []string{"motion=motion/{clip}.pkl:exp+pose", "whisper@2=whisper/{clip}.npy", "emotion=emotion/{clip}.npy"} {
+			m, _ := convert.ParseModality(s)
+			mods = append(mods, m)
+		}
+		dsDir = filepath.Join(dir, "ds")
+		_, dsErr = convert.Run(context.Background(), convert.Options{
+			ClipList: filepath.Join("..", "..", "testdata", "demo", "clips.txt"), Out: dsDir, Modalities: mods})
+	})
+	if dsErr != nil {
+		t.Fatal(dsErr)
+	}
+	return dsDir
+}
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func shuffleRun(t *testing.T, env []string, args ...string) result {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"--quiet"}, args...)...)
+	cmd.Env = append(append(os.Environ(), "SOURCE_DATE_EPOCH=1700000000"), env...)
+	var so, se bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &so, &se
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+		if !ee.Exited() {
+			code = -1
+		}
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return result{code, so.String(), se.String()}
+}
+
+// tree returns every file under dir (relative path -> bytes).
+func tree(t *testing.T, dir string) map[string][]byte {
+	t.Helper()
+	files := map[string][]byte{}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		rel, _ := filepath.Rel(dir, p)
+		files[rel] = b
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
+}
+
+func sameTree(t *testing.T, a, b map[string][]byte, what string) {
+	t.Helper()
+	if len(a) != len(b) {
+		t.Fatalf("%s: %d files vs %d", what, len(a), len(b))
+	}
+	for name, data := range a {
+		if !bytes.Equal(data, b[name]) {
+			t.Fatalf("%s: %s differs", what, name)
+		}
+	}
+}
+
+func base(ds, out string, extra ...string) []string {
+	return append([]string{"--dataset", ds, "--out", out, "--window", "15", "--seed", "7", "--shard-samples", "5"}, extra...)
+}
+
+// TestPathsAgree: the in-memory gather and the external two-pass shuffle
+// (forced with a tiny --mem) write the same bytes, and numpy finds every
+// sample equal to its dataset window.
+func TestPathsAgree(t *testing.T) {
+	ds := demoDataset(t)
+	for _, cfg := range [][]string{
+		{"--epochs", "3", "--world-size", "2"},
+		{"--epochs", "2", "--world-size", "3", "--sampling", "random", "--per-clip", "3"},
+		{"--epochs", "2", "--short", "pad", "--window", "40"},
+	} {
+		t.Run(strings.Join(cfg, " "), func(t *testing.T) {
+			mem := filepath.Join(t.TempDir(), "mem")
+			ext := filepath.Join(t.TempDir(), "ext")
+			r := shuffleRun(t, nil, base(ds, mem, append(cfg, "--mem", "1GiB")...)...)
+			if r.code != 0 || !strings.Contains(r.stdout, "in-memory") {
+				t.Fatalf("in-memory: %d %s %s", r.code, r.stdout, r.stderr)
+			}
+			r = shuffleRun(t, nil, base(ds, ext, append(cfg, "--mem", "64KiB")...)...)
+			if r.code != 0 || !strings.Contains(r.stdout, "external") {
+				t.Fatalf("external: %d %s %s", r.code, r.stdout, r.stderr)
+			}
+			sameTree(t, tree(t, mem), tree(t, ext), "in-memory vs external")
+			out := numpytest.Run(t, filepath.Join("..", "..", "testdata", "check_epochs.py"), ext)
+			if !strings.Contains(string(out), "ok: ") {
+				t.Fatalf("check_epochs: %s", out)
+			}
+			cmd := exec.Command("sha256sum", "--strict", "--quiet", "-c", "SHA256SUMS")
+			cmd.Dir = ext
+			if b, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("sha256sum: %v %s", err, b)
+			}
+		})
+	}
+}
+
+func TestRerunAndEpochRanges(t *testing.T) {
+	ds := demoDataset(t)
+	whole := filepath.Join(t.TempDir(), "whole")
+	if r := shuffleRun(t, nil, base(ds, whole, "--epochs", "3")...); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	r := shuffleRun(t, nil, base(ds, whole, "--epochs", "3")...)
+	if r.code != 0 || !strings.Contains(r.stdout, "up to date") {
+		t.Fatalf("re-run: %d %q", r.code, r.stdout)
+	}
+	// Epoch by epoch, as a rolling job would, gives the same bytes.
+	parts := filepath.Join(t.TempDir(), "parts")
+	for _, rg := range []string{"0:1", "1:3"} {
+		if r := shuffleRun(t, nil, base(ds, parts, "--epoch-range", rg)...); r.code != 0 {
+			t.Fatalf("%s: %s", rg, r.stderr)
+		}
+	}
+	sameTree(t, tree(t, whole), tree(t, parts), "--epochs 3 vs ranges 0:1 + 1:3")
+	// Other options into the same directory are refused without --force.
+	r = shuffleRun(t, nil, base(ds, whole, "--epochs", "3", "--seed", "8")...)
+	if r.code != 2 || !strings.Contains(r.stderr, "--force") {
+		t.Fatalf("other seed: %d %q", r.code, r.stderr)
+	}
+	if r = shuffleRun(t, nil, base(ds, whole, "--epochs", "3", "--seed", "8", "--force")...); r.code != 0 {
+		t.Fatalf("--force: %d %s", r.code, r.stderr)
+	}
+}
+
+func TestKillAndResume(t *testing.T) {
+	ds := demoDataset(t)
+	ref := filepath.Join(t.TempDir(), "ref")
+	if r := shuffleRun(t, nil, base(ds, ref, "--epochs", "3", "--world-size", "2")...); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	want := tree(t, ref)
+	// Progress is reported at every shard (5 samples here): kill in the
+	// first epoch, in the middle of the second, and near the end.
+	for _, mem := range []string{"1GiB", "64KiB"} {
+		for _, after := range []string{"5", "40", "80"} {
+			out := filepath.Join(t.TempDir(), "ep")
+			r := shuffleRun(t, []string{"CLIPSHARD_KILL_AFTER_SAMPLES=" + after}, base(ds, out, "--epochs", "3", "--world-size", "2", "--mem", mem)...)
+			if r.code != -1 {
+				t.Fatalf("mem %s after %s: not killed: exit %d %s", mem, after, r.code, r.stderr)
+			}
+			if _, err := os.Stat(filepath.Join(out, "epochs.json")); err == nil && after == "5" {
+				t.Fatal("epochs.json exists before the first epoch was committed")
+			}
+			r = shuffleRun(t, nil, base(ds, out, "--epochs", "3", "--world-size", "2", "--mem", mem)...)
+			if r.code != 0 {
+				t.Fatalf("resume: %d %s", r.code, r.stderr)
+			}
+			if after != "5" && !strings.Contains(r.stdout, "already done: epochs [0") {
+				t.Errorf("mem %s after %s: resume redid committed epochs: %q", mem, after, r.stdout)
+			}
+			sameTree(t, want, tree(t, out), "resumed with --mem "+mem+" after "+after)
+		}
+	}
+}
+
+func TestUsage(t *testing.T) {
+	ds := demoDataset(t)
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"--dataset", ds, "--out", t.TempDir() + "/x", "--window", "15"}, 2, "--epochs"},
+		{[]string{"--dataset", ds, "--out", t.TempDir() + "/x", "--epochs", "1"}, 2, "--window"},
+		{[]string{"--dataset", ds, "--out", t.TempDir() + "/x", "--epochs", "1", "--window", "5", "--sampling", "random"}, 2, "--per-clip"},
+		{[]string{"--dataset", ds, "--out", t.TempDir() + "/x", "--epochs", "1", "--window", "5", "--mem", "lots"}, 2, "bad size"},
+		{[]string{"--dataset", t.TempDir(), "--out", t.TempDir() + "/x", "--epochs", "1", "--window", "5"}, 1, "dataset.json"},
+	} {
+		r := shuffleRun(t, nil, c.args...)
+		if r.code != c.code || !strings.Contains(r.stderr, c.want) || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
+			t.Errorf("%v: exit %d %q, want %d and %q", c.args, r.code, r.stderr, c.code, c.want)
+		}
+	}
+}

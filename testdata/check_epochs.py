@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""Check epoch shards against their dataset with numpy alone.
+
+    python3 testdata/check_epochs.py EPOCHS_DIR
+
+For every epoch, rank and shard in epochs.json: the shard files open with
+np.load(mmap_mode="r") (data 4096-aligned) with shape [S, W*rate, *frame];
+every sample (clip, start, valid) equals the dataset rows of its clip
+[start*rate, (start+W)*rate), zeros past valid; ranks hold the same number
+of samples and are disjoint; with tile sampling, each clip's windows in an
+epoch start at one offset modulo W (that every whole window is covered is
+checked in Go, before the rank remainder is dropped). Prints "ok" or raises.
+"""
+import collections
+import json
+import os
+import sys
+
+import numpy as np
+
+edir = sys.argv[1]
+man = json.load(open(os.path.join(edir, "epochs.json")))
+assert man["format"] == "clipshard.epochs" and man["version"] == 1
+ds = man["dataset"]["dir"]
+dsman = json.load(open(os.path.join(ds, "dataset.json")))
+index = np.load(os.path.join(ds, "index.npy"))
+blobs = {m["name"]: np.load(os.path.join(ds, m["file"]), mmap_mode="r") for m in dsman["modalities"]}
+rates = {m["name"]: m["rate"] for m in dsman["modalities"]}
+W = man["window"]
+total = 0
+for ep in man["epochs"]:
+    per_rank = collections.Counter()
+    seen = set()
+    by_clip = collections.defaultdict(list)
+    for sh in ep["shards"]:
+        smp = np.load(os.path.join(edir, sh["files"]["samples"]), mmap_mode="r")
+        assert smp.dtype == np.int64 and smp.shape == (sh["samples"], 3), (sh, smp.shape)
+        per_rank[sh["rank"]] += len(smp)
+        arrays = {}
+        for m in man["modalities"]:
+            a = np.load(os.path.join(edir, sh["files"][m["name"]]), mmap_mode="r")
+            assert a.offset % 4096 == 0, a.offset
+            assert a.dtype == np.float16 and a.shape == (len(smp), W * m["rate"], *m["frame_shape"]), (a.shape, m)
+            arrays[m["name"]] = a
+        for i, (clip, start, valid) in enumerate(smp):
+            key = (int(clip), int(start))
+            if man["sampling"] == "tile":  # random draws may repeat a window
+                assert key not in seen, ("sample twice", ep["epoch"], key)
+            seen.add(key)
+            by_clip[int(clip)].append((int(start), int(valid)))
+            c0, length = index[clip]
+            assert 0 < valid <= W and start + valid <= length, (clip, start, valid, length)
+            for name, a in arrays.items():
+                r = rates[name]
+                want = blobs[name][(c0 + start) * r : (c0 + start + valid) * r]
+                got = a[i]
+                assert np.array_equal(got[: valid * r].view(np.uint16), want.view(np.uint16)), (name, clip, start)
+                assert not got[valid * r :].view(np.uint16).any(), ("padding not zero", name, clip, start)
+            total += 1
+    counts = set(per_rank.values())
+    assert len(per_rank) == man["world_size"] or ep["per_rank"] == 0, per_rank
+    assert counts <= {ep["per_rank"]}, (per_rank, ep["per_rank"])
+    if man["sampling"] == "tile":
+        for clip, wins in by_clip.items():
+            length = int(index[clip][1])
+            if length < W:
+                assert wins == [(0, length)], (clip, wins)
+                continue
+            starts = sorted(s for s, _ in wins)
+            o = starts[0] % W if starts else 0
+            assert all(s % W == o for s in starts), (clip, starts)
+    print("epoch %d: %d samples on %d ranks, %d dropped" % (ep["epoch"], sum(per_rank.values()), len(per_rank), ep["dropped"]))
+print("ok: %d samples checked" % total)

@@ -1,0 +1,461 @@
+package shuffle
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/clipshard/clipshard/formats/array"
+	"github.com/clipshard/clipshard/manifests"
+)
+
+// ErrUsage marks options that cannot work.
+var ErrUsage = errors.New("shuffle: usage")
+
+// Options configure Run.
+type Options struct {
+	Dataset    string // dataset directory (convert --out)
+	Out        string // epochs directory
+	EpochStart int    // first epoch
+	EpochEnd   int    // one past the last epoch
+	Seed       uint64
+	Sampling   Sampling
+	WorldSize  int   // ranks; default 1
+	ShardSize  int   // samples per shard file; default 1024
+	Mem        int64 // memory budget in bytes; default 2 GiB
+	Force      bool
+
+	// Progress, if set, is called as samples are written.
+	Progress func(Progress)
+	Now      func() time.Time
+	Tool     string
+}
+
+// Progress is a snapshot of a running shuffle.
+type Progress struct {
+	Phase        string // "plan", "read", "write"
+	Done, Total  int64  // samples
+	BytesWritten int64
+}
+
+// Result is what Run did.
+type Result struct {
+	Dir       string
+	Manifest  *Epochs
+	Done      []int // epochs written by this run
+	Skipped   []int // epochs already complete
+	External  bool  // the two-pass path was used
+	Bytes     int64 // bytes written
+	Dropped   map[int]int
+	Elapsed   time.Duration
+	UpToDate  bool
+	Planned   int64 // bytes the run was going to write
+	DataBytes int64 // dataset blob bytes
+}
+
+type modInfo struct {
+	name       string
+	file       string
+	rate       int64
+	frameShape []int
+	dtype      array.DType
+	rowBytes   int64 // bytes per blob row
+	winBytes   int64 // bytes per sample window: W*rate rows
+	dataOffset int64
+}
+
+type epochPlan struct {
+	epoch   int
+	samples []Sample // shuffled, cut to perRank*worldSize
+	perRank int
+	dropped int
+	base    int64 // global position of the first sample
+}
+
+type job struct {
+	o       Options
+	ds      *manifests.Dataset
+	starts  []int64
+	lengths []int64
+	mods    []modInfo
+	rec     int64 // bytes of one sample across modalities
+	epochs  []epochPlan
+	total   int64 // samples to write
+	man     *Epochs
+}
+
+// Run writes epochs [o.EpochStart, o.EpochEnd) of shuffled shards into
+// o.Out. Epochs already complete in o.Out (same dataset and options) are
+// skipped; each epoch is committed atomically.
+func Run(ctx context.Context, o Options) (*Result, error) {
+	began := time.Now()
+	j, err := newJob(o)
+	if err != nil {
+		return nil, err
+	}
+	res := &Result{Dir: j.o.Out, Dropped: map[int]int{}}
+	var todo []int
+	for e := j.o.EpochStart; e < j.o.EpochEnd; e++ {
+		if j.man.has(e) && !j.o.Force {
+			res.Skipped = append(res.Skipped, e)
+			continue
+		}
+		todo = append(todo, e)
+	}
+	if len(todo) == 0 {
+		res.UpToDate, res.Manifest, res.Elapsed = true, j.man, time.Since(began)
+		return res, nil
+	}
+	j.plan(todo)
+	for _, ep := range j.epochs {
+		res.Dropped[ep.epoch] = ep.dropped
+	}
+	for _, m := range j.mods {
+		res.DataBytes += j.ds.Modality(m.name).Rows * m.rowBytes
+	}
+	res.Planned = j.plannedBytes()
+	if err := checkSpace(j.o.Out, res.Planned); err != nil {
+		return nil, err
+	}
+	// Leftovers of a killed run: partial epochs and the pile directory.
+	if entries, err := os.ReadDir(j.o.Out); err == nil {
+		for _, e := range entries {
+			if isPartial(e.Name()) || e.Name() == ".work" {
+				os.RemoveAll(filepath.Join(j.o.Out, e.Name()))
+			}
+		}
+	}
+	s := newSink(j)
+	defer s.abort()
+	if res.DataBytes <= j.o.Mem {
+		err = j.gatherInMemory(ctx, s)
+	} else {
+		res.External = true
+		err = j.external(ctx, s)
+	}
+	if err == nil {
+		err = s.finish()
+	}
+	if err != nil {
+		return nil, err
+	}
+	res.Done, res.Bytes, res.Manifest = todo, s.bytes, j.man
+	res.Elapsed = time.Since(began)
+	return res, nil
+}
+
+func newJob(o Options) (*job, error) {
+	if o.Dataset == "" || o.Out == "" {
+		return nil, fmt.Errorf("%w: --dataset and --out are required", ErrUsage)
+	}
+	if err := o.Sampling.Check(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUsage, err)
+	}
+	if o.EpochEnd <= o.EpochStart || o.EpochStart < 0 || o.EpochEnd > 9999 {
+		return nil, fmt.Errorf("%w: epochs [%d, %d): want 0 <= A < B <= 9999", ErrUsage, o.EpochStart, o.EpochEnd)
+	}
+	if o.WorldSize == 0 {
+		o.WorldSize = 1
+	}
+	if o.ShardSize == 0 {
+		o.ShardSize = 1024
+	}
+	if o.Mem == 0 {
+		o.Mem = 2 << 30
+	}
+	if o.WorldSize < 1 || o.WorldSize > 99 || o.ShardSize < 1 || o.Mem < 64<<10 {
+		return nil, fmt.Errorf("%w: --world-size %d, --shard-samples %d, --mem %d: want 1..99, >= 1, >= 64KiB", ErrUsage, o.WorldSize, o.ShardSize, o.Mem)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	var err error
+	if o.Out, err = filepath.Abs(o.Out); err != nil {
+		return nil, err
+	}
+	if o.Dataset, err = filepath.Abs(o.Dataset); err != nil {
+		return nil, err
+	}
+	ds, err := manifests.LoadDataset(o.Dataset)
+	if err != nil {
+		return nil, err
+	}
+	starts, lengths, err := manifests.ReadIndex(filepath.Join(o.Dataset, ds.Files.Index))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(starts)) != ds.Clips {
+		return nil, fmt.Errorf("%w: %s: index.npy has %d clips, dataset.json %d (run verify)", manifests.ErrManifest, o.Dataset, len(starts), ds.Clips)
+	}
+	j := &job{o: o, ds: ds, starts: starts, lengths: lengths}
+	for _, m := range ds.Modalities {
+		dt, _, err := array.ParseDescr(m.DType)
+		if err != nil {
+			return nil, err
+		}
+		rb, err := array.ByteSize(m.FrameShape, dt.Size)
+		if err != nil {
+			return nil, err
+		}
+		mi := modInfo{name: m.Name, file: m.File, rate: int64(m.Rate), frameShape: m.FrameShape, dtype: dt,
+			rowBytes: rb, winBytes: int64(o.Sampling.Window) * int64(m.Rate) * rb, dataOffset: m.DataOffset}
+		j.mods = append(j.mods, mi)
+		j.rec += mi.winBytes
+	}
+	if j.man, err = openManifest(j); err != nil {
+		return nil, err
+	}
+	return j, nil
+}
+
+// plan derives the samples of every epoch to write.
+func (j *job) plan(epochs []int) {
+	var base int64
+	for _, e := range epochs {
+		all := Samples(j.lengths, j.o.Sampling, j.o.Seed, e)
+		per, dropped := RankSplit(len(all), j.o.WorldSize)
+		ep := epochPlan{epoch: e, samples: all[:per*j.o.WorldSize], perRank: per, dropped: dropped, base: base}
+		base += int64(len(ep.samples))
+		j.epochs = append(j.epochs, ep)
+	}
+	j.total = base
+}
+
+// plannedBytes is what the shards of the planned epochs take on disk.
+func (j *job) plannedBytes() int64 {
+	var n int64
+	for _, ep := range j.epochs {
+		shards := int64(0)
+		if ep.perRank > 0 {
+			shards = int64(j.o.WorldSize) * int64((ep.perRank+j.o.ShardSize-1)/j.o.ShardSize)
+		}
+		n += int64(len(ep.samples))*(j.rec+24) + shards*int64(len(j.mods)+1)*4096
+	}
+	return n
+}
+
+// checkSpace refuses to start when the filesystem of out lacks the room.
+func checkSpace(out string, need int64) error {
+	dir := out
+	for {
+		if _, err := os.Stat(dir); err == nil {
+			break
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			break
+		}
+		dir = parent
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return nil // cannot tell; go ahead
+	}
+	free := int64(st.Bavail) * int64(st.Bsize)
+	if free < need {
+		return fmt.Errorf("%w: %s needs %d bytes for the shards, the filesystem has %d free", ErrUsage, out, need, free)
+	}
+	return nil
+}
+
+// position maps a global output position to its epoch plan and index.
+func (j *job) position(pos int64) (*epochPlan, int) {
+	i := sort.Search(len(j.epochs), func(i int) bool { return j.epochs[i].base > pos }) - 1
+	ep := &j.epochs[i]
+	return ep, int(pos - ep.base)
+}
+
+// fill writes sample s's window of every modality into rec, reading clip
+// rows through rows(mod, firstRow, n) and zero-filling past s.Valid.
+func (j *job) fill(rec []byte, s Sample, rows func(k int, first, n int64) []byte) {
+	off := int64(0)
+	for k, m := range j.mods {
+		first := (j.starts[s.Clip] + s.Start) * m.rate
+		n := s.Valid * m.rate
+		src := rows(k, first, n)
+		c := copy(rec[off:off+m.winBytes], src)
+		clear(rec[off+int64(c) : off+m.winBytes])
+		off += m.winBytes
+	}
+}
+
+// gatherInMemory loads every blob and writes the samples in order.
+func (j *job) gatherInMemory(ctx context.Context, s *sink) error {
+	blobs := make([][]byte, len(j.mods))
+	for k, m := range j.mods {
+		rows := j.ds.Modality(m.name).Rows
+		f, err := os.Open(filepath.Join(j.o.Dataset, m.file))
+		if err != nil {
+			return err
+		}
+		blobs[k] = make([]byte, rows*m.rowBytes)
+		_, err = f.ReadAt(blobs[k], m.dataOffset)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("reading %s: %w", m.file, err)
+		}
+	}
+	rec := make([]byte, j.rec)
+	rows := func(k int, first, n int64) []byte {
+		rb := j.mods[k].rowBytes
+		return blobs[k][first*rb : (first+n)*rb]
+	}
+	for pos := int64(0); pos < j.total; pos++ {
+		if pos%4096 == 0 && ctx.Err() != nil {
+			return ctx.Err()
+		}
+		ep, i := j.position(pos)
+		j.fill(rec, ep.samples[i], rows)
+		if err := s.put(pos, rec); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// external is the two-pass shuffle for datasets larger than the memory
+// budget. Pass 1 reads every blob once, strictly sequentially, and appends
+// each sample (of every planned epoch) to the pile that holds its output
+// position; pass 2 loads one pile at a time, puts its samples in order and
+// writes them.
+func (j *job) external(ctx context.Context, s *sink) error {
+	recDisk := 8 + j.rec
+	pileCap := max(1, (j.o.Mem/2)/j.rec)
+	nPiles := (j.total + pileCap - 1) / pileCap
+	work := filepath.Join(j.o.Out, ".work")
+	if err := os.RemoveAll(work); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(work, 0o755); err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	bufSize := int(max(64<<10, min(4<<20, (j.o.Mem/4)/max(1, nPiles))))
+	piles := make([]*os.File, nPiles)
+	writers := make([]*bufio.Writer, nPiles)
+	for p := range piles {
+		f, err := os.Create(filepath.Join(work, fmt.Sprintf("pile-%05d", p)))
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		piles[p], writers[p] = f, bufio.NewWriterSize(f, bufSize)
+	}
+
+	// Which samples (by global position) come from each clip, in order.
+	type ref struct {
+		pos   int64
+		start int64
+		valid int64
+	}
+	byClip := make([][]ref, len(j.lengths))
+	for _, ep := range j.epochs {
+		for i, smp := range ep.samples {
+			byClip[smp.Clip] = append(byClip[smp.Clip], ref{ep.base + int64(i), smp.Start, smp.Valid})
+		}
+	}
+
+	// Pass 1: sequential read, clip by clip.
+	readers := make([]*bufio.Reader, len(j.mods))
+	for k, m := range j.mods {
+		f, err := os.Open(filepath.Join(j.o.Dataset, m.file))
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		readers[k] = bufio.NewReaderSize(io.NewSectionReader(f, m.dataOffset, 1<<62), 8<<20)
+	}
+	clipBufs := make([][]byte, len(j.mods))
+	rec := make([]byte, recDisk)
+	var done int64
+	for c, refs := range byClip {
+		for k, m := range j.mods {
+			n := j.lengths[c] * m.rate * m.rowBytes
+			if int64(cap(clipBufs[k])) < n {
+				clipBufs[k] = make([]byte, n)
+			}
+			clipBufs[k] = clipBufs[k][:n]
+			if _, err := io.ReadFull(readers[k], clipBufs[k]); err != nil {
+				return fmt.Errorf("reading %s at clip %d: %w", m.file, c, err)
+			}
+		}
+		rows := func(k int, first, n int64) []byte {
+			rb := j.mods[k].rowBytes
+			local := first - j.starts[c]*j.mods[k].rate
+			return clipBufs[k][local*rb : (local+n)*rb]
+		}
+		for _, r := range refs {
+			binary.LittleEndian.PutUint64(rec, uint64(r.pos))
+			j.fill(rec[8:], Sample{int64(c), r.start, r.valid}, rows)
+			if _, err := writers[r.pos/pileCap].Write(rec); err != nil {
+				return err
+			}
+			done++
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if j.o.Progress != nil && c%64 == 0 {
+			j.o.Progress(Progress{Phase: "read", Done: done, Total: j.total})
+		}
+	}
+	for _, w := range writers {
+		if err := w.Flush(); err != nil {
+			return err
+		}
+	}
+	byClip = nil
+
+	// Pass 2: one pile at a time.
+	buf := make([]byte, pileCap*j.rec)
+	for p := int64(0); p < nPiles; p++ {
+		lo := p * pileCap
+		hi := min(lo+pileCap, j.total)
+		if _, err := piles[p].Seek(0, io.SeekStart); err != nil {
+			return err
+		}
+		rd := bufio.NewReaderSize(piles[p], 4<<20)
+		for n := lo; n < hi; n++ {
+			if _, err := io.ReadFull(rd, rec); err != nil {
+				return fmt.Errorf("reading pile %d: %w", p, err)
+			}
+			pos := int64(binary.LittleEndian.Uint64(rec))
+			if pos < lo || pos >= hi {
+				return fmt.Errorf("pile %d: position %d outside [%d, %d)", p, pos, lo, hi)
+			}
+			copy(buf[(pos-lo)*j.rec:], rec[8:])
+		}
+		piles[p].Close()
+		os.Remove(piles[p].Name())
+		for pos := lo; pos < hi; pos++ {
+			if err := s.put(pos, buf[(pos-lo)*j.rec:(pos-lo+1)*j.rec]); err != nil {
+				return err
+			}
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+func shardName(shard int, what string) string {
+	return fmt.Sprintf("shard-%05d.%s.npy", shard, what)
+}
+
+func epochDir(e int) string { return fmt.Sprintf("epoch-%04d", e) }
+
+func rankDir(r int) string { return fmt.Sprintf("rank-%02d", r) }
+
+// relJoin joins slash paths for manifests.
+func relJoin(parts ...string) string { return strings.Join(parts, "/") }

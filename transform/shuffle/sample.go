@@ -1,0 +1,105 @@
+// Package shuffle materialises the windows a trainer samples from a
+// clipshard dataset, per epoch and per DDP rank, in shuffled order, into
+// shard files that are read strictly sequentially (docs/FORMAT.md).
+//
+// The sample list of an epoch is derived from (seed, epoch) alone by the
+// procedure in Samples, so it can be re-derived (verify does). Two
+// execution paths give byte-identical output: an in-memory gather when the
+// dataset fits the memory budget, and an external two-pass "pile" shuffle
+// that reads the dataset blobs strictly sequentially when it does not.
+package shuffle
+
+import (
+	"fmt"
+	"math/rand/v2"
+)
+
+// Sampling configures how windows are drawn from each clip.
+type Sampling struct {
+	Window  int    // W: clip frames per sample
+	Mode    string // "tile" or "random"
+	PerClip int    // K: samples per clip per epoch (random)
+	Short   string // clips shorter than W: "skip" or "pad"
+}
+
+// Sample is one window: the clip's index in the dataset, its first clip
+// frame (relative to the clip), and how many of its W frames are real
+// (the rest, for a padded short clip, are zeros).
+type Sample struct {
+	Clip  int64
+	Start int64
+	Valid int64
+}
+
+// Check validates the sampling options.
+func (s Sampling) Check() error {
+	if s.Window < 1 {
+		return fmt.Errorf("--window %d: want >= 1", s.Window)
+	}
+	switch s.Mode {
+	case "tile":
+	case "random":
+		if s.PerClip < 1 {
+			return fmt.Errorf("--per-clip %d: want >= 1 with --sampling random", s.PerClip)
+		}
+	default:
+		return fmt.Errorf("--sampling %q: want tile or random", s.Mode)
+	}
+	if s.Short != "skip" && s.Short != "pad" {
+		return fmt.Errorf("--short %q: want skip or pad", s.Short)
+	}
+	return nil
+}
+
+// RNG returns the generator of epoch e: math/rand/v2's PCG seeded with
+// (seed, e).
+func RNG(seed uint64, epoch int) *rand.Rand {
+	return rand.New(rand.NewPCG(seed, uint64(epoch)))
+}
+
+// Samples returns the samples of one epoch in their shuffled order. The
+// procedure (documented in docs/FORMAT.md, and what verify re-derives):
+//
+//  1. r := RNG(seed, epoch).
+//  2. For each clip i in dataset order, with length L:
+//     - L < W: with short=pad, one sample (i, 0, L); with skip, none. No
+//     draw is made.
+//     - tile: o := r.IntN(min(W, L-W+1)); samples (i, o+k*W, W) for
+//     k = 0, 1, ... while o+k*W+W <= L.
+//     - random: K times s := r.IntN(L-W+1); sample (i, s, W).
+//  3. r.Shuffle over the whole list (Fisher-Yates, math/rand/v2).
+func Samples(lengths []int64, s Sampling, seed uint64, epoch int) []Sample {
+	r := RNG(seed, epoch)
+	w := int64(s.Window)
+	var out []Sample
+	for i, l := range lengths {
+		if l < w {
+			if s.Short == "pad" && l > 0 {
+				out = append(out, Sample{int64(i), 0, l})
+			}
+			continue
+		}
+		switch s.Mode {
+		case "tile":
+			o := r.Int64N(min(w, l-w+1))
+			for st := o; st+w <= l; st += w {
+				out = append(out, Sample{int64(i), st, w})
+			}
+		case "random":
+			for k := 0; k < s.PerClip; k++ {
+				out = append(out, Sample{int64(i), r.Int64N(l - w + 1), w})
+			}
+		}
+	}
+	r.Shuffle(len(out), func(a, b int) { out[a], out[b] = out[b], out[a] })
+	return out
+}
+
+// RankSplit cuts an epoch's shuffled samples into worldSize equal,
+// disjoint, contiguous parts, dropping the remainder: rank k gets
+// samples[k*m : (k+1)*m] with m = len/worldSize. It returns m and how many
+// samples were dropped.
+func RankSplit(n, worldSize int) (perRank, dropped int) {
+	perRank = n / worldSize
+	return perRank, n - perRank*worldSize
+}

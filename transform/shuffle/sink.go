@@ -1,0 +1,509 @@
+package shuffle
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"hash"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/clipshard/clipshard/formats/array"
+	"github.com/clipshard/clipshard/formats/atomicfile"
+	"github.com/clipshard/clipshard/formats/npy"
+	"github.com/clipshard/clipshard/manifests"
+)
+
+// EpochsFormat is the value of epochs.json's "format" key.
+const EpochsFormat = "clipshard.epochs"
+
+// Names of the files in an epochs directory.
+const (
+	EpochsFile = "epochs.json"
+	ShardsFile = "shards.parquet"
+)
+
+// Epochs is epochs.json.
+type Epochs struct {
+	Format       string          `json:"format"`
+	Version      int             `json:"version"`
+	Dataset      DatasetRef      `json:"dataset"`
+	Seed         uint64          `json:"seed"`
+	Window       int             `json:"window"`
+	Sampling     string          `json:"sampling"`
+	PerClip      int             `json:"per_clip"`
+	Short        string          `json:"short"`
+	WorldSize    int             `json:"world_size"`
+	ShardSamples int             `json:"shard_samples"`
+	Modalities   []EpochModality `json:"modalities"`
+	Epochs       []EpochEntry    `json:"epochs"`
+	Files        EpochFiles      `json:"files"`
+	Created      string          `json:"created"`
+	Tool         string          `json:"tool"`
+}
+
+// DatasetRef names the dataset the shards were cut from. Dir is where it
+// was (absolute: it lies outside the epochs directory).
+type DatasetRef struct {
+	Dir         string `json:"dir"`
+	Fingerprint string `json:"fingerprint"`
+	SHA256      string `json:"manifest_sha256"` // of its dataset.json
+}
+
+// EpochModality describes the shard files of one modality.
+type EpochModality struct {
+	Name       string `json:"name"`
+	DType      string `json:"dtype"`
+	Rate       int    `json:"rate"`
+	FrameShape []int  `json:"frame_shape"`
+	WindowRows int    `json:"window_rows"` // W * rate
+}
+
+// EpochFiles names the other manifests.
+type EpochFiles struct {
+	Shards string `json:"shards"`
+	Sums   string `json:"sha256sums"`
+}
+
+// EpochEntry is one committed epoch.
+type EpochEntry struct {
+	Epoch   int          `json:"epoch"`
+	Dir     string       `json:"dir"`
+	Samples int64        `json:"samples"`  // over all ranks
+	PerRank int          `json:"per_rank"` // samples per rank
+	Dropped int          `json:"dropped"`  // remainder left out to equalise ranks
+	Shards  []ShardEntry `json:"shards"`
+}
+
+// ShardEntry is one shard file group.
+type ShardEntry struct {
+	Rank    int               `json:"rank"`
+	Shard   int               `json:"shard"`
+	First   int               `json:"first"` // index of its first sample within the rank
+	Samples int               `json:"samples"`
+	Files   map[string]string `json:"files"` // modality name (and "samples") -> path
+}
+
+func (m *Epochs) has(e int) bool {
+	for _, x := range m.Epochs {
+		if x.Epoch == e {
+			return true
+		}
+	}
+	return false
+}
+
+// LoadEpochs reads and checks EDIR/epochs.json (every path relative and
+// inside EDIR).
+func LoadEpochs(dir string) (*Epochs, error) {
+	p := filepath.Join(dir, EpochsFile)
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", manifests.ErrManifest, err)
+	}
+	var m Epochs
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", manifests.ErrManifest, p, err)
+	}
+	if m.Format != EpochsFormat || m.Version != 1 {
+		return nil, fmt.Errorf("%w: %s: format %q version %d, want %q version 1", manifests.ErrManifest, p, m.Format, m.Version, EpochsFormat)
+	}
+	paths := []string{m.Files.Shards, m.Files.Sums}
+	for _, e := range m.Epochs {
+		paths = append(paths, e.Dir)
+		for _, s := range e.Shards {
+			for _, f := range s.Files {
+				paths = append(paths, f)
+			}
+		}
+	}
+	for _, f := range paths {
+		if err := manifests.CheckRelPath(f); err != nil {
+			return nil, fmt.Errorf("%s: %w", p, err)
+		}
+	}
+	return &m, nil
+}
+
+// openManifest loads o.Out's epochs.json if it describes the same dataset
+// and options (then its epochs are kept), or starts a new one. A
+// different one is replaced only with --force.
+func openManifest(j *job) (*Epochs, error) {
+	o := j.o
+	dsSum, err := manifests.HashFile(filepath.Join(o.Dataset, manifests.DatasetFile))
+	if err != nil {
+		return nil, err
+	}
+	fresh := &Epochs{
+		Format: EpochsFormat, Version: 1,
+		Dataset: DatasetRef{Dir: o.Dataset, Fingerprint: j.ds.Fingerprint, SHA256: dsSum},
+		Seed:    o.Seed, Window: o.Sampling.Window, Sampling: o.Sampling.Mode, PerClip: o.Sampling.PerClip,
+		Short: o.Sampling.Short, WorldSize: o.WorldSize, ShardSamples: o.ShardSize,
+		Files: EpochFiles{Shards: ShardsFile, Sums: manifests.SumsFile},
+		Tool:  o.Tool,
+	}
+	if o.Sampling.Mode != "random" {
+		fresh.PerClip = 0
+	}
+	for _, m := range j.mods {
+		fresh.Modalities = append(fresh.Modalities, EpochModality{Name: m.name, DType: m.dtype.Descr(), Rate: int(m.rate),
+			FrameShape: m.frameShape, WindowRows: o.Sampling.Window * int(m.rate)})
+	}
+	old, err := LoadEpochs(o.Out)
+	if err != nil {
+		if _, serr := os.Stat(o.Out); serr == nil {
+			entries, _ := os.ReadDir(o.Out)
+			for _, e := range entries {
+				if e.Name() != ".work" && !isPartial(e.Name()) {
+					return nil, fmt.Errorf("%w: --out %s exists, is not empty and holds no valid %s: refusing to write into it", ErrUsage, o.Out, EpochsFile)
+				}
+			}
+		}
+		return fresh, os.MkdirAll(o.Out, 0o755)
+	}
+	same := old.Dataset.SHA256 == fresh.Dataset.SHA256 && old.Seed == fresh.Seed && old.Window == fresh.Window &&
+		old.Sampling == fresh.Sampling && old.PerClip == fresh.PerClip && old.Short == fresh.Short &&
+		old.WorldSize == fresh.WorldSize && old.ShardSamples == fresh.ShardSamples
+	if same {
+		old.Tool = fresh.Tool
+		return old, nil
+	}
+	if !o.Force {
+		return nil, fmt.Errorf("%w: %s holds epochs of another dataset or other options (seed, window, sampling, ranks, shard size); use --force to replace them, or another --out", ErrUsage, o.Out)
+	}
+	for _, e := range old.Epochs {
+		os.RemoveAll(filepath.Join(o.Out, e.Dir))
+	}
+	return fresh, nil
+}
+
+func isPartial(name string) bool { return len(name) > 9 && name[:9] == ".partial-" }
+
+// sink receives samples in output order and writes shard files, one epoch
+// at a time, committing each epoch when its last sample is written.
+type sink struct {
+	j       *job
+	epoch   int // index into j.epochs of the epoch being written
+	tmp     string
+	entry   *EpochEntry
+	sums    map[string]string // this epoch's file hashes
+	shard   *shardWriter
+	bytes   int64
+	written int64
+}
+
+type shardFile struct {
+	f   *os.File
+	bw  *bufio.Writer
+	h   hash.Hash
+	rel string
+}
+
+func (s *shardFile) write(p []byte) error {
+	s.h.Write(p)
+	_, err := s.bw.Write(p)
+	return err
+}
+
+type shardWriter struct {
+	rank, shard int
+	files       []*shardFile // one per modality, then samples
+}
+
+func newSink(j *job) *sink { return &sink{j: j, epoch: -1} }
+
+// put writes the sample at global position pos.
+func (s *sink) put(pos int64, rec []byte) error {
+	j := s.j
+	ep, i := j.position(pos)
+	idx := ep.epoch
+	for s.epoch < 0 || j.epochs[s.epoch].epoch != idx {
+		if err := s.nextEpoch(); err != nil {
+			return err
+		}
+	}
+	rank, k := i/ep.perRank, i%ep.perRank
+	shard := k / j.o.ShardSize
+	if s.shard == nil || s.shard.rank != rank || s.shard.shard != shard {
+		if err := s.closeShard(); err != nil {
+			return err
+		}
+		n := min(j.o.ShardSize, ep.perRank-shard*j.o.ShardSize)
+		if err := s.openShard(rank, shard, k, n); err != nil {
+			return err
+		}
+	}
+	off := int64(0)
+	for m, mi := range j.mods {
+		if err := s.shard.files[m].write(rec[off : off+mi.winBytes]); err != nil {
+			return err
+		}
+		off += mi.winBytes
+	}
+	smp := ep.samples[i]
+	var b [24]byte
+	binary.LittleEndian.PutUint64(b[0:], uint64(smp.Clip))
+	binary.LittleEndian.PutUint64(b[8:], uint64(smp.Start))
+	binary.LittleEndian.PutUint64(b[16:], uint64(smp.Valid))
+	if err := s.shard.files[len(j.mods)].write(b[:]); err != nil {
+		return err
+	}
+	s.bytes += int64(len(rec)) + 24
+	s.written++
+	if i == len(ep.samples)-1 {
+		return s.commit()
+	}
+	return nil
+}
+
+// nextEpoch commits the current epoch if open (or empty) and starts the
+// next planned one.
+func (s *sink) nextEpoch() error {
+	if s.entry != nil {
+		if err := s.commit(); err != nil {
+			return err
+		}
+	}
+	s.epoch++
+	if s.epoch >= len(s.j.epochs) {
+		return fmt.Errorf("shuffle: internal error: no epoch left to write")
+	}
+	ep := s.j.epochs[s.epoch]
+	s.tmp = filepath.Join(s.j.o.Out, ".partial-"+epochDir(ep.epoch))
+	if err := os.RemoveAll(s.tmp); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(s.tmp, 0o755); err != nil {
+		return err
+	}
+	s.entry = &EpochEntry{Epoch: ep.epoch, Dir: epochDir(ep.epoch), Samples: int64(len(ep.samples)), PerRank: ep.perRank, Dropped: ep.dropped, Shards: []ShardEntry{}}
+	s.sums = map[string]string{}
+	if len(ep.samples) == 0 {
+		return s.commit()
+	}
+	return nil
+}
+
+func (s *sink) openShard(rank, shard, first, n int) error {
+	j := s.j
+	dir := filepath.Join(s.tmp, rankDir(rank))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	w := &shardWriter{rank: rank, shard: shard}
+	entry := ShardEntry{Rank: rank, Shard: shard, First: first, Samples: n, Files: map[string]string{}}
+	open := func(what string, descr string, shape []int) error {
+		name := shardName(shard, what)
+		f, err := os.Create(filepath.Join(dir, name))
+		if err != nil {
+			return err
+		}
+		sf := &shardFile{f: f, bw: bufio.NewWriterSize(f, 1<<20), h: sha256.New(), rel: relJoin(epochDir(s.j.epochs[s.epoch].epoch), rankDir(rank), name)}
+		hdr, err := npy.EncodeHeader(descr, false, shape, npy.DataAlign)
+		if err != nil {
+			return err
+		}
+		w.files = append(w.files, sf)
+		entry.Files[what] = sf.rel
+		return sf.write(hdr)
+	}
+	for _, m := range j.mods {
+		shape := append([]int{n, int(int64(j.o.Sampling.Window) * m.rate)}, m.frameShape...)
+		if err := open(m.name, m.dtype.Descr(), shape); err != nil {
+			return err
+		}
+	}
+	if err := open("samples", array.DType{Kind: array.Int, Size: 8}.Descr(), []int{n, 3}); err != nil {
+		return err
+	}
+	s.shard = w
+	s.entry.Shards = append(s.entry.Shards, entry)
+	return nil
+}
+
+func (s *sink) closeShard() error {
+	if s.shard == nil {
+		return nil
+	}
+	defer func() {
+		if p := s.j.o.Progress; p != nil {
+			p(Progress{Phase: "write", Done: s.written, Total: s.j.total, BytesWritten: s.bytes})
+		}
+	}()
+	for _, f := range s.shard.files {
+		if err := f.bw.Flush(); err != nil {
+			return err
+		}
+		if err := f.f.Sync(); err != nil {
+			return err
+		}
+		if err := f.f.Close(); err != nil {
+			return err
+		}
+		s.sums[f.rel] = hex.EncodeToString(f.h.Sum(nil))
+	}
+	s.shard = nil
+	return nil
+}
+
+// commit publishes the epoch being written: its directory is renamed into
+// place, then shards.parquet, SHA256SUMS and, last, epochs.json are
+// rewritten.
+func (s *sink) commit() error {
+	if err := s.closeShard(); err != nil {
+		return err
+	}
+	j := s.j
+	out := j.o.Out
+	final := filepath.Join(out, s.entry.Dir)
+	if err := atomicfile.Sync(s.tmp); err != nil {
+		return err
+	}
+	if _, err := os.Stat(final); err == nil { // --force over an old epoch
+		if err := os.RemoveAll(final); err != nil {
+			return err
+		}
+	}
+	if err := os.Rename(s.tmp, final); err != nil {
+		return err
+	}
+	if err := atomicfile.Sync(out); err != nil {
+		return err
+	}
+	man := j.man
+	kept := man.Epochs[:0]
+	for _, e := range man.Epochs {
+		if e.Epoch != s.entry.Epoch {
+			kept = append(kept, e)
+		}
+	}
+	man.Epochs = append(kept, *s.entry)
+	sortEpochs(man.Epochs)
+	man.Created = j.o.Now().UTC().Format(time.RFC3339)
+	if err := writeManifests(out, man, s.sums); err != nil {
+		return err
+	}
+	s.entry = nil
+	return nil
+}
+
+func sortEpochs(es []EpochEntry) {
+	for i := 1; i < len(es); i++ {
+		for k := i; k > 0 && es[k].Epoch < es[k-1].Epoch; k-- {
+			es[k], es[k-1] = es[k-1], es[k]
+		}
+	}
+}
+
+// writeManifests rewrites shards.parquet, SHA256SUMS (adding newSums to the
+// sums of files already listed) and epochs.json, in that order.
+func writeManifests(out string, man *Epochs, newSums map[string]string) error {
+	var cols struct {
+		epoch, rank, shard, first, samples []int64
+		files                              map[string][]string
+	}
+	cols.files = map[string][]string{}
+	names := []string{"samples"}
+	for _, m := range man.Modalities {
+		names = append(names, m.Name)
+	}
+	for _, e := range man.Epochs {
+		for _, sh := range e.Shards {
+			cols.epoch = append(cols.epoch, int64(e.Epoch))
+			cols.rank = append(cols.rank, int64(sh.Rank))
+			cols.shard = append(cols.shard, int64(sh.Shard))
+			cols.first = append(cols.first, int64(sh.First))
+			cols.samples = append(cols.samples, int64(sh.Samples))
+			for _, n := range names {
+				cols.files[n] = append(cols.files[n], sh.Files[n])
+			}
+		}
+	}
+	table := []manifests.Column{
+		{Name: "epoch", Ints: nz(cols.epoch)}, {Name: "rank", Ints: nz(cols.rank)}, {Name: "shard", Ints: nz(cols.shard)},
+		{Name: "first", Ints: nz(cols.first)}, {Name: "samples", Ints: nz(cols.samples)},
+	}
+	for _, n := range names {
+		v := cols.files[n]
+		if v == nil {
+			v = []string{}
+		}
+		table = append(table, manifests.Column{Name: n + "_file", Strings: v})
+	}
+	if err := manifests.WriteTable(filepath.Join(out, ShardsFile), table); err != nil {
+		return err
+	}
+	sums := map[string]string{}
+	if old, err := manifests.ReadSums(filepath.Join(out, manifests.SumsFile)); err == nil {
+		sums = old
+	}
+	live := map[string]bool{}
+	for _, e := range man.Epochs {
+		for _, sh := range e.Shards {
+			for _, f := range sh.Files {
+				live[f] = true
+			}
+		}
+	}
+	for f := range sums {
+		if !live[f] {
+			delete(sums, f)
+		}
+	}
+	for f, h := range newSums {
+		sums[f] = h
+	}
+	var err error
+	if sums[ShardsFile], err = manifests.HashFile(filepath.Join(out, ShardsFile)); err != nil {
+		return err
+	}
+	js, err := manifests.MarshalJSON(man)
+	if err != nil {
+		return err
+	}
+	h := sha256.Sum256(js)
+	sums[EpochsFile] = hex.EncodeToString(h[:])
+	if err := manifests.WriteSums(filepath.Join(out, manifests.SumsFile), sums); err != nil {
+		return err
+	}
+	return atomicfile.WriteFile(filepath.Join(out, EpochsFile), js)
+}
+
+func nz(v []int64) []int64 {
+	if v == nil {
+		return []int64{}
+	}
+	return v
+}
+
+// abort removes the partial epoch, if any (deferred by Run).
+func (s *sink) abort() {
+	if s.shard != nil {
+		for _, f := range s.shard.files {
+			f.f.Close()
+		}
+	}
+	if s.entry != nil && s.tmp != "" {
+		os.RemoveAll(s.tmp)
+	}
+}
+
+// finish commits any planned epochs that had no samples at all.
+func (s *sink) finish() error {
+	for s.epoch < len(s.j.epochs)-1 || s.entry != nil {
+		if s.entry != nil {
+			if err := s.commit(); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := s.nextEpoch(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
