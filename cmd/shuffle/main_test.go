@@ -151,6 +151,10 @@ func TestPathsAgree(t *testing.T) {
 			if !strings.Contains(string(out), "ok: ") {
 				t.Fatalf("check_epochs: %s", out)
 			}
+			out = numpytest.Run(t, filepath.Join("..", "..", "testdata", "check_reader.py"), ext)
+			if !strings.Contains(string(out), "ok: reader") {
+				t.Fatalf("check_reader: %s", out)
+			}
 			cmd := exec.Command("sha256sum", "--strict", "--quiet", "-c", "SHA256SUMS")
 			cmd.Dir = ext
 			if b, err := cmd.CombinedOutput(); err != nil {

@@ -1,0 +1,148 @@
+package shuffle
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"github.com/clipshard/clipshard/formats/npy"
+)
+
+// Reader reads one rank's samples of one epoch, in order, strictly
+// sequentially through its shard files. It is not safe for concurrent use;
+// Close releases the open files.
+type Reader struct {
+	dir    string
+	man    *Epochs
+	shards []ShardEntry
+	next   int // next shard to open
+	left   int // samples left in the open shard
+	files  []*os.File
+	rd     []*bufio.Reader
+	sizes  []int // window bytes per modality
+	buf    [24]byte
+}
+
+// OpenRank opens rank's samples of epoch in the epochs directory dir.
+func OpenRank(dir string, epoch, rank int) (*Reader, error) {
+	man, err := LoadEpochs(dir)
+	if err != nil {
+		return nil, err
+	}
+	var entry *EpochEntry
+	for i := range man.Epochs {
+		if man.Epochs[i].Epoch == epoch {
+			entry = &man.Epochs[i]
+		}
+	}
+	if entry == nil {
+		return nil, fmt.Errorf("shuffle: %s: epoch %d is not there", dir, epoch)
+	}
+	if rank < 0 || rank >= man.WorldSize {
+		return nil, fmt.Errorf("shuffle: rank %d not in [0, %d)", rank, man.WorldSize)
+	}
+	r := &Reader{dir: dir, man: man}
+	for _, s := range entry.Shards {
+		if s.Rank == rank {
+			r.shards = append(r.shards, s)
+		}
+	}
+	sort.Slice(r.shards, func(a, b int) bool { return r.shards[a].Shard < r.shards[b].Shard })
+	for _, m := range man.Modalities {
+		n := m.WindowRows * 2
+		for _, d := range m.FrameShape {
+			n *= d
+		}
+		r.sizes = append(r.sizes, n)
+	}
+	return r, nil
+}
+
+// Modalities returns the modality names, in the order Next fills windows.
+func (r *Reader) Modalities() []string {
+	names := make([]string, len(r.man.Modalities))
+	for i, m := range r.man.Modalities {
+		names[i] = m.Name
+	}
+	return names
+}
+
+// Next reads the next sample: its (clip, start, valid) and, into windows
+// (one slice per modality, grown as needed), its float16 window bytes. It
+// returns io.EOF after the last sample.
+func (r *Reader) Next(windows [][]byte) (Sample, [][]byte, error) {
+	for r.left == 0 {
+		if err := r.openNext(); err != nil {
+			return Sample{}, windows, err
+		}
+	}
+	if len(windows) < len(r.sizes) {
+		windows = append(windows, make([][]byte, len(r.sizes)-len(windows))...)
+	}
+	for k, n := range r.sizes {
+		if cap(windows[k]) < n {
+			windows[k] = make([]byte, n)
+		}
+		windows[k] = windows[k][:n]
+		if _, err := io.ReadFull(r.rd[k], windows[k]); err != nil {
+			return Sample{}, windows, fmt.Errorf("shuffle: %s: %w", r.files[k].Name(), err)
+		}
+	}
+	if _, err := io.ReadFull(r.rd[len(r.sizes)], r.buf[:]); err != nil {
+		return Sample{}, windows, fmt.Errorf("shuffle: %s: %w", r.files[len(r.sizes)].Name(), err)
+	}
+	r.left--
+	return Sample{
+		Clip:  int64(binary.LittleEndian.Uint64(r.buf[0:])),
+		Start: int64(binary.LittleEndian.Uint64(r.buf[8:])),
+		Valid: int64(binary.LittleEndian.Uint64(r.buf[16:])),
+	}, windows, nil
+}
+
+func (r *Reader) openNext() error {
+	r.Close()
+	if r.next >= len(r.shards) {
+		return io.EOF
+	}
+	s := r.shards[r.next]
+	r.next++
+	names := append(r.Modalities(), "samples")
+	r.files, r.rd = nil, nil
+	for _, n := range names {
+		f, err := os.Open(filepath.Join(r.dir, filepath.FromSlash(s.Files[n])))
+		if err != nil {
+			return err
+		}
+		st, err := f.Stat()
+		if err != nil {
+			f.Close()
+			return err
+		}
+		h, err := npy.ReadHeader(f, st.Size())
+		if err != nil {
+			f.Close()
+			return fmt.Errorf("shuffle: %s: %w", f.Name(), err)
+		}
+		if len(h.Shape) == 0 || h.Shape[0] != s.Samples {
+			f.Close()
+			return fmt.Errorf("shuffle: %s: %d samples, epochs.json says %d", f.Name(), h.Shape[0], s.Samples)
+		}
+		r.files = append(r.files, f)
+		r.rd = append(r.rd, bufio.NewReaderSize(io.NewSectionReader(f, h.DataOffset, h.DataSize), 1<<20))
+	}
+	r.left = s.Samples
+	return nil
+}
+
+// Close closes the open shard files.
+func (r *Reader) Close() error {
+	for _, f := range r.files {
+		f.Close()
+	}
+	r.files = nil
+	return nil
+}
