@@ -43,7 +43,8 @@ type Report struct {
 	Level    string    `json:"level"` // "structure+sha256", "+deep", "+sources"
 	Files    int       `json:"files_checked"`
 	Bytes    int64     `json:"bytes_hashed"`
-	Clips    int       `json:"clips"`
+	Clips    int       `json:"clips,omitempty"`
+	Samples  int64     `json:"samples,omitempty"` // epochs: samples over all epochs and ranks
 	Problems []Problem `json:"problems"`
 	mu       *sync.Mutex
 }
@@ -52,6 +53,19 @@ func (r *Report) add(p Problem) {
 	r.mu.Lock()
 	r.Problems = append(r.Problems, p)
 	r.mu.Unlock()
+}
+
+// Add records a problem; safe for concurrent use.
+func (r *Report) Add(p Problem) { r.add(p) }
+
+// NewReport starts a report.
+func NewReport(kind, dir, level string) *Report {
+	return &Report{Kind: kind, Dir: dir, Level: level, mu: new(sync.Mutex)}
+}
+
+// Sort orders the problems by file, for stable output.
+func (r *Report) Sort() {
+	sort.SliceStable(r.Problems, func(i, j int) bool { return r.Problems[i].File < r.Problems[j].File })
 }
 
 // OK reports whether nothing was found wrong.
@@ -78,7 +92,8 @@ func VerifyDataset(dir string, o VerifyOptions) (*Report, error) {
 	if o.Workers <= 0 {
 		o.Workers = 2
 	}
-	r := &Report{Kind: "dataset", Dir: dir, Level: "structure+sha256", Clips: int(d.Clips), mu: new(sync.Mutex)}
+	r := NewReport("dataset", dir, "structure+sha256")
+	r.Clips = int(d.Clips)
 	if o.Deep {
 		r.Level += "+deep"
 	}
@@ -144,7 +159,7 @@ func VerifyDataset(dir string, o VerifyOptions) (*Report, error) {
 	rows := checkOffsets(dir, d, present, r)
 
 	// sha256 of every listed file, in parallel.
-	hashAll(dir, sums, present, o, r)
+	CheckSums(dir, sums, present, o, r)
 
 	if o.Deep && rows != nil {
 		deepClips(dir, d, rows, r)
@@ -152,7 +167,7 @@ func VerifyDataset(dir string, o VerifyOptions) (*Report, error) {
 	if o.Sources && rows != nil {
 		checkSources(dir, d, rows, r)
 	}
-	sort.SliceStable(r.Problems, func(i, j int) bool { return r.Problems[i].File < r.Problems[j].File })
+	r.Sort()
 	return r, nil
 }
 
@@ -257,7 +272,12 @@ func checkOffsets(dir string, d *Dataset, present map[string]bool, r *Report) []
 	return rows
 }
 
-func hashAll(dir string, sums map[string]string, present map[string]bool, o VerifyOptions, r *Report) {
+// CheckSums hashes every file of sums that is present (names relative to
+// dir), o.Workers at a time, and records mismatches in r.
+func CheckSums(dir string, sums map[string]string, present map[string]bool, o VerifyOptions, r *Report) {
+	if o.Workers <= 0 {
+		o.Workers = 2
+	}
 	var names []string
 	var total int64
 	for f := range sums {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/clipshard/clipshard/internal/ui"
 	"github.com/clipshard/clipshard/manifests"
+	"github.com/clipshard/clipshard/transform/shuffle"
 )
 
 const usage = `usage: verify [--deep] [--sources] [--json] [--quiet] DIR
@@ -24,6 +25,11 @@ Check a dataset directory written by convert (found by its dataset.json):
   --deep     also the xxHash64 of every clip of every blob (names the clip)
   --sources  also re-decode every source and compare with the blob; reports
              sources changed since conversion and content drift, by clip
+or an epochs directory written by shuffle (found by its epochs.json):
+  default    files present and no others, shard headers, equal shares per
+             rank, and the sha256 of every file
+  --deep     also re-derive every epoch's samples from the seed and check
+             every sample's windows against the dataset
 
 Example:
   verify --deep /tmp/clipshard-demo
@@ -66,13 +72,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	dir := fs.Arg(0)
+	verify := manifests.VerifyDataset
 	if _, err := os.Stat(filepath.Join(dir, manifests.DatasetFile)); err != nil {
-		if _, eerr := os.Stat(filepath.Join(dir, "epochs.json")); eerr == nil {
-			fmt.Fprintf(stderr, "verify: %s: epoch shard directories are not supported yet\n", dir)
+		if _, eerr := os.Stat(filepath.Join(dir, shuffle.EpochsFile)); eerr != nil {
+			fmt.Fprintf(stderr, "verify: %s: no dataset.json or epochs.json: not a clipshard directory (or an unfinished one)\n", dir)
 			return 2
 		}
-		fmt.Fprintf(stderr, "verify: %s: no dataset.json: not a clipshard dataset (or an unfinished one)\n", dir)
-		return 2
+		if o.Sources {
+			fmt.Fprintln(stderr, "verify: --sources applies to datasets; for epochs use --deep (checks every sample against the dataset)")
+			return 2
+		}
+		verify = shuffle.Verify
 	}
 	var bar *ui.Progress
 	o.Progress = func(done, total int64) {
@@ -81,7 +91,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		bar.Update(done>>20, "")
 	}
-	r, err := manifests.VerifyDataset(dir, o)
+	r, err := verify(dir, o)
 	if bar != nil {
 		bar.Finish()
 	}
@@ -100,7 +110,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stdout, ui.OneLine(p.String()))
 		}
 		if r.OK() {
-			fmt.Fprintf(stdout, "ok: %s intact (%s; %d files, %s hashed, %d clips)\n", dir, r.Level, r.Files, ui.Bytes(r.Bytes), r.Clips)
+			what := fmt.Sprintf("%d clips", r.Clips)
+			if r.Kind == "epochs" {
+				what = fmt.Sprintf("%d samples", r.Samples)
+			}
+			fmt.Fprintf(stdout, "ok: %s intact (%s; %d files, %s hashed, %s)\n", dir, r.Level, r.Files, ui.Bytes(r.Bytes), what)
 		} else {
 			fmt.Fprintf(stdout, "%d problems in %s (%s)\n", len(r.Problems), dir, r.Level)
 		}

@@ -18,6 +18,7 @@ import (
 	_ "github.com/clipshard/clipshard/internal/ui"
 	"github.com/clipshard/clipshard/manifests"
 	"github.com/clipshard/clipshard/transform/convert"
+	"github.com/clipshard/clipshard/transform/shuffle"
 )
 
 var bin string
@@ -248,4 +249,105 @@ func TestUsage(t *testing.T) {
 	if r := verify(t, "--help"); r.code != 0 || !strings.Contains(r.stderr, "Exit status") {
 		t.Fatalf("--help: %d", r.code)
 	}
+}
+
+func shuffleDemo(t *testing.T, ds string, seed uint64) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "ep")
+	o := shuffle.Options{Dataset: ds, Out: out, EpochStart: 0, EpochEnd: 2, Seed: seed, WorldSize: 2, ShardSize: 4,
+		Sampling: shuffle.Sampling{Window: 15, Mode: "tile", Short: "skip"}}
+	if _, err := shuffle.Run(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// rewriteSums recomputes SHA256SUMS of dir for the listed files, so that a
+// mutation is invisible to the default level.
+func rewriteSums(t *testing.T, dir string, files ...string) {
+	sums, err := manifests.ReadSums(filepath.Join(dir, "SHA256SUMS"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		if sums[f], err = manifests.HashFile(filepath.Join(dir, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	manifests.WriteSums(filepath.Join(dir, "SHA256SUMS"), sums)
+}
+
+func TestEpochCorruption(t *testing.T) {
+	_, ds := demoDataset(t)
+	ep := shuffleDemo(t, ds, 7)
+	if r := verify(t, "--deep", ep); r.code != 0 || !strings.Contains(r.stdout, "samples)") {
+		t.Fatalf("intact: %d %s", r.code, r.stdout)
+	}
+	shard := "epoch-0001/rank-01/shard-00000"
+	swap := func(t *testing.T, dir string) {
+		// Swap samples 0 and 1 of a shard: every modality and the samples file.
+		for _, what := range []string{"motion", "whisper", "emotion", "samples"} {
+			p := filepath.Join(dir, shard+"."+what+".npy")
+			b, _ := os.ReadFile(p)
+			n := (len(b) - 4096) / 4
+			rec0 := append([]byte{}, b[4096:4096+n]...)
+			copy(b[4096:4096+n], b[4096+n:4096+2*n])
+			copy(b[4096+n:4096+2*n], rec0)
+			os.WriteFile(p, b, 0o644)
+		}
+	}
+	t.Run("swapped samples, default names the shard", func(t *testing.T) {
+		dir := shuffleDemo(t, ds, 7)
+		swap(t, dir)
+		r := verify(t, dir)
+		if r.code != 1 || !strings.Contains(r.stdout, shard+".samples.npy: sha256 mismatch") {
+			t.Fatalf("%d %s", r.code, r.stdout)
+		}
+	})
+	t.Run("swapped samples, --deep names the sample", func(t *testing.T) {
+		dir := shuffleDemo(t, ds, 7)
+		swap(t, dir)
+		var files []string
+		for _, what := range []string{"motion", "whisper", "emotion", "samples"} {
+			files = append(files, shard+"."+what+".npy")
+		}
+		rewriteSums(t, dir, files...)
+		if r := verify(t, dir); r.code != 0 {
+			t.Fatalf("default should pass with sums rewritten: %s", r.stdout)
+		}
+		r := verify(t, "--deep", dir)
+		if r.code != 1 || !strings.Contains(r.stdout, shard+".samples.npy: clip") || !strings.Contains(r.stdout, "sample 0 is") {
+			t.Fatalf("%d %s", r.code, r.stdout)
+		}
+	})
+	t.Run("shard from another seed, --deep", func(t *testing.T) {
+		dir := shuffleDemo(t, ds, 7)
+		other := shuffleDemo(t, ds, 8)
+		var files []string
+		for _, what := range []string{"motion", "whisper", "emotion", "samples"} {
+			f := "epoch-0000/rank-00/shard-00000." + what + ".npy"
+			b, err := os.ReadFile(filepath.Join(other, f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			os.WriteFile(filepath.Join(dir, f), b, 0o644)
+			files = append(files, f)
+		}
+		rewriteSums(t, dir, files...)
+		r := verify(t, "--deep", dir)
+		if r.code != 1 || !strings.Contains(r.stdout, "epoch-0000/rank-00/shard-00000.samples.npy") || !strings.Contains(r.stdout, "seed 7 says") {
+			t.Fatalf("%d %s", r.code, r.stdout)
+		}
+	})
+	t.Run("missing shard and unreadable manifest", func(t *testing.T) {
+		dir := shuffleDemo(t, ds, 7)
+		os.Remove(filepath.Join(dir, shard+".whisper.npy"))
+		if r := verify(t, dir); r.code != 1 || !strings.Contains(r.stdout, shard+".whisper.npy: missing") {
+			t.Fatalf("%d %s", r.code, r.stdout)
+		}
+		os.WriteFile(filepath.Join(dir, "epochs.json"), []byte("{"), 0o644)
+		if r := verify(t, dir); r.code != 2 {
+			t.Fatalf("unreadable: %d %s %s", r.code, r.stdout, r.stderr)
+		}
+	})
 }

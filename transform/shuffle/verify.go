@@ -1,0 +1,226 @@
+package shuffle
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/clipshard/clipshard/formats/array"
+	"github.com/clipshard/clipshard/formats/npy"
+	"github.com/clipshard/clipshard/manifests"
+)
+
+// Verify checks the epochs directory dir. Default: every file present and
+// no others, shard headers against epochs.json, equal shares per rank, and
+// the sha256 of every file. o.Deep also re-derives every epoch's sample
+// list from the seed and compares it with the samples files, and checks
+// every sample's windows against the dataset. The error is non-nil only
+// when epochs.json cannot be used.
+func Verify(dir string, o manifests.VerifyOptions) (*manifests.Report, error) {
+	man, err := LoadEpochs(dir)
+	if err != nil {
+		return nil, err
+	}
+	level := "structure+sha256"
+	if o.Deep {
+		level += "+deep"
+	}
+	r := manifests.NewReport("epochs", dir, level)
+
+	want := map[string]bool{EpochsFile: true, man.Files.Shards: true, man.Files.Sums: true}
+	for _, e := range man.Epochs {
+		for _, s := range e.Shards {
+			for _, f := range s.Files {
+				want[f] = true
+			}
+		}
+	}
+	present := map[string]bool{}
+	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return nil
+		}
+		rel, _ := filepath.Rel(dir, p)
+		rel = filepath.ToSlash(rel)
+		present[rel] = true
+		if !want[rel] {
+			r.Add(manifests.Problem{File: rel, What: "unexpected file (not in epochs.json)"})
+		}
+		return nil
+	})
+	for f := range want {
+		if !present[f] {
+			r.Add(manifests.Problem{File: f, What: "missing"})
+		}
+	}
+	sums, err := manifests.ReadSums(filepath.Join(dir, man.Files.Sums))
+	if err != nil {
+		r.Add(manifests.Problem{File: man.Files.Sums, What: err.Error()})
+	} else {
+		for f := range want {
+			if _, ok := sums[f]; !ok && f != man.Files.Sums {
+				r.Add(manifests.Problem{File: man.Files.Sums, What: "does not list " + f})
+			}
+		}
+		manifests.CheckSums(dir, sums, present, o, r)
+	}
+
+	for _, e := range man.Epochs {
+		r.Samples += e.Samples
+		perRank := map[int]int{}
+		shardsPerRank := map[int]int{}
+		for _, s := range e.Shards {
+			perRank[s.Rank] += s.Samples
+			shardsPerRank[s.Rank]++
+			checkShardHeaders(dir, man, s, present, r)
+		}
+		for rank := 0; rank < man.WorldSize && e.PerRank > 0; rank++ {
+			if perRank[rank] != e.PerRank {
+				r.Add(manifests.Problem{File: e.Dir, What: fmt.Sprintf("rank %d holds %d samples, epochs.json says %d per rank", rank, perRank[rank], e.PerRank)})
+			}
+			if shardsPerRank[rank] != shardsPerRank[0] {
+				r.Add(manifests.Problem{File: e.Dir, What: fmt.Sprintf("rank %d has %d shards, rank 0 has %d", rank, shardsPerRank[rank], shardsPerRank[0])})
+			}
+		}
+	}
+	if o.Deep {
+		deepEpochs(dir, man, r)
+	}
+	r.Sort()
+	return r, nil
+}
+
+func checkShardHeaders(dir string, man *Epochs, s ShardEntry, present map[string]bool, r *manifests.Report) {
+	check := func(name string, descr string, shape []int) {
+		rel := s.Files[name]
+		if !present[rel] {
+			return
+		}
+		f, err := os.Open(filepath.Join(dir, filepath.FromSlash(rel)))
+		if err != nil {
+			r.Add(manifests.Problem{File: rel, What: err.Error()})
+			return
+		}
+		defer f.Close()
+		st, err := f.Stat()
+		if err != nil {
+			return
+		}
+		h, err := npy.ReadHeader(f, st.Size())
+		if err != nil {
+			r.Add(manifests.Problem{File: rel, What: err.Error()})
+			return
+		}
+		if h.Descr != descr || !slices.Equal(h.Shape, shape) || h.DataOffset%npy.DataAlign != 0 {
+			r.Add(manifests.Problem{File: rel, What: fmt.Sprintf("header %s %s at offset %d, epochs.json says %s %s (4096-aligned)",
+				h.Descr, array.FormatShape(h.Shape), h.DataOffset, descr, array.FormatShape(shape))})
+		}
+	}
+	for _, m := range man.Modalities {
+		check(m.Name, m.DType, append([]int{s.Samples, m.WindowRows}, m.FrameShape...))
+	}
+	check("samples", "<i8", []int{s.Samples, 3})
+}
+
+// deepEpochs re-derives every epoch's samples from the seed and checks
+// them, and every window, against the dataset.
+func deepEpochs(dir string, man *Epochs, r *manifests.Report) {
+	ds := man.Dataset.Dir
+	sum, err := manifests.HashFile(filepath.Join(ds, manifests.DatasetFile))
+	if err != nil || sum != man.Dataset.SHA256 {
+		r.Add(manifests.Problem{File: EpochsFile, What: fmt.Sprintf("dataset %s is gone or changed since shuffling (dataset.json sha256)", ds)})
+		return
+	}
+	d, err := manifests.LoadDataset(ds)
+	if err != nil {
+		r.Add(manifests.Problem{File: EpochsFile, What: err.Error()})
+		return
+	}
+	starts, lengths, err := manifests.ReadIndex(filepath.Join(ds, d.Files.Index))
+	if err != nil {
+		r.Add(manifests.Problem{File: EpochsFile, What: err.Error()})
+		return
+	}
+	names := make([]string, len(d.Modalities))
+	for i, m := range d.Modalities {
+		names[i] = m.Name
+	}
+	clipID := func(i int64) string { return fmt.Sprint(i) }
+	if rows, err := manifests.ReadClips(filepath.Join(ds, d.Files.Clips), names); err == nil {
+		clipID = func(i int64) string {
+			if i >= 0 && i < int64(len(rows)) {
+				return rows[i].Clip
+			}
+			return fmt.Sprint(i)
+		}
+	}
+	blobs := make([]*os.File, len(man.Modalities))
+	rowBytes := make([]int64, len(man.Modalities))
+	for k, m := range man.Modalities {
+		dm := d.Modality(m.Name)
+		if dm == nil {
+			r.Add(manifests.Problem{File: EpochsFile, What: "modality " + m.Name + " is not in the dataset"})
+			return
+		}
+		f, err := os.Open(filepath.Join(ds, dm.File))
+		if err != nil {
+			r.Add(manifests.Problem{File: EpochsFile, What: err.Error()})
+			return
+		}
+		defer f.Close()
+		blobs[k] = f
+		rowBytes[k], _ = array.ByteSize(m.FrameShape, 2)
+	}
+	s := Sampling{Window: man.Window, Mode: man.Sampling, PerClip: man.PerClip, Short: man.Short}
+	for _, e := range man.Epochs {
+		all := Samples(lengths, s, man.Seed, e.Epoch)
+		per, _ := RankSplit(len(all), man.WorldSize)
+		if per != e.PerRank {
+			r.Add(manifests.Problem{File: e.Dir, What: fmt.Sprintf("seed %d gives %d samples per rank, epochs.json says %d (another seed or sampling?)", man.Seed, per, e.PerRank)})
+			continue
+		}
+		for _, sh := range e.Shards {
+			rel := sh.Files["samples"]
+			a, err := npy.ReadFile(filepath.Join(dir, filepath.FromSlash(rel)))
+			if err != nil || len(a.Data) != 24*sh.Samples {
+				continue // reported by the structure checks
+			}
+			wins := make([][]byte, len(man.Modalities))
+			for k, m := range man.Modalities {
+				b, err := npy.ReadFile(filepath.Join(dir, filepath.FromSlash(sh.Files[m.Name])))
+				if err == nil {
+					wins[k] = b.Data
+				}
+			}
+			for i := 0; i < sh.Samples; i++ {
+				got := Sample{
+					Clip:  int64(binary.LittleEndian.Uint64(a.Data[24*i:])),
+					Start: int64(binary.LittleEndian.Uint64(a.Data[24*i+8:])),
+					Valid: int64(binary.LittleEndian.Uint64(a.Data[24*i+16:])),
+				}
+				if want := all[sh.Rank*per+sh.First+i]; got != want {
+					r.Add(manifests.Problem{File: rel, Clip: clipID(got.Clip), What: fmt.Sprintf("sample %d is (clip %d, start %d, valid %d); seed %d says (clip %d, start %d, valid %d)",
+						i, got.Clip, got.Start, got.Valid, man.Seed, want.Clip, want.Start, want.Valid)})
+					break
+				}
+				for k, m := range man.Modalities {
+					if wins[k] == nil {
+						continue
+					}
+					wb := int64(m.WindowRows) * rowBytes[k]
+					n := got.Valid * int64(m.Rate) * rowBytes[k]
+					want := make([]byte, n)
+					blobs[k].ReadAt(want, d.Modality(m.Name).DataOffset+(starts[got.Clip]+got.Start)*int64(m.Rate)*rowBytes[k])
+					w := wins[k][int64(i)*wb : int64(i+1)*wb]
+					if !bytes.Equal(w[:n], want) || bytes.ContainsFunc(w[n:], func(r rune) bool { return r != 0 }) {
+						r.Add(manifests.Problem{File: sh.Files[m.Name], Clip: clipID(got.Clip), What: fmt.Sprintf("sample %d (clip %d, start %d) differs from the dataset", i, got.Clip, got.Start)})
+					}
+				}
+			}
+		}
+	}
+}
