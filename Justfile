@@ -35,3 +35,7 @@ demo:
 # convert vs cat vs a numpy script on generated sets (docs/BENCHMARKS.md).
 bench-convert:
     docs/bench_convert.sh
+
+# external shuffle vs cp, and the training-read simulation (docs/BENCHMARKS.md).
+bench-shuffle:
+    docs/bench_shuffle.sh

@@ -68,6 +68,9 @@ class EpochShards:
 
 
 def _join(parts):
+    # One part: views of the memory-mapped shard (no copy; the consumer's
+    # copy, e.g. into pinned memory, is the one sequential read). Several:
+    # a batch that spans shards is concatenated.
     if len(parts) == 1:
-        return {k: np.ascontiguousarray(v) for k, v in parts[0].items()}
+        return dict(parts[0])
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}

@@ -416,29 +416,28 @@ func (j *job) external(ctx context.Context, s *sink) error {
 	}
 	byClip = nil
 
-	// Pass 2: one pile at a time.
-	buf := make([]byte, pileCap*j.rec)
+	// Pass 2: one pile at a time, read with one read, written in order.
+	buf := make([]byte, pileCap*recDisk)
+	slot := make([]int64, pileCap)
 	for p := int64(0); p < nPiles; p++ {
 		lo := p * pileCap
 		hi := min(lo+pileCap, j.total)
-		if _, err := piles[p].Seek(0, io.SeekStart); err != nil {
-			return err
+		n := hi - lo
+		if _, err := piles[p].ReadAt(buf[:n*recDisk], 0); err != nil {
+			return fmt.Errorf("reading pile %d: %w", p, err)
 		}
-		rd := bufio.NewReaderSize(piles[p], 4<<20)
-		for n := lo; n < hi; n++ {
-			if _, err := io.ReadFull(rd, rec); err != nil {
-				return fmt.Errorf("reading pile %d: %w", p, err)
-			}
-			pos := int64(binary.LittleEndian.Uint64(rec))
+		for i := int64(0); i < n; i++ {
+			pos := int64(binary.LittleEndian.Uint64(buf[i*recDisk:]))
 			if pos < lo || pos >= hi {
 				return fmt.Errorf("pile %d: position %d outside [%d, %d)", p, pos, lo, hi)
 			}
-			copy(buf[(pos-lo)*j.rec:], rec[8:])
+			slot[pos-lo] = i
 		}
 		piles[p].Close()
 		os.Remove(piles[p].Name())
 		for pos := lo; pos < hi; pos++ {
-			if err := s.put(pos, buf[(pos-lo)*j.rec:(pos-lo+1)*j.rec]); err != nil {
+			at := slot[pos-lo]*recDisk + 8
+			if err := s.put(pos, buf[at:at+j.rec]); err != nil {
 				return err
 			}
 		}

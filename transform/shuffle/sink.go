@@ -1,7 +1,6 @@
 package shuffle
 
 import (
-	"bufio"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -10,7 +9,10 @@ import (
 	"hash"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/clipshard/clipshard/formats/array"
 	"github.com/clipshard/clipshard/formats/atomicfile"
@@ -196,17 +198,71 @@ type sink struct {
 	written int64
 }
 
+// shardFile writes one shard file through two 4 MiB buffers: while the
+// caller fills one, a goroutine hashes the other (sha256), writes it and
+// starts its writeback (sync_file_range), so hashing runs beside the
+// shuffle instead of after it.
 type shardFile struct {
-	f   *os.File
-	bw  *bufio.Writer
-	h   hash.Hash
-	rel string
+	f    *os.File
+	h    hash.Hash
+	rel  string
+	buf  []byte
+	free chan []byte
+	full chan []byte
+	done chan error
+	off  int64
+}
+
+const shardBuf = 4 << 20
+
+func newShardFile(f *os.File, rel string, size int64) *shardFile {
+	s := &shardFile{f: f, h: sha256.New(), rel: rel, free: make(chan []byte, 2), full: make(chan []byte, 2), done: make(chan error, 1)}
+	n := int(min(shardBuf, max(size, 4096)))
+	s.free <- make([]byte, 0, n)
+	s.buf = make([]byte, 0, n)
+	go func() {
+		var err error
+		for b := range s.full {
+			if err == nil {
+				s.h.Write(b)
+				_, err = s.f.Write(b)
+				if err == nil {
+					unix.SyncFileRange(int(s.f.Fd()), s.off, int64(len(b)), unix.SYNC_FILE_RANGE_WRITE)
+					s.off += int64(len(b))
+				}
+			}
+			s.free <- b[:0]
+		}
+		s.done <- err
+	}()
+	return s
 }
 
 func (s *shardFile) write(p []byte) error {
-	s.h.Write(p)
-	_, err := s.bw.Write(p)
-	return err
+	for len(p) > 0 {
+		n := copy(s.buf[len(s.buf):cap(s.buf)], p)
+		s.buf = s.buf[:len(s.buf)+n]
+		p = p[n:]
+		if len(s.buf) == cap(s.buf) {
+			s.full <- s.buf
+			s.buf = <-s.free
+		}
+	}
+	return nil
+}
+
+// close writes what is buffered, waits for the writer goroutine and closes
+// the file (not synced: the epoch commit fsyncs every file).
+func (s *shardFile) close() (string, error) {
+	if len(s.buf) > 0 {
+		s.full <- s.buf
+	}
+	close(s.full)
+	err := <-s.done
+	if cerr := s.f.Close(); err == nil {
+		err = cerr
+	}
+	return hex.EncodeToString(s.h.Sum(nil)), err
 }
 
 type shardWriter struct {
@@ -302,7 +358,8 @@ func (s *sink) openShard(rank, shard, first, n int) error {
 		if err != nil {
 			return err
 		}
-		sf := &shardFile{f: f, bw: bufio.NewWriterSize(f, 1<<20), h: sha256.New(), rel: relJoin(epochDir(s.j.epochs[s.epoch].epoch), rankDir(rank), name)}
+		size, _ := array.ByteSize(shape, 2)
+		sf := newShardFile(f, relJoin(epochDir(s.j.epochs[s.epoch].epoch), rankDir(rank), name), size+npy.DataAlign)
 		hdr, err := npy.EncodeHeader(descr, false, shape, npy.DataAlign)
 		if err != nil {
 			return err
@@ -334,20 +391,16 @@ func (s *sink) closeShard() error {
 			p(Progress{Phase: "write", Done: s.written, Total: s.j.total, BytesWritten: s.bytes})
 		}
 	}()
+	var first error
 	for _, f := range s.shard.files {
-		if err := f.bw.Flush(); err != nil {
-			return err
+		sum, err := f.close()
+		if err != nil && first == nil {
+			first = err
 		}
-		if err := f.f.Sync(); err != nil {
-			return err
-		}
-		if err := f.f.Close(); err != nil {
-			return err
-		}
-		s.sums[f.rel] = hex.EncodeToString(f.h.Sum(nil))
+		s.sums[f.rel] = sum
 	}
 	s.shard = nil
-	return nil
+	return first
 }
 
 // commit publishes the epoch being written: its directory is renamed into
@@ -360,7 +413,7 @@ func (s *sink) commit() error {
 	j := s.j
 	out := j.o.Out
 	final := filepath.Join(out, s.entry.Dir)
-	if err := atomicfile.Sync(s.tmp); err != nil {
+	if err := syncTree(s.tmp, s.sums); err != nil {
 		return err
 	}
 	if _, err := os.Stat(final); err == nil { // --force over an old epoch
@@ -480,11 +533,40 @@ func nz(v []int64) []int64 {
 	return v
 }
 
+// syncTree fsyncs the epoch's files (their writeback was started as they
+// were written) four at a time, then its directories.
+func syncTree(tmp string, sums map[string]string) error {
+	errs := make(chan error, len(sums))
+	sem := make(chan struct{}, 4)
+	dirs := map[string]bool{tmp: true}
+	for rel := range sums {
+		_, rest, _ := strings.Cut(rel, "/") // epoch-NNNN/rank-RR/file
+		p := filepath.Join(tmp, filepath.FromSlash(rest))
+		dirs[filepath.Dir(p)] = true
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem }()
+			errs <- atomicfile.Sync(p)
+		}()
+	}
+	for range sums {
+		if err := <-errs; err != nil {
+			return err
+		}
+	}
+	for d := range dirs {
+		if err := atomicfile.Sync(d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // abort removes the partial epoch, if any (deferred by Run).
 func (s *sink) abort() {
 	if s.shard != nil {
 		for _, f := range s.shard.files {
-			f.f.Close()
+			f.close()
 		}
 	}
 	if s.entry != nil && s.tmp != "" {

@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""The training-read simulation: read one epoch's worth of batches three ways.
+
+    python3 docs/bench_read.py SRC DATASET EPOCHS [cold|warm]
+
+(a) shards, in order, with python/clipshard_reader.py (one rank, batch 256);
+(b) random windows gathered from the dataset blobs (np.load mmap), the
+    "bt_mode" of the field notes: one vectorised gather per batch;
+(c) per sample from the original files, as the field notes' __getitem__:
+    np.load the whole .npy, astype(float32), slice the window; unpickle the
+    motion .pkl. Timed on the first 600 samples and reported per sample.
+Cold: posix_fadvise(DONTNEED) on every file involved first. Prints samples/s.
+"""
+import glob
+import json
+import os
+import pickle
+import sys
+import time
+
+import numpy as np
+
+src, ds, edir = sys.argv[1:4]
+mode = sys.argv[4] if len(sys.argv) > 4 else "warm"
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from clipshard_reader import EpochShards  # noqa: E402
+
+
+def drop(paths):
+    os.sync()
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+
+
+man = json.load(open(os.path.join(edir, "epochs.json")))
+W = man["window"]
+shards = EpochShards(edir, epoch=0, rank=0)
+samples = np.concatenate([np.load(os.path.join(edir, s["files"]["samples"])) for s in shards.shards])
+n = len(samples)
+index = np.load(os.path.join(ds, "index.npy"))
+clips = [l.strip() for l in open(os.path.join(src, "clips.txt")) if l.strip()]
+B = 256
+
+# Every batch is copied into one preallocated buffer, as a loader copies
+# into pinned memory; that copy is what touches the bytes.
+pinned = {}
+
+
+def land(name, arr):
+    buf = pinned.get(name)
+    if buf is None or buf.shape[0] < arr.shape[0]:
+        buf = pinned[name] = np.empty((B,) + arr.shape[1:], dtype=arr.dtype)
+    np.copyto(buf[: arr.shape[0]], arr)
+
+
+# (a) shards in order
+if mode == "cold":
+    drop(glob.glob(os.path.join(edir, "epoch-0000", "*", "*.npy")))
+t = time.perf_counter()
+got = 0
+for b in shards.batches(B):
+    got += len(b["samples"])
+    land("feat", b["feat"])
+    land("motion", b["motion"])
+ta = time.perf_counter() - t
+assert got == n
+
+# (b) random gather from the dataset blobs
+feat = np.load(os.path.join(ds, "feat.npy"), mmap_mode="r")
+motion = np.load(os.path.join(ds, "motion.npy"), mmap_mode="r")
+if mode == "cold":
+    drop([os.path.join(ds, "feat.npy"), os.path.join(ds, "motion.npy")])
+rows = (index[samples[:, 0], 0] + samples[:, 1])[:, None] + np.arange(W)[None, :]
+t = time.perf_counter()
+for i in range(0, n, B):
+    r = rows[i : i + B]
+    land("feat", feat[r.ravel()].reshape(len(r), W, -1))
+    land("motion", motion[r.ravel()].reshape(len(r), W, -1))
+tb = time.perf_counter() - t
+
+# (c) per sample from the sources
+k = min(n, 600)
+if mode == "cold":
+    drop(glob.glob(os.path.join(src, "feat", "*.npy")) + glob.glob(os.path.join(src, "motion", "*.pkl")))
+t = time.perf_counter()
+for clip, start, valid in samples[:k]:
+    c = clips[clip]
+    x = np.load(os.path.join(src, "feat", c + ".npy")).astype(np.float32)[start : start + W]
+    with open(os.path.join(src, "motion", c + ".pkl"), "rb") as fh:
+        mo = pickle.load(fh)
+    y = np.concatenate([mo["exp"], mo["pose"]], axis=-1)[start : start + W]
+tc = (time.perf_counter() - t) * n / k
+
+print("%s: %d samples (W=%d, batch %d)" % (mode, n, W, B))
+print("  (a) shards in order        %9.0f samples/s  %7.3f s" % (n / ta, ta))
+print("  (b) random gather, blobs   %9.0f samples/s  %7.3f s   (a)/(b) = %.1fx" % (n / tb, tb, tb / ta))
+print("  (c) per sample, sources    %9.0f samples/s  %7.3f s   (a)/(c) = %.1fx (timed on %d samples)" % (n / tc, tc, tc / ta, k))

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Side-by-side shuffle benchmark (just bench-shuffle), on a ~330 MB dataset
+# (200 clips, float32 [800, 1024] features + motion pickles, converted):
+#   1. shuffle one epoch through the external two-pass path (--mem 64MiB)
+#      vs cp of the epoch's bytes; peak RSS
+#   2. the training-read simulation, cold and warm (docs/bench_read.py)
+# Usage: docs/bench_shuffle.sh [WORKDIR]   (default /tmp/clipshard-bench; needs python3-numpy)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${CLIPSHARD_PYTHON:-/usr/bin/python3}
+W=${1:-/tmp/clipshard-bench}
+S="$W/shuf"
+mkdir -p "$W"
+go build -o "$W/convert" ./cmd/convert
+go build -o "$W/shuffle" ./cmd/shuffle
+if [ ! -f "$S/clips.txt" ]; then
+  "$PY" - "$S" <<'PYEOF'
+import os, pickle, sys
+import numpy as np
+out = sys.argv[1]
+os.makedirs(out + "/feat", exist_ok=True); os.makedirs(out + "/motion", exist_ok=True)
+rng = np.random.default_rng(0)
+with open(out + "/clips.txt", "w") as f:
+    for i in range(200):
+        c = "c%05d" % i
+        t = int(rng.integers(600, 1000))
+        f.write(c + "\n")
+        np.save("%s/feat/%s.npy" % (out, c), rng.standard_normal((t, 1024), dtype=np.float32))
+        with open("%s/motion/%s.pkl" % (out, c), "wb") as g:
+            pickle.dump({"exp": rng.standard_normal((t, 50), dtype=np.float32),
+                         "pose": rng.standard_normal((t, 6), dtype=np.float32)}, g, protocol=4)
+PYEOF
+fi
+"$W/convert" --quiet --clips "$S/clips.txt" --out "$W/shuf-ds" -m 'feat=feat/{clip}.npy' -m 'motion=motion/{clip}.pkl:exp+pose' >/dev/null
+echo "dataset: $(du -sh --apparent-size "$W/shuf-ds" | cut -f1)"
+
+best() { # label command...
+  local label=$1; shift
+  local t best=999999 rss
+  for _ in 1 2 3; do
+    sync
+    /usr/bin/time -f "%e %M" -o "$W/time.txt" "$@" >/dev/null 2>"$W/err.txt" || { cat "$W/err.txt"; exit 1; }
+    read -r t rss < "$W/time.txt"
+    best=$(awk -v a="$t" -v b="$best" 'BEGIN{print (a<b)?a:b}')
+  done
+  printf "  %-22s %7.2f s  peak RSS %6d MiB\n" "$label" "$best" $((rss / 1024))
+  echo "$best" > "$W/$label.best"
+}
+
+args=(--dataset "$W/shuf-ds" --window 15 --epochs 1 --seed 1 --shard-samples 1024 --quiet --force)
+best shuffle-external "$W/shuffle" "${args[@]}" --out "$W/shuf-ep" --mem 64MiB
+best shuffle-in-memory "$W/shuffle" "${args[@]}" --out "$W/shuf-ep-mem" --mem 4GiB
+cmp -s <(cd "$W/shuf-ep" && cat SHA256SUMS | grep -v epochs.json) <(cd "$W/shuf-ep-mem" && cat SHA256SUMS | grep -v epochs.json) \
+  && echo "  external == in-memory (SHA256SUMS)"
+best cp-epoch sh -c "rm -rf '$W/cp-ep' && cp -r '$W/shuf-ep/epoch-0000' '$W/cp-ep'"
+awk -v a="$(cat "$W/shuffle-external.best")" -v c="$(cat "$W/cp-epoch.best")" \
+  'BEGIN{printf "  external shuffle / cp = %.2fx\n", a/c}'
+echo "epoch: $(du -sh --apparent-size "$W/shuf-ep/epoch-0000" | cut -f1)"
+
+"$PY" docs/bench_read.py "$S" "$W/shuf-ds" "$W/shuf-ep" cold
+"$PY" docs/bench_read.py "$S" "$W/shuf-ds" "$W/shuf-ep" warm
