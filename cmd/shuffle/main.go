@@ -149,6 +149,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var bar *ui.Progress
 	killAt, _ := strconv.ParseInt(os.Getenv("CLIPSHARD_KILL_AFTER_SAMPLES"), 10, 64)
 	o.Progress = func(p shuffle.Progress) {
+		if p.Phase == "plan" {
+			if !quiet {
+				fmt.Fprintf(stderr, "shuffle: writing epochs %v: %d samples, %s\n", p.Epochs, p.Total, ui.Bytes(p.Planned))
+			}
+			return
+		}
 		if bar == nil {
 			bar = ui.New("shuffle", "samples", p.Total, quiet)
 		}
@@ -194,6 +200,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if len(res.Skipped) > 0 {
 		fmt.Fprintf(stdout, "  already done: epochs %v\n", res.Skipped)
+	}
+	if res.Replaced > 0 {
+		fmt.Fprintf(stdout, "  replaced %d stale epochs (the dataset changed since they were cut, or --force)\n", res.Replaced)
 	}
 	return 0
 }

@@ -121,6 +121,17 @@ func sameTree(t *testing.T, a, b map[string][]byte, what string) {
 	}
 }
 
+func copyTree(t *testing.T, from, to string) {
+	t.Helper()
+	for rel, b := range tree(t, from) {
+		p := filepath.Join(to, rel)
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func base(ds, out string, extra ...string) []string {
 	return append([]string{"--dataset", ds, "--out", out, "--window", "15", "--seed", "7", "--shard-samples", "5"}, extra...)
 }
@@ -182,6 +193,25 @@ func TestRerunAndEpochRanges(t *testing.T) {
 		}
 	}
 	sameTree(t, tree(t, whole), tree(t, parts), "--epochs 3 vs ranges 0:1 + 1:3")
+	// Two array tasks writing different epochs into one directory at once
+	// end with the same bytes as one run.
+	shared := filepath.Join(t.TempDir(), "shared")
+	var wg sync.WaitGroup
+	results := make([]result, 2)
+	for i, rg := range []string{"0:2", "2:3"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = shuffleRun(t, nil, base(ds, shared, "--epoch-range", rg, "--mem", "64KiB")...)
+		}()
+	}
+	wg.Wait()
+	for _, r := range results {
+		if r.code != 0 {
+			t.Fatalf("concurrent task: %d %s", r.code, r.stderr)
+		}
+	}
+	sameTree(t, tree(t, whole), tree(t, shared), "--epochs 3 vs two concurrent tasks")
 	// Other options into the same directory are refused without --force.
 	r = shuffleRun(t, nil, base(ds, whole, "--epochs", "3", "--seed", "8")...)
 	if r.code != 2 || !strings.Contains(r.stderr, "--force") {
@@ -189,6 +219,22 @@ func TestRerunAndEpochRanges(t *testing.T) {
 	}
 	if r = shuffleRun(t, nil, base(ds, whole, "--epochs", "3", "--seed", "8", "--force")...); r.code != 0 {
 		t.Fatalf("--force: %d %s", r.code, r.stderr)
+	}
+	// A rebuilt dataset makes the epochs stale: they are replaced.
+	ds2 := filepath.Join(t.TempDir(), "ds2")
+	copyTree(t, ds, ds2)
+	b, _ := os.ReadFile(filepath.Join(ds2, "dataset.json"))
+	os.WriteFile(filepath.Join(ds2, "dataset.json"), bytes.Replace(b, []byte(`"created": "`), []byte(`"created": "x`), 1), 0o644)
+	stale := filepath.Join(t.TempDir(), "stale")
+	if r := shuffleRun(t, nil, base(ds, stale, "--epochs", "2")...); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	r = shuffleRun(t, nil, base(ds2, stale, "--epoch-range", "1:2")...)
+	if r.code != 0 || !strings.Contains(r.stdout, "replaced 2 stale epochs") {
+		t.Fatalf("rebuilt dataset: %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	if _, err := os.Stat(filepath.Join(stale, "epoch-0000")); err == nil {
+		t.Fatal("stale epoch 0 is still there")
 	}
 }
 

@@ -43,9 +43,11 @@ type Options struct {
 
 // Progress is a snapshot of a running shuffle.
 type Progress struct {
-	Phase        string // "plan", "read", "write"
+	Phase        string // "plan" (once, before anything is written), "read", "write"
 	Done, Total  int64  // samples
 	BytesWritten int64
+	Planned      int64 // "plan": bytes the shards will take
+	Epochs       []int // "plan": the epochs to write
 }
 
 // Result is what Run did.
@@ -59,6 +61,7 @@ type Result struct {
 	Dropped   map[int]int
 	Elapsed   time.Duration
 	UpToDate  bool
+	Replaced  int   // stale epochs removed (dataset rebuilt since, or --force)
 	Planned   int64 // bytes the run was going to write
 	DataBytes int64 // dataset blob bytes
 }
@@ -92,6 +95,10 @@ type job struct {
 	epochs  []epochPlan
 	total   int64 // samples to write
 	man     *Epochs
+	// replaced counts stale epochs removed because the dataset changed (or
+	// --force replaced other options' epochs).
+	replaced int
+	work     string // pile directory of the external path
 }
 
 // Run writes epochs [o.EpochStart, o.EpochEnd) of shuffled shards into
@@ -103,7 +110,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	res := &Result{Dir: j.o.Out, Dropped: map[int]int{}}
+	res := &Result{Dir: j.o.Out, Dropped: map[int]int{}, Replaced: j.replaced}
 	var todo []int
 	for e := j.o.EpochStart; e < j.o.EpochEnd; e++ {
 		if j.man.has(e) && !j.o.Force {
@@ -124,17 +131,27 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		res.DataBytes += j.ds.Modality(m.name).Rows * m.rowBytes
 	}
 	res.Planned = j.plannedBytes()
+	if j.o.Progress != nil {
+		j.o.Progress(Progress{Phase: "plan", Total: j.total, Planned: res.Planned, Epochs: todo})
+	}
 	if err := checkSpace(j.o.Out, res.Planned); err != nil {
 		return nil, err
 	}
-	// Leftovers of a killed run: partial epochs and the pile directory.
+	// Leftovers of a killed run of these epochs. Other epochs' partial
+	// directories may belong to a run writing them right now (array
+	// tasks share the directory): they are left alone.
+	for _, e := range todo {
+		os.RemoveAll(filepath.Join(j.o.Out, ".partial-"+epochDir(e)))
+	}
 	if entries, err := os.ReadDir(j.o.Out); err == nil {
 		for _, e := range entries {
-			if isPartial(e.Name()) || e.Name() == ".work" {
+			var a, b int
+			if n, _ := fmt.Sscanf(e.Name(), ".work-%04d-%04d", &a, &b); n == 2 && a <= todo[len(todo)-1] && b >= todo[0] {
 				os.RemoveAll(filepath.Join(j.o.Out, e.Name()))
 			}
 		}
 	}
+	j.work = filepath.Join(j.o.Out, fmt.Sprintf(".work-%04d-%04d", todo[0], todo[len(todo)-1]))
 	s := newSink(j)
 	defer s.abort()
 	if res.DataBytes <= j.o.Mem {
@@ -332,7 +349,7 @@ func (j *job) external(ctx context.Context, s *sink) error {
 	recDisk := 8 + j.rec
 	pileCap := max(1, (j.o.Mem/2)/j.rec)
 	nPiles := (j.total + pileCap - 1) / pileCap
-	work := filepath.Join(j.o.Out, ".work")
+	work := j.work
 	if err := os.RemoveAll(work); err != nil {
 		return err
 	}

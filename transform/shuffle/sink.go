@@ -160,22 +160,31 @@ func openManifest(j *job) (*Epochs, error) {
 		if _, serr := os.Stat(o.Out); serr == nil {
 			entries, _ := os.ReadDir(o.Out)
 			for _, e := range entries {
-				if e.Name() != ".work" && !isPartial(e.Name()) {
+				if !strings.HasPrefix(e.Name(), ".work-") && !isPartial(e.Name()) {
 					return nil, fmt.Errorf("%w: --out %s exists, is not empty and holds no valid %s: refusing to write into it", ErrUsage, o.Out, EpochsFile)
 				}
 			}
 		}
 		return fresh, os.MkdirAll(o.Out, 0o755)
 	}
-	same := old.Dataset.SHA256 == fresh.Dataset.SHA256 && old.Seed == fresh.Seed && old.Window == fresh.Window &&
+	sameOptions := old.Seed == fresh.Seed && old.Window == fresh.Window &&
 		old.Sampling == fresh.Sampling && old.PerClip == fresh.PerClip && old.Short == fresh.Short &&
 		old.WorldSize == fresh.WorldSize && old.ShardSamples == fresh.ShardSamples
-	if same {
+	switch {
+	case sameOptions && old.Dataset.SHA256 == fresh.Dataset.SHA256:
 		old.Tool = fresh.Tool
 		return old, nil
+	case !sameOptions && !o.Force:
+		return nil, fmt.Errorf("%w: %s holds epochs cut with other options (seed, window, sampling, ranks or shard size); use --force to replace them, or another --out", ErrUsage, o.Out)
 	}
-	if !o.Force {
-		return nil, fmt.Errorf("%w: %s holds epochs of another dataset or other options (seed, window, sampling, ranks, shard size); use --force to replace them, or another --out", ErrUsage, o.Out)
+	// The dataset was rebuilt since (or --force): the old epochs are stale.
+	// Remove the manifest first, so that no epochs.json ever lists a
+	// removed epoch.
+	j.replaced = len(old.Epochs)
+	for _, f := range []string{EpochsFile, ShardsFile, manifests.SumsFile} {
+		if err := os.Remove(filepath.Join(o.Out, f)); err != nil && !os.IsNotExist(err) {
+			return nil, err
+		}
 	}
 	for _, e := range old.Epochs {
 		os.RemoveAll(filepath.Join(o.Out, e.Dir))
@@ -427,7 +436,19 @@ func (s *sink) commit() error {
 	if err := atomicfile.Sync(out); err != nil {
 		return err
 	}
+	// Array tasks may commit epochs into the same directory at once: the
+	// manifests are read, merged and rewritten under a lock on it.
+	unlock, err := lockDir(out)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	man := j.man
+	if disk, err := LoadEpochs(out); err == nil && disk.Dataset.SHA256 == man.Dataset.SHA256 && disk.Seed == man.Seed &&
+		disk.Window == man.Window && disk.Sampling == man.Sampling && disk.PerClip == man.PerClip &&
+		disk.Short == man.Short && disk.WorldSize == man.WorldSize && disk.ShardSamples == man.ShardSamples {
+		man.Epochs = disk.Epochs // what other tasks committed meanwhile
+	}
 	kept := man.Epochs[:0]
 	for _, e := range man.Epochs {
 		if e.Epoch != s.entry.Epoch {
@@ -442,6 +463,20 @@ func (s *sink) commit() error {
 	}
 	s.entry = nil
 	return nil
+}
+
+// lockDir takes an exclusive flock on a directory; the returned func
+// releases it.
+func lockDir(dir string) (func(), error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { f.Close() }, nil
 }
 
 func sortEpochs(es []EpochEntry) {
