@@ -155,8 +155,16 @@ func VerifyDataset(dir string, o VerifyOptions) (*Report, error) {
 	// Blob headers and sizes against dataset.json.
 	checkBlobs(dir, d, present, r)
 
-	// index.npy, clips.parquet and dataset.json agree.
-	rows := checkOffsets(dir, d, present, r)
+	// index.npy, clips.parquet and dataset.json agree. A clips.parquet
+	// whose sha256 is wrong is not parsed: a corrupt footer can make the
+	// Parquet reader allocate what it declares.
+	parquetOK := present[d.Files.Clips]
+	if want := sums[d.Files.Clips]; parquetOK && want != "" {
+		if got, err := HashFile(filepath.Join(dir, d.Files.Clips)); err != nil || got != want {
+			parquetOK = false
+		}
+	}
+	rows := checkOffsets(dir, d, present, parquetOK, r)
 
 	// sha256 of every listed file, in parallel.
 	CheckSums(dir, sums, present, o, r)
@@ -216,7 +224,7 @@ func checkBlobs(dir string, d *Dataset, present map[string]bool, r *Report) {
 
 // checkOffsets checks index.npy and clips.parquet against each other and
 // dataset.json, and returns the parquet rows (nil if unreadable).
-func checkOffsets(dir string, d *Dataset, present map[string]bool, r *Report) []ClipRow {
+func checkOffsets(dir string, d *Dataset, present map[string]bool, parquetOK bool, r *Report) []ClipRow {
 	names := make([]string, len(d.Modalities))
 	for i, m := range d.Modalities {
 		names[i] = m.Name
@@ -245,8 +253,8 @@ func checkOffsets(dir string, d *Dataset, present map[string]bool, r *Report) []
 			r.add(Problem{File: d.Files.Index, What: fmt.Sprintf("lengths add up to %d frames, dataset.json says %d", next, d.Frames)})
 		}
 	}
-	if !present[d.Files.Clips] {
-		return nil
+	if !parquetOK {
+		return nil // missing, or its sha256 mismatch is reported
 	}
 	rows, err := ReadClips(filepath.Join(dir, d.Files.Clips), names)
 	if err != nil {
