@@ -60,6 +60,21 @@ type Dataset struct {
 	Trimmed int64 `json:"trimmed"`
 	// Skipped lists clips left out by --on-error skip.
 	Skipped []Skipped `json:"skipped"`
+	// Part is set on the dataset of one part of a partitioned convert
+	// (convert --part); a merged or single-process dataset has none.
+	Part *Part `json:"part,omitempty"`
+}
+
+// Part describes one part of a partitioned convert: clips
+// [FirstClip, FirstClip+Clips-before-skips) of a clip list of TotalClips,
+// part Index of Count.
+type Part struct {
+	Index      int    `json:"index"`
+	Count      int    `json:"count"`
+	FirstClip  int    `json:"first_clip"`
+	ListClips  int    `json:"list_clips"` // clips of the list in this part (converted or skipped)
+	TotalClips int    `json:"total_clips"`
+	Job        string `json:"job_fingerprint"` // fingerprint of the whole job, as one process would record it
 }
 
 // Files names the dataset's other manifests.

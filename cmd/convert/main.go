@@ -44,6 +44,10 @@ Flags:
 `
 
 const exitCodes = `
+Partitioned (Slurm or Kubernetes arrays; docs/SCALING.md):
+  convert ... --part auto --out parts/part-{part}      one task per part
+  convert --merge parts/part-* --out DIR               then merge, in order
+
 Exit status: 0 done or up to date; 1 bad input or failure (one line on
 stderr names the file, clip and key); 2 usage error.
 `
@@ -57,7 +61,58 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
+// splitMerge takes the part directories that follow --merge out of args
+// (the flag package would stop at the first of them).
+func splitMerge(args []string) (rest, parts []string, merge bool) {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--merge" || a == "-merge" {
+			merge = true
+			rest = append(rest, a)
+			for i+1 < len(args) && !strings.HasPrefix(args[i+1], "-") {
+				i++
+				parts = append(parts, args[i])
+			}
+			continue
+		}
+		rest = append(rest, a)
+	}
+	return rest, parts, merge
+}
+
+// parsePart reads --part I/N, or --part auto from a Slurm job array or a
+// Kubernetes Indexed Job (with --parts N).
+func parsePart(s string, parts int) (int, int, error) {
+	if s == "auto" {
+		if id, cnt := os.Getenv("SLURM_ARRAY_TASK_ID"), os.Getenv("SLURM_ARRAY_TASK_COUNT"); id != "" && cnt != "" {
+			i, err1 := strconv.Atoi(id)
+			n, err2 := strconv.Atoi(cnt)
+			lo, _ := strconv.Atoi(os.Getenv("SLURM_ARRAY_TASK_MIN"))
+			if err1 != nil || err2 != nil {
+				return 0, 0, fmt.Errorf("--part auto: SLURM_ARRAY_TASK_ID=%q SLURM_ARRAY_TASK_COUNT=%q are not numbers", id, cnt)
+			}
+			return i - lo, n, nil
+		}
+		if idx := os.Getenv("JOB_COMPLETION_INDEX"); idx != "" {
+			i, err := strconv.Atoi(idx)
+			if err != nil || parts < 1 {
+				return 0, 0, fmt.Errorf("--part auto: JOB_COMPLETION_INDEX=%q needs --parts N (the Indexed Job's completions)", idx)
+			}
+			return i, parts, nil
+		}
+		return 0, 0, fmt.Errorf("--part auto: set SLURM_ARRAY_TASK_ID and SLURM_ARRAY_TASK_COUNT (Slurm job array) or JOB_COMPLETION_INDEX with --parts N (Kubernetes Indexed Job)")
+	}
+	a, b, ok := strings.Cut(s, "/")
+	i, err1 := strconv.Atoi(a)
+	n, err2 := strconv.Atoi(b)
+	if !ok || err1 != nil || err2 != nil || n < 1 || i < 0 || i >= n {
+		return 0, 0, fmt.Errorf("--part %q: want I/N with 0 <= I < N, or auto", s)
+	}
+	return i, n, nil
+}
+
 func run(args []string, stdout, stderr io.Writer) int {
+	args, mergeParts, merging := splitMerge(args)
 	fs := flag.NewFlagSet("convert", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
@@ -85,6 +140,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.Force, "force", false, "rebuild even if the dataset is up to date")
 	fs.BoolVar(&quiet, "quiet", false, "no progress on stderr")
 	fs.BoolVar(&jsonOut, "json", false, "print the summary as JSON")
+	var partFlag string
+	var partsN int
+	fs.StringVar(&partFlag, "part", "", "convert only part `I/N` (0-based) of the clip list into --out (which may contain {part}); auto: from Slurm or Kubernetes array variables")
+	fs.IntVar(&partsN, "parts", 0, "with --part auto under a Kubernetes Indexed Job: the number of parts")
+	fs.Bool("merge", false, "merge the part directories that follow (convert --merge PART_DIR... --out DIR) into one dataset")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, usage)
 		fs.PrintDefaults()
@@ -99,6 +159,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "convert: unexpected argument %q (see --help)\n", fs.Arg(0))
 		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if merging {
+		return runMerge(ctx, mergeParts, o.Out, o.Workers, quiet, jsonOut, stdout, stderr)
+	}
+	if partFlag != "" {
+		i, n, err := parsePart(partFlag, partsN)
+		if err != nil {
+			fmt.Fprintln(stderr, "convert:", err)
+			return 2
+		}
+		o.Part, o.Parts = i, n
+		o.Out = strings.ReplaceAll(o.Out, "{part}", fmt.Sprintf("%04d", i))
 	}
 	switch onError {
 	case "fail":
@@ -147,8 +221,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 		bar.Update(int64(p.Clips), fmt.Sprintf("%s in, %s out", ui.Bytes(p.BytesIn), ui.Bytes(p.BytesOut)))
 		crash(p)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	res, err := convert.Run(ctx, o)
 	if bar != nil {
 		bar.Finish()
@@ -159,6 +231,39 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 		return 1
+	}
+	summary(stdout, res, jsonOut)
+	return 0
+}
+
+func runMerge(ctx context.Context, parts []string, out string, workers int, quiet, jsonOut bool, stdout, stderr io.Writer) int {
+	mo := convert.MergeOptions{Parts: parts, Out: out, Workers: workers, Tool: "clipshard convert " + version()}
+	if t, ok, err := sourceDateEpoch(); err != nil {
+		fmt.Fprintln(stderr, "convert:", err)
+		return 2
+	} else if ok {
+		mo.Now = func() time.Time { return t }
+	}
+	var bar *ui.Progress
+	mo.Progress = func(p convert.Progress) {
+		if bar == nil {
+			bar = ui.New("merge", "MB", 0, quiet)
+		}
+		bar.Update(p.BytesOut>>20, "")
+	}
+	res, err := convert.Merge(ctx, mo)
+	if bar != nil {
+		bar.Finish()
+	}
+	if err != nil {
+		ui.Fail(stderr, "convert", err)
+		if errors.Is(err, convert.ErrUsage) {
+			return 2
+		}
+		return 1
+	}
+	if !jsonOut {
+		fmt.Fprintf(stdout, "merged %d parts: ", len(parts))
 	}
 	summary(stdout, res, jsonOut)
 	return 0

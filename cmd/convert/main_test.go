@@ -8,10 +8,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/clipshard/clipshard/internal/numpytest"
+	"github.com/clipshard/clipshard/manifests"
 	// The binary under test is built from these: importing them keys the
 	// test cache on their sources too.
 	_ "github.com/clipshard/clipshard/internal/ui"
@@ -371,5 +373,82 @@ func TestUsageErrors(t *testing.T) {
 	r := runConvert(t, nil, "--help")
 	if r.code != 0 || !strings.Contains(r.stderr, "Example:") || !strings.Contains(r.stderr, "Exit status") {
 		t.Fatalf("--help: %d %q", r.code, r.stderr)
+	}
+}
+
+// TestPartsAndMerge: four parts as separate processes (by I/N, by Slurm's
+// array variables, by a Kubernetes Indexed Job's index), then a merge: the
+// same bytes as one process, and verify --deep passes.
+func TestPartsAndMerge(t *testing.T) {
+	src := copyDemo(t)
+	single := filepath.Join(t.TempDir(), "single")
+	if r := runConvert(t, nil, demoArgs(src, single)...); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	partsDir := t.TempDir()
+	outTmpl := filepath.Join(partsDir, "part-{part}")
+	envs := [][]string{
+		nil,
+		{"SLURM_ARRAY_TASK_ID=1", "SLURM_ARRAY_TASK_COUNT=4"},
+		{"SLURM_ARRAY_TASK_ID=3", "SLURM_ARRAY_TASK_COUNT=4", "SLURM_ARRAY_TASK_MIN=1"},
+		{"JOB_COMPLETION_INDEX=3"},
+	}
+	args := [][]string{{"--part", "0/4"}, {"--part", "auto"}, {"--part", "auto"}, {"--part", "auto", "--parts", "4"}}
+	var wg sync.WaitGroup
+	res := make([]result, 4)
+	for i := range envs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res[i] = runConvert(t, envs[i], demoArgs(src, outTmpl, args[i]...)...)
+		}()
+	}
+	wg.Wait()
+	for i, r := range res {
+		if r.code != 0 {
+			t.Fatalf("part task %d: %d %s", i, r.code, r.stderr)
+		}
+	}
+	parts, _ := filepath.Glob(filepath.Join(partsDir, "part-*"))
+	if len(parts) != 4 {
+		t.Fatalf("parts: %v", parts)
+	}
+	merged := filepath.Join(t.TempDir(), "merged")
+	r := runConvert(t, nil, append([]string{"--merge"}, append(parts, "--out", merged)...)...)
+	if r.code != 0 || !strings.Contains(r.stdout, "merged 4 parts") {
+		t.Fatalf("merge: %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	sameTree(t, snapshot(t, single), snapshot(t, merged), "merge of 4 parts vs one process")
+	rep, err := manifests.VerifyDataset(merged, manifests.VerifyOptions{Deep: true, Sources: true})
+	if err != nil || !rep.OK() {
+		t.Fatalf("verify --deep --sources: %v %v", err, rep.Problems)
+	}
+	// A missing part, a repeated one, and a part of another job are refused.
+	for _, c := range []struct {
+		parts []string
+		want  string
+	}{
+		{parts[:3], "3 parts given, the job has 4"},
+		{[]string{parts[0], parts[1], parts[1], parts[3]}, "part 1 given twice"},
+		{[]string{single}, "is not a part"},
+	} {
+		r := runConvert(t, nil, append([]string{"--merge"}, append(c.parts, "--out", filepath.Join(t.TempDir(), "m"))...)...)
+		if r.code != 1 || !strings.Contains(r.stderr, c.want) {
+			t.Errorf("%v: %d %q, want %q", c.parts, r.code, r.stderr, c.want)
+		}
+	}
+	other := copyDemo(t)
+	os.WriteFile(filepath.Join(other, "clips.txt"), []byte("clip000\nclip001\nclip002\nclip003\n"), 0o644)
+	otherPart := filepath.Join(t.TempDir(), "other")
+	if r := runConvert(t, nil, demoArgs(other, otherPart, "--part", "2/4")...); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	r = runConvert(t, nil, append([]string{"--merge", parts[0], parts[1], otherPart, parts[3]}, "--out", filepath.Join(t.TempDir(), "m"))...)
+	if r.code != 1 || !strings.Contains(r.stderr, "part of another job") {
+		t.Errorf("other job: %d %q", r.code, r.stderr)
+	}
+	r = runConvert(t, nil, demoArgs(src, filepath.Join(t.TempDir(), "x"), "--part", "auto")...)
+	if r.code != 2 || !strings.Contains(r.stderr, "SLURM_ARRAY_TASK_ID") {
+		t.Errorf("auto without variables: %d %q", r.code, r.stderr)
 	}
 }

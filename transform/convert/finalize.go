@@ -65,6 +65,7 @@ func (j *job) finalize(w *writer) (*manifests.Dataset, error) {
 		Trimmed:     w.trimmed,
 		Skipped:     w.skipped,
 		Files:       manifests.Files{Clips: manifests.ClipsFile, Index: manifests.IndexFile, Sums: manifests.SumsFile},
+		Part:        j.part,
 	}
 	names := make([]string, len(o.Modalities))
 	for k, m := range o.Modalities {
@@ -91,69 +92,90 @@ func (j *job) finalize(w *writer) (*manifests.Dataset, error) {
 		})
 		d.Stats[m.Name] = manifests.Stats(st.stats)
 	}
-	starts := make([]int64, len(w.rows))
-	lengths := make([]int64, len(w.rows))
-	for i, r := range w.rows {
+	report("checksum")
+	if err := writeManifests(j.staging, d, names, w.rows, nil, o.Workers); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// writeManifests writes index.npy, clips.parquet, skipped.tsv (if any),
+// SHA256SUMS and, last, dataset.json into dir, filling in the modalities'
+// sha256. known holds the sha256 of files already hashed (blobs hashed
+// while they were copied); every other file is hashed here, while it is
+// fsynced.
+func writeManifests(dir string, d *manifests.Dataset, names []string, rows []manifests.ClipRow, known map[string]string, workers int) error {
+	starts := make([]int64, len(rows))
+	lengths := make([]int64, len(rows))
+	for i, r := range rows {
 		starts[i], lengths[i] = r.Start, r.Length
 	}
-	if err := manifests.WriteIndex(filepath.Join(j.staging, manifests.IndexFile), starts, lengths); err != nil {
-		return nil, err
+	if err := manifests.WriteIndex(filepath.Join(dir, manifests.IndexFile), starts, lengths); err != nil {
+		return err
 	}
-	if err := manifests.WriteClips(filepath.Join(j.staging, manifests.ClipsFile), names, w.rows); err != nil {
-		return nil, err
+	if err := manifests.WriteClips(filepath.Join(dir, manifests.ClipsFile), names, rows); err != nil {
+		return err
 	}
 	files := []string{manifests.IndexFile, manifests.ClipsFile}
-	if len(w.skipped) > 0 {
+	if len(d.Skipped) > 0 {
 		var b bytes.Buffer
 		b.WriteString("clip\treason\n")
-		for _, s := range w.skipped {
+		for _, s := range d.Skipped {
 			fmt.Fprintf(&b, "%s\t%s\n", s.Clip, strings.ReplaceAll(s.Reason, "\t", " "))
 		}
-		if err := atomicfile.WriteFile(filepath.Join(j.staging, manifests.SkippedFile), b.Bytes()); err != nil {
-			return nil, err
+		if err := atomicfile.WriteFile(filepath.Join(dir, manifests.SkippedFile), b.Bytes()); err != nil {
+			return err
 		}
 		d.Files.Skipped = manifests.SkippedFile
 		files = append(files, manifests.SkippedFile)
 	}
+	var toHash []string
 	for _, m := range d.Modalities {
 		files = append(files, m.File)
 	}
-	report("checksum")
+	for _, f := range files {
+		if known[f] == "" {
+			toHash = append(toHash, f)
+		}
+	}
 	// Hash and fsync every file at once: the fsyncs wait on the disk while
 	// the hashes keep the CPUs busy.
 	syncErr := make(chan error, 1)
 	go func() {
 		var first error
 		for _, f := range files {
-			if err := atomicfile.Sync(filepath.Join(j.staging, f)); err != nil && first == nil {
+			if err := atomicfile.Sync(filepath.Join(dir, f)); err != nil && first == nil {
 				first = err
 			}
 		}
 		syncErr <- first
 	}()
-	sums, err := hashFiles(j.staging, files, o.Workers)
+	sums, err := hashFiles(dir, toHash, workers)
 	if serr := <-syncErr; err == nil {
 		err = serr
 	}
 	if err != nil {
-		return nil, err
+		return err
+	}
+	for f, h := range known {
+		sums[f] = h
 	}
 	for i := range d.Modalities {
 		d.Modalities[i].SHA256 = sums[d.Modalities[i].File]
 	}
 	js, err := manifests.MarshalJSON(d)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	h := sha256.Sum256(js)
 	sums[manifests.DatasetFile] = hex.EncodeToString(h[:])
-	if err := manifests.WriteSums(filepath.Join(j.staging, manifests.SumsFile), sums); err != nil {
-		return nil, err
+	if err := manifests.WriteSums(filepath.Join(dir, manifests.SumsFile), sums); err != nil {
+		return err
 	}
-	if err := atomicfile.WriteFile(filepath.Join(j.staging, manifests.DatasetFile), js); err != nil {
-		return nil, err
+	if err := atomicfile.WriteFile(filepath.Join(dir, manifests.DatasetFile), js); err != nil {
+		return err
 	}
-	return d, atomicfile.Sync(j.staging)
+	return atomicfile.Sync(dir)
 }
 
 // hashFiles returns the sha256 of each named file in dir, hashing up to

@@ -41,6 +41,7 @@ type job struct {
 	clips       []string
 	root        string
 	fingerprint string
+	part        *manifests.Part
 	staging     string // directory the dataset is built in
 	journalPath string
 }
@@ -169,7 +170,23 @@ func newJob(o Options) (*job, error) {
 	}{clips, o.Modalities, root, o.Align, [4]bool{o.AllowInt, o.AllowNonFinite, o.AllowOverflow, o.SkipBadClips}})
 	sum := sha256.Sum256(fp)
 	j.fingerprint = hex.EncodeToString(sum[:])
+	if o.Parts > 0 {
+		if o.Part < 0 || o.Part >= o.Parts || o.Parts > len(clips) {
+			return nil, fmt.Errorf("%w: part %d of %d: want 0 <= I < N <= %d clips", ErrUsage, o.Part, o.Parts, len(clips))
+		}
+		lo, hi := PartRange(len(clips), o.Part, o.Parts)
+		j.part = &manifests.Part{Index: o.Part, Count: o.Parts, FirstClip: lo, ListClips: hi - lo, TotalClips: len(clips), Job: j.fingerprint}
+		j.clips = clips[lo:hi]
+		ps := sha256.Sum256(fmt.Appendf(nil, "%s part %d/%d", j.fingerprint, o.Part, o.Parts))
+		j.fingerprint = hex.EncodeToString(ps[:])
+	}
 	return j, nil
+}
+
+// PartRange returns the clip index range [lo, hi) of part i of n over a
+// list of total clips: contiguous, in order, sizes differing by at most one.
+func PartRange(total, i, n int) (lo, hi int) {
+	return total * i / n, total * (i + 1) / n
 }
 
 // checkOut refuses to replace a directory that is not a clipshard dataset.

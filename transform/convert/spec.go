@@ -106,6 +106,10 @@ type Options struct {
 	SkipBadClips   bool // --on-error skip
 	Force          bool
 
+	// Part and Parts select part Part (0-based) of Parts contiguous ranges
+	// of the clip list (convert --part I/N); Parts 0 converts everything.
+	Part, Parts int
+
 	Workers int   // decode/convert goroutines; default GOMAXPROCS
 	Budget  int64 // bytes of decoded results in flight; default 256 MiB
 	// Checkpoint is how many converted bytes may sit in write buffers
