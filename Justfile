@@ -39,3 +39,12 @@ bench-convert:
 # external shuffle vs cp, and the training-read simulation (docs/BENCHMARKS.md).
 bench-shuffle:
     docs/bench_shuffle.sh
+
+# Merge the parts of a partitioned convert and check the result (docs/SCALING.md).
+merge PARTS DATASET:
+    go run ./cmd/convert --merge {{PARTS}}/part-* --out {{DATASET}}
+    go run ./cmd/verify {{DATASET}}
+
+# Merge peak RSS on a dataset and on one 4x larger (docs/BENCHMARKS.md).
+bench-merge:
+    docs/bench_merge.sh

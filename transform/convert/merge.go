@@ -94,6 +94,9 @@ func Merge(ctx context.Context, o MergeOptions) (*Result, error) {
 	if err := checkOut(out); err != nil {
 		return nil, err
 	}
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return nil, err
+	}
 	j := &job{opts: Options{Out: out}}
 	parent, base := filepath.Split(out)
 	j.staging = filepath.Join(parent, ".clipshard-partial-"+base)

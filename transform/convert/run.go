@@ -75,6 +75,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err := checkOut(o.Out); err != nil {
 		return nil, err
 	}
+	if err := os.MkdirAll(filepath.Dir(j.opts.Out), 0o755); err != nil {
+		return nil, err
+	}
 	jf, err := os.OpenFile(j.journalPath, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return nil, err
