@@ -111,7 +111,14 @@ func parsePart(s string, parts int) (int, int, error) {
 	return i, n, nil
 }
 
-func run(args []string, stdout, stderr io.Writer) int {
+func run(args []string, stdout, stderr io.Writer) (code int) {
+	defer func() {
+		// A bug must still end in one line and a non-zero exit.
+		if p := recover(); p != nil {
+			fmt.Fprintf(stderr, "convert: internal error: %v (a bug in clipshard: please report it with the command line)\n", p)
+			code = 1
+		}
+	}()
 	args, mergeParts, merging := splitMerge(args)
 	fs := flag.NewFlagSet("convert", flag.ContinueOnError)
 	fs.SetOutput(stderr)

@@ -72,7 +72,14 @@ func parseSize(s string) (int64, error) {
 	return n, nil
 }
 
-func run(args []string, stdout, stderr io.Writer) int {
+func run(args []string, stdout, stderr io.Writer) (code int) {
+	defer func() {
+		// A bug must still end in one line and a non-zero exit.
+		if p := recover(); p != nil {
+			fmt.Fprintf(stderr, "shuffle: internal error: %v (a bug in clipshard: please report it with the command line)\n", p)
+			code = 1
+		}
+	}()
 	fs := flag.NewFlagSet("shuffle", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (

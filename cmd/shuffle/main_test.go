@@ -145,6 +145,9 @@ func TestPathsAgree(t *testing.T) {
 		{"--epochs", "3", "--world-size", "2"},
 		{"--epochs", "2", "--world-size", "3", "--sampling", "random", "--per-clip", "3"},
 		{"--epochs", "2", "--short", "pad", "--window", "40"},
+		// W=1: ~600 samples an epoch, so with 64KiB the epochs go one group
+		// at a time through the external path.
+		{"--epochs", "3", "--window", "1", "--shard-samples", "64", "--world-size", "3"},
 	} {
 		t.Run(strings.Join(cfg, " "), func(t *testing.T) {
 			mem := filepath.Join(t.TempDir(), "mem")

@@ -46,7 +46,14 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-func run(args []string, stdout, stderr io.Writer) int {
+func run(args []string, stdout, stderr io.Writer) (code int) {
+	defer func() {
+		// A bug must still end in one line and a non-zero exit.
+		if p := recover(); p != nil {
+			fmt.Fprintf(stderr, "verify: internal error: %v (a bug in clipshard: please report it with the command line)\n", p)
+			code = 1
+		}
+	}()
 	fs := flag.NewFlagSet("verify", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var o manifests.VerifyOptions

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/clipshard/clipshard/formats/array"
+	"github.com/clipshard/clipshard/formats/npy"
 	"github.com/clipshard/clipshard/manifests"
 )
 
@@ -123,16 +124,27 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		res.UpToDate, res.Manifest, res.Elapsed = true, j.man, time.Since(began)
 		return res, nil
 	}
-	j.plan(todo)
-	for _, ep := range j.epochs {
-		res.Dropped[ep.epoch] = ep.dropped
+	// Count each epoch's samples first (the lists themselves are derived
+	// again per group): the sample lists of all epochs at once could
+	// outgrow the memory budget on a large dataset.
+	type count struct{ epoch, kept int }
+	var counts []count
+	for _, e := range todo {
+		all := Samples(j.lengths, j.o.Sampling, j.o.Seed, e)
+		per, dropped := RankSplit(len(all), j.o.WorldSize)
+		res.Dropped[e] = dropped
+		counts = append(counts, count{e, per * j.o.WorldSize})
+		res.Planned += j.epochBytes(per)
 	}
 	for _, m := range j.mods {
 		res.DataBytes += j.ds.Modality(m.name).Rows * m.rowBytes
 	}
-	res.Planned = j.plannedBytes()
+	var totalSamples int64
+	for _, c := range counts {
+		totalSamples += int64(c.kept)
+	}
 	if j.o.Progress != nil {
-		j.o.Progress(Progress{Phase: "plan", Total: j.total, Planned: res.Planned, Epochs: todo})
+		j.o.Progress(Progress{Phase: "plan", Total: totalSamples, Planned: res.Planned, Epochs: todo})
 	}
 	if err := checkSpace(j.o.Out, res.Planned); err != nil {
 		return nil, err
@@ -151,22 +163,40 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			}
 		}
 	}
-	j.work = filepath.Join(j.o.Out, fmt.Sprintf(".work-%04d-%04d", todo[0], todo[len(todo)-1]))
-	s := newSink(j)
-	defer s.abort()
-	if res.DataBytes <= j.o.Mem {
-		err = j.gatherInMemory(ctx, s)
-	} else {
-		res.External = true
-		err = j.external(ctx, s)
+	// Epochs are processed in groups whose sample metadata (about
+	// sampleMeta bytes a sample) fits a quarter of --mem; the blobs are
+	// read once per group. The in-memory path needs the blobs to fit the
+	// other three quarters.
+	metaBudget := j.o.Mem / 4
+	res.External = res.DataBytes > j.o.Mem-metaBudget
+	var bytes int64
+	for g := 0; g < len(counts); {
+		var group []int
+		var meta int64
+		for g < len(counts) && (len(group) == 0 || meta+int64(counts[g].kept)*sampleMeta <= metaBudget) {
+			group = append(group, counts[g].epoch)
+			meta += int64(counts[g].kept) * sampleMeta
+			g++
+		}
+		j.plan(group)
+		j.work = filepath.Join(j.o.Out, fmt.Sprintf(".work-%04d-%04d", group[0], group[len(group)-1]))
+		s := newSink(j)
+		if res.External {
+			err = j.external(ctx, s)
+		} else {
+			err = j.gatherInMemory(ctx, s)
+		}
+		if err == nil {
+			err = s.finish()
+		}
+		bytes += s.bytes
+		s.abort()
+		if err != nil {
+			return nil, err
+		}
 	}
-	if err == nil {
-		err = s.finish()
-	}
-	if err != nil {
-		return nil, err
-	}
-	res.Done, res.Bytes, res.Manifest = todo, s.bytes, j.man
+	j.epochs = nil
+	res.Done, res.Bytes, res.Manifest = todo, bytes, j.man
 	res.Elapsed = time.Since(began)
 	return res, nil
 }
@@ -237,6 +267,7 @@ func newJob(o Options) (*job, error) {
 
 // plan derives the samples of every epoch to write.
 func (j *job) plan(epochs []int) {
+	j.epochs = nil
 	var base int64
 	for _, e := range epochs {
 		all := Samples(j.lengths, j.o.Sampling, j.o.Seed, e)
@@ -248,17 +279,20 @@ func (j *job) plan(epochs []int) {
 	j.total = base
 }
 
-// plannedBytes is what the shards of the planned epochs take on disk.
-func (j *job) plannedBytes() int64 {
-	var n int64
-	for _, ep := range j.epochs {
-		shards := int64(0)
-		if ep.perRank > 0 {
-			shards = int64(j.o.WorldSize) * int64((ep.perRank+j.o.ShardSize-1)/j.o.ShardSize)
-		}
-		n += int64(len(ep.samples))*(j.rec+24) + shards*int64(len(j.mods)+1)*4096
+// sampleMeta is the memory a planned sample takes: its Sample in the
+// epoch's list and, on the external path, its position in the per-clip
+// index.
+const sampleMeta = 32
+
+// epochBytes is what the shards of an epoch with perRank samples per rank
+// take on disk.
+func (j *job) epochBytes(perRank int) int64 {
+	n := int64(perRank) * int64(j.o.WorldSize)
+	shards := int64(0)
+	if perRank > 0 {
+		shards = int64(j.o.WorldSize) * int64((perRank+j.o.ShardSize-1)/j.o.ShardSize)
 	}
-	return n
+	return n*(j.rec+24) + shards*int64(len(j.mods)+1)*npy.DataAlign
 }
 
 // checkSpace refuses to start when the filesystem of out lacks the room.
@@ -370,15 +404,10 @@ func (j *job) external(ctx context.Context, s *sink) error {
 	}
 
 	// Which samples (by global position) come from each clip, in order.
-	type ref struct {
-		pos   int64
-		start int64
-		valid int64
-	}
-	byClip := make([][]ref, len(j.lengths))
+	byClip := make([][]int64, len(j.lengths))
 	for _, ep := range j.epochs {
 		for i, smp := range ep.samples {
-			byClip[smp.Clip] = append(byClip[smp.Clip], ref{ep.base + int64(i), smp.Start, smp.Valid})
+			byClip[smp.Clip] = append(byClip[smp.Clip], ep.base+int64(i))
 		}
 	}
 
@@ -411,10 +440,11 @@ func (j *job) external(ctx context.Context, s *sink) error {
 			local := first - j.starts[c]*j.mods[k].rate
 			return clipBufs[k][local*rb : (local+n)*rb]
 		}
-		for _, r := range refs {
-			binary.LittleEndian.PutUint64(rec, uint64(r.pos))
-			j.fill(rec[8:], Sample{int64(c), r.start, r.valid}, rows)
-			if _, err := writers[r.pos/pileCap].Write(rec); err != nil {
+		for _, pos := range refs {
+			ep, i := j.position(pos)
+			binary.LittleEndian.PutUint64(rec, uint64(pos))
+			j.fill(rec[8:], ep.samples[i], rows)
+			if _, err := writers[pos/pileCap].Write(rec); err != nil {
 				return err
 			}
 			done++

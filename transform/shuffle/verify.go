@@ -189,11 +189,28 @@ func deepEpochs(dir string, man *Epochs, r *manifests.Report) {
 			if err != nil || len(a.Data) != 24*sh.Samples {
 				continue // reported by the structure checks
 			}
-			wins := make([][]byte, len(man.Modalities))
+			// Shard files are read window by window: a shard of a large
+			// dataset is hundreds of MB.
+			wins := make([]*os.File, len(man.Modalities))
+			offs := make([]int64, len(man.Modalities))
 			for k, m := range man.Modalities {
-				b, err := npy.ReadFile(filepath.Join(dir, filepath.FromSlash(sh.Files[m.Name])))
-				if err == nil {
-					wins[k] = b.Data
+				f, err := os.Open(filepath.Join(dir, filepath.FromSlash(sh.Files[m.Name])))
+				if err != nil {
+					continue
+				}
+				st, _ := f.Stat()
+				h, err := npy.ReadHeader(f, st.Size())
+				if err != nil {
+					f.Close()
+					continue
+				}
+				wins[k], offs[k] = f, h.DataOffset
+			}
+			closeAll := func() {
+				for _, f := range wins {
+					if f != nil {
+						f.Close()
+					}
 				}
 			}
 			for i := 0; i < sh.Samples; i++ {
@@ -202,7 +219,12 @@ func deepEpochs(dir string, man *Epochs, r *manifests.Report) {
 					Start: int64(binary.LittleEndian.Uint64(a.Data[24*i+8:])),
 					Valid: int64(binary.LittleEndian.Uint64(a.Data[24*i+16:])),
 				}
-				if want := all[sh.Rank*per+sh.First+i]; got != want {
+				at := sh.Rank*per + sh.First + i
+				if sh.Rank < 0 || sh.First < 0 || sh.First+i >= per || at >= len(all) {
+					r.Add(manifests.Problem{File: rel, What: fmt.Sprintf("shard claims rank %d samples from %d, beyond the %d per rank", sh.Rank, sh.First+i, per)})
+					break
+				}
+				if want := all[at]; got != want {
 					r.Add(manifests.Problem{File: rel, Clip: clipID(got.Clip), What: fmt.Sprintf("sample %d is (clip %d, start %d, valid %d); seed %d says (clip %d, start %d, valid %d)",
 						i, got.Clip, got.Start, got.Valid, man.Seed, want.Clip, want.Start, want.Valid)})
 					break
@@ -213,14 +235,22 @@ func deepEpochs(dir string, man *Epochs, r *manifests.Report) {
 					}
 					wb := int64(m.WindowRows) * rowBytes[k]
 					n := got.Valid * int64(m.Rate) * rowBytes[k]
+					if got.Clip < 0 || got.Clip >= int64(len(starts)) || n > wb {
+						continue // the sample list check reports it
+					}
 					want := make([]byte, n)
 					blobs[k].ReadAt(want, d.Modality(m.Name).DataOffset+(starts[got.Clip]+got.Start)*int64(m.Rate)*rowBytes[k])
-					w := wins[k][int64(i)*wb : int64(i+1)*wb]
+					w := make([]byte, wb)
+					if _, err := wins[k].ReadAt(w, offs[k]+int64(i)*wb); err != nil {
+						r.Add(manifests.Problem{File: sh.Files[m.Name], What: fmt.Sprintf("sample %d: %v", i, err)})
+						continue
+					}
 					if !bytes.Equal(w[:n], want) || bytes.ContainsFunc(w[n:], func(r rune) bool { return r != 0 }) {
 						r.Add(manifests.Problem{File: sh.Files[m.Name], Clip: clipID(got.Clip), What: fmt.Sprintf("sample %d (clip %d, start %d) differs from the dataset", i, got.Clip, got.Start)})
 					}
 				}
 			}
+			closeAll()
 		}
 	}
 }
