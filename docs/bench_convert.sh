@@ -74,11 +74,13 @@ for set in large small; do
   du -sh --apparent-size "$S" | awk '{print "'"$set"': sources " $1}'
   cat "$S"/feat/*.npy "$S"/motion/*.pkl > /dev/null   # warm the page cache
   best cat sh -c "cat '$S'/feat/*.npy '$S'/motion/*.pkl > '$W/cat.out'"
+  # cat made as durable as convert's output (convert fsyncs what it writes)
+  best cat+fsync sh -c "cat '$S'/feat/*.npy '$S'/motion/*.pkl > '$W/cat.out' && sync -f '$W/cat.out'"
   best convert "$W/convert" --clips "$S/clips.txt" --out "$W/$set-ds" --force --quiet \
     -m 'feat=feat/{clip}.npy' -m 'motion=motion/{clip}.pkl:exp+pose'
   best numpy "$PY" "$W/numpy_convert.py" "$S" "$W/$set-np"
-  awk -v c="$(cat "$W/convert.best")" -v k="$(cat "$W/cat.best")" -v n="$(cat "$W/numpy.best")" \
-    'BEGIN{printf "  convert/cat %.2fx   numpy/convert %.2fx\n", c/k, n/c}'
+  awk -v c="$(cat "$W/convert.best")" -v k="$(cat "$W/cat.best")" -v f="$(cat "$W/cat+fsync.best")" -v n="$(cat "$W/numpy.best")" \
+    'BEGIN{printf "  convert/cat %.2fx   convert/(cat+fsync) %.2fx   numpy/convert %.2fx\n", c/k, c/f, n/c}'
   cmp "$W/$set-ds/feat.npy" "$W/$set-np/feat.npy" >/dev/null 2>&1 || \
     "$PY" -c "import numpy as np,sys; a=np.load(sys.argv[1]); b=np.load(sys.argv[2]); assert (a.view('u2')==b.view('u2')).all(); print('  convert output == numpy output (bits)')" "$W/$set-ds/feat.npy" "$W/$set-np/feat.npy"
   rm -f "$W/cat.out"

@@ -53,8 +53,10 @@ best shuffle-in-memory "$W/shuffle" "${args[@]}" --out "$W/shuf-ep-mem" --mem 4G
 cmp -s <(cd "$W/shuf-ep" && cat SHA256SUMS | grep -v epochs.json) <(cd "$W/shuf-ep-mem" && cat SHA256SUMS | grep -v epochs.json) \
   && echo "  external == in-memory (SHA256SUMS)"
 best cp-epoch sh -c "rm -rf '$W/cp-ep' && cp -r '$W/shuf-ep/epoch-0000' '$W/cp-ep'"
-awk -v a="$(cat "$W/shuffle-external.best")" -v c="$(cat "$W/cp-epoch.best")" \
-  'BEGIN{printf "  external shuffle / cp = %.2fx\n", a/c}'
+# cp made as durable as shuffle's output (shuffle fsyncs each epoch)
+best cp-epoch+fsync sh -c "rm -rf '$W/cp-ep' && cp -r '$W/shuf-ep/epoch-0000' '$W/cp-ep' && sync -f '$W/cp-ep'/rank-00/*"
+awk -v a="$(cat "$W/shuffle-external.best")" -v c="$(cat "$W/cp-epoch.best")" -v f="$(cat "$W/cp-epoch+fsync.best")" \
+  'BEGIN{printf "  external shuffle / cp = %.2fx, / (cp+fsync) = %.2fx\n", a/c, a/f}'
 echo "epoch: $(du -sh --apparent-size "$W/shuf-ep/epoch-0000" | cut -f1)"
 
 "$PY" docs/bench_read.py "$S" "$W/shuf-ds" "$W/shuf-ep" cold

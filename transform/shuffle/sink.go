@@ -208,9 +208,8 @@ type sink struct {
 }
 
 // shardFile writes one shard file through two 4 MiB buffers: while the
-// caller fills one, a goroutine hashes the other (sha256), writes it and
-// starts its writeback (sync_file_range), so hashing runs beside the
-// shuffle instead of after it.
+// caller fills one, a goroutine hashes the other (sha256) and writes it,
+// so hashing runs beside the shuffle instead of after it.
 type shardFile struct {
 	f    *os.File
 	h    hash.Hash
@@ -219,7 +218,6 @@ type shardFile struct {
 	free chan []byte
 	full chan []byte
 	done chan error
-	off  int64
 }
 
 const shardBuf = 4 << 20
@@ -235,10 +233,6 @@ func newShardFile(f *os.File, rel string, size int64) *shardFile {
 			if err == nil {
 				s.h.Write(b)
 				_, err = s.f.Write(b)
-				if err == nil {
-					unix.SyncFileRange(int(s.f.Fd()), s.off, int64(len(b)), unix.SYNC_FILE_RANGE_WRITE)
-					s.off += int64(len(b))
-				}
 			}
 			s.free <- b[:0]
 		}
@@ -568,8 +562,7 @@ func nz(v []int64) []int64 {
 	return v
 }
 
-// syncTree fsyncs the epoch's files (their writeback was started as they
-// were written) four at a time, then its directories.
+// syncTree fsyncs the epoch's files four at a time, then its directories.
 func syncTree(tmp string, sums map[string]string) error {
 	errs := make(chan error, len(sums))
 	sem := make(chan struct{}, 4)
