@@ -6,13 +6,11 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -112,16 +110,9 @@ func parsePart(s string, parts int) (int, int, error) {
 }
 
 func run(args []string, stdout, stderr io.Writer) (code int) {
-	defer func() {
-		// A bug must still end in one line and a non-zero exit.
-		if p := recover(); p != nil {
-			fmt.Fprintf(stderr, "convert: internal error: %v (a bug in clipshard: please report it with the command line)\n", p)
-			code = 1
-		}
-	}()
+	defer ui.Recover(stderr, "convert", &code)
 	args, mergeParts, merging := splitMerge(args)
 	fs := flag.NewFlagSet("convert", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	var (
 		mods, keep     multi
 		o              convert.Options
@@ -152,20 +143,8 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	fs.StringVar(&partFlag, "part", "", "convert only part `I/N` (0-based) of the clip list into --out (which may contain {part}); auto: from Slurm or Kubernetes array variables")
 	fs.IntVar(&partsN, "parts", 0, "with --part auto under a Kubernetes Indexed Job: the number of parts")
 	fs.Bool("merge", false, "merge the part directories that follow (convert --merge PART_DIR... --out DIR) into one dataset")
-	fs.Usage = func() {
-		fmt.Fprint(stderr, usage)
-		fs.PrintDefaults()
-		fmt.Fprint(stderr, exitCodes)
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "convert: unexpected argument %q (see --help)\n", fs.Arg(0))
-		return 2
+	if done, code := ui.Parse(fs, args, stderr, usage, exitCodes, false); done {
+		return code
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -211,8 +190,8 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	}
 	o.Budget = budgetMiB << 20
 	o.Checkpoint = checkpointMiB << 20
-	o.Tool = "clipshard convert " + version()
-	if t, ok, err := sourceDateEpoch(); err != nil {
+	o.Tool = "clipshard convert " + ui.Version()
+	if t, ok, err := ui.SourceDateEpoch(); err != nil {
 		fmt.Fprintln(stderr, "convert:", err)
 		return 2
 	} else if ok {
@@ -233,19 +212,15 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		bar.Finish()
 	}
 	if err != nil {
-		ui.Fail(stderr, "convert", err)
-		if errors.Is(err, convert.ErrUsage) {
-			return 2
-		}
-		return 1
+		return ui.ExitCode(stderr, "convert", err, convert.ErrUsage)
 	}
 	summary(stdout, res, jsonOut)
 	return 0
 }
 
 func runMerge(ctx context.Context, parts []string, out string, workers int, quiet, jsonOut bool, stdout, stderr io.Writer) int {
-	mo := convert.MergeOptions{Parts: parts, Out: out, Workers: workers, Tool: "clipshard convert " + version()}
-	if t, ok, err := sourceDateEpoch(); err != nil {
+	mo := convert.MergeOptions{Parts: parts, Out: out, Workers: workers, Tool: "clipshard convert " + ui.Version()}
+	if t, ok, err := ui.SourceDateEpoch(); err != nil {
 		fmt.Fprintln(stderr, "convert:", err)
 		return 2
 	} else if ok {
@@ -263,11 +238,7 @@ func runMerge(ctx context.Context, parts []string, out string, workers int, quie
 		bar.Finish()
 	}
 	if err != nil {
-		ui.Fail(stderr, "convert", err)
-		if errors.Is(err, convert.ErrUsage) {
-			return 2
-		}
-		return 1
+		return ui.ExitCode(stderr, "convert", err, convert.ErrUsage)
 	}
 	if !jsonOut {
 		fmt.Fprintf(stdout, "merged %d parts: ", len(parts))
@@ -322,20 +293,6 @@ func summary(w io.Writer, r *convert.Result, asJSON bool) {
 	}
 }
 
-// sourceDateEpoch reads SOURCE_DATE_EPOCH (reproducible-builds.org): when
-// set, it is recorded as "created", so that two runs are byte-identical.
-func sourceDateEpoch() (time.Time, bool, error) {
-	v := os.Getenv("SOURCE_DATE_EPOCH")
-	if v == "" {
-		return time.Time{}, false, nil
-	}
-	n, err := strconv.ParseInt(v, 10, 64)
-	if err != nil {
-		return time.Time{}, false, fmt.Errorf("SOURCE_DATE_EPOCH=%q is not a number of seconds", v)
-	}
-	return time.Unix(n, 0), true, nil
-}
-
 // crashHook is fault injection for the crash tests: with
 // CLIPSHARD_KILL_AFTER_CLIPS=N the process SIGKILLs itself once N clips are
 // written; with CLIPSHARD_KILL_AT_PHASE=finish|checksum, when that phase
@@ -352,11 +309,4 @@ func crashHook() func(convert.Progress) {
 			select {}
 		}
 	}
-}
-
-func version() string {
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		return bi.Main.Version
-	}
-	return "(devel)"
 }

@@ -12,8 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/clipshard/clipshard/internal/clitest"
 	"github.com/clipshard/clipshard/internal/numpytest"
 	"github.com/clipshard/clipshard/manifests"
+
 	// The binary under test is built from these: importing them keys the
 	// test cache on their sources too.
 	_ "github.com/clipshard/clipshard/internal/ui"
@@ -23,17 +25,10 @@ import (
 var bin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "clipshard-convert-test")
-	if err != nil {
-		panic(err)
-	}
-	bin = filepath.Join(dir, "convert")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
-		os.Exit(1)
-	}
+	var cleanup func()
+	bin, cleanup = clitest.Build("convert")
 	code := m.Run()
-	os.RemoveAll(dir)
+	cleanup()
 	os.Exit(code)
 }
 
@@ -75,21 +70,8 @@ type result struct {
 
 func runConvert(t *testing.T, env []string, args ...string) result {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
-	cmd.Env = append(append(os.Environ(), "SOURCE_DATE_EPOCH=1700000000"), env...)
-	var so, se bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &so, &se
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-		if !ee.Exited() {
-			code = -1 // killed
-		}
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return result{code, so.String(), se.String()}
+	r := clitest.Run(t, bin, env, args...)
+	return result{r.Code, r.Stdout, r.Stderr}
 }
 
 func demoArgs(src, out string, extra ...string) []string {

@@ -6,13 +6,11 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -73,15 +71,8 @@ func parseSize(s string) (int64, error) {
 }
 
 func run(args []string, stdout, stderr io.Writer) (code int) {
-	defer func() {
-		// A bug must still end in one line and a non-zero exit.
-		if p := recover(); p != nil {
-			fmt.Fprintf(stderr, "shuffle: internal error: %v (a bug in clipshard: please report it with the command line)\n", p)
-			code = 1
-		}
-	}()
+	defer ui.Recover(stderr, "shuffle", &code)
 	fs := flag.NewFlagSet("shuffle", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	var (
 		o               shuffle.Options
 		epochs          int
@@ -104,20 +95,8 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	fs.BoolVar(&o.Force, "force", false, "rewrite epochs that are already done (or replace other options' epochs)")
 	fs.BoolVar(&quiet, "quiet", false, "no progress on stderr")
 	fs.BoolVar(&jsonOut, "json", false, "print the summary as JSON")
-	fs.Usage = func() {
-		fmt.Fprint(stderr, usage)
-		fs.PrintDefaults()
-		fmt.Fprint(stderr, exitCodes)
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "shuffle: unexpected argument %q (see --help)\n", fs.Arg(0))
-		return 2
+	if done, code := ui.Parse(fs, args, stderr, usage, exitCodes, false); done {
+		return code
 	}
 	o.Seed = seed
 	switch {
@@ -144,14 +123,12 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		fmt.Fprintln(stderr, "shuffle: --mem:", err)
 		return 2
 	}
-	o.Tool = "clipshard shuffle " + version()
-	if v := os.Getenv("SOURCE_DATE_EPOCH"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
-			fmt.Fprintf(stderr, "shuffle: SOURCE_DATE_EPOCH=%q is not a number\n", v)
-			return 2
-		}
-		o.Now = func() time.Time { return time.Unix(n, 0) }
+	o.Tool = "clipshard shuffle " + ui.Version()
+	if t, ok, err := ui.SourceDateEpoch(); err != nil {
+		fmt.Fprintln(stderr, "shuffle:", err)
+		return 2
+	} else if ok {
+		o.Now = func() time.Time { return t }
 	}
 	var bar *ui.Progress
 	killAt, _ := strconv.ParseInt(os.Getenv("CLIPSHARD_KILL_AFTER_SAMPLES"), 10, 64)
@@ -178,11 +155,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		bar.Finish()
 	}
 	if err != nil {
-		ui.Fail(stderr, "shuffle", err)
-		if errors.Is(err, shuffle.ErrUsage) {
-			return 2
-		}
-		return 1
+		return ui.ExitCode(stderr, "shuffle", err, shuffle.ErrUsage)
 	}
 	if jsonOut {
 		b, _ := json.MarshalIndent(map[string]any{"dir": res.Dir, "up_to_date": res.UpToDate, "epochs_written": res.Done,
@@ -212,11 +185,4 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		fmt.Fprintf(stdout, "  replaced %d stale epochs (the dataset changed since they were cut, or --force)\n", res.Replaced)
 	}
 	return 0
-}
-
-func version() string {
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		return bi.Main.Version
-	}
-	return "(devel)"
 }

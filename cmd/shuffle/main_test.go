@@ -3,7 +3,6 @@ package main_test
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -12,7 +11,9 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/clipshard/clipshard/internal/clitest"
 	"github.com/clipshard/clipshard/internal/numpytest"
+
 	// Imported so the test cache is keyed on the binary's sources.
 	_ "github.com/clipshard/clipshard/internal/ui"
 	"github.com/clipshard/clipshard/transform/convert"
@@ -22,17 +23,10 @@ import (
 var bin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "clipshard-shuffle-test")
-	if err != nil {
-		panic(err)
-	}
-	bin = filepath.Join(dir, "shuffle")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
-		os.Exit(1)
-	}
+	var cleanup func()
+	bin, cleanup = clitest.Build("shuffle")
 	code := m.Run()
-	os.RemoveAll(dir)
+	cleanup()
 	os.Exit(code)
 }
 
@@ -73,21 +67,8 @@ type result struct {
 
 func shuffleRun(t *testing.T, env []string, args ...string) result {
 	t.Helper()
-	cmd := exec.Command(bin, append([]string{"--quiet"}, args...)...)
-	cmd.Env = append(append(os.Environ(), "SOURCE_DATE_EPOCH=1700000000"), env...)
-	var so, se bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &so, &se
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-		if !ee.Exited() {
-			code = -1
-		}
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return result{code, so.String(), se.String()}
+	r := clitest.Run(t, bin, env, append([]string{"--quiet"}, args...)...)
+	return result{r.Code, r.Stdout, r.Stderr}
 }
 
 // tree returns every file under dir (relative path -> bytes).

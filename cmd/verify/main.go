@@ -4,7 +4,6 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -47,15 +46,8 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) (code int) {
-	defer func() {
-		// A bug must still end in one line and a non-zero exit.
-		if p := recover(); p != nil {
-			fmt.Fprintf(stderr, "verify: internal error: %v (a bug in clipshard: please report it with the command line)\n", p)
-			code = 1
-		}
-	}()
+	defer ui.Recover(stderr, "verify", &code)
 	fs := flag.NewFlagSet("verify", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	var o manifests.VerifyOptions
 	var jsonOut, quiet bool
 	fs.BoolVar(&o.Deep, "deep", false, "check every clip's xxHash64")
@@ -63,16 +55,8 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	fs.IntVar(&o.Workers, "workers", 2, "files hashed at once")
 	fs.BoolVar(&jsonOut, "json", false, "print the report as JSON")
 	fs.BoolVar(&quiet, "quiet", false, "no progress on stderr")
-	fs.Usage = func() {
-		fmt.Fprint(stderr, usage)
-		fs.PrintDefaults()
-		fmt.Fprint(stderr, exitCodes)
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if done, code := ui.Parse(fs, args, stderr, usage, exitCodes, true); done {
+		return code
 	}
 	if fs.NArg() != 1 {
 		fmt.Fprintln(stderr, "verify: want exactly one directory (see --help)")

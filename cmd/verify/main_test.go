@@ -1,13 +1,10 @@
 package main_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -15,6 +12,7 @@ import (
 
 	// internal/ui is imported so that the test cache is keyed on it (the
 	// binary under test is built from it).
+	"github.com/clipshard/clipshard/internal/clitest"
 	_ "github.com/clipshard/clipshard/internal/ui"
 	"github.com/clipshard/clipshard/manifests"
 	"github.com/clipshard/clipshard/transform/convert"
@@ -24,17 +22,10 @@ import (
 var bin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "clipshard-verify-test")
-	if err != nil {
-		panic(err)
-	}
-	bin = filepath.Join(dir, "verify")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
-		os.Exit(1)
-	}
+	var cleanup func()
+	bin, cleanup = clitest.Build("verify")
 	code := m.Run()
-	os.RemoveAll(dir)
+	cleanup()
 	os.Exit(code)
 }
 
@@ -82,20 +73,8 @@ type result struct {
 
 func verify(t *testing.T, args ...string) result {
 	t.Helper()
-	cmd := exec.Command(bin, append([]string{"--quiet"}, args...)...)
-	var so, se bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &so, &se
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(se.String(), "panic") || strings.Contains(se.String(), "goroutine ") {
-		t.Fatalf("stack trace: %s", se.String())
-	}
-	return result{code, so.String(), se.String()}
+	r := clitest.Run(t, bin, nil, append([]string{"--quiet"}, args...)...)
+	return result{r.Code, r.Stdout, r.Stderr}
 }
 
 // clipRange returns the byte range of clip i in a modality's blob.

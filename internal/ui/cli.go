@@ -1,0 +1,77 @@
+package ui
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime/debug"
+	"strconv"
+	"time"
+)
+
+// Version is the module version the command was built from, or "(devel)".
+func Version() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "(devel)"
+}
+
+// SourceDateEpoch reads SOURCE_DATE_EPOCH (reproducible-builds.org): when
+// set, commands record it as their "created" time, so that two runs are
+// byte-identical.
+func SourceDateEpoch() (time.Time, bool, error) {
+	v := os.Getenv("SOURCE_DATE_EPOCH")
+	if v == "" {
+		return time.Time{}, false, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("SOURCE_DATE_EPOCH=%q is not a number of seconds", v)
+	}
+	return time.Unix(n, 0), true, nil
+}
+
+// Parse parses args with fs, whose --help prints usage, the flags and
+// exitCodes on stderr. done is true when the command must stop with code
+// (0 after --help, 2 on a bad flag or a stray argument).
+func Parse(fs *flag.FlagSet, args []string, stderr io.Writer, usage, exitCodes string, allowArgs bool) (done bool, code int) {
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage)
+		fs.PrintDefaults()
+		fmt.Fprint(stderr, exitCodes)
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return true, 0
+		}
+		return true, 2
+	}
+	if !allowArgs && fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "%s: unexpected argument %q (see --help)\n", fs.Name(), fs.Arg(0))
+		return true, 2
+	}
+	return false, 0
+}
+
+// ExitCode prints err as one line and returns the exit status: 2 when err
+// wraps usage (the caller's mistake), 1 otherwise.
+func ExitCode(stderr io.Writer, cmd string, err error, usage error) int {
+	Fail(stderr, cmd, err)
+	if errors.Is(err, usage) {
+		return 2
+	}
+	return 1
+}
+
+// Recover turns a panic in a command into one line and exit status 1; use
+// as defer ui.Recover(stderr, "convert", &code).
+func Recover(stderr io.Writer, cmd string, code *int) {
+	if p := recover(); p != nil {
+		fmt.Fprintf(stderr, "%s: internal error: %v (a bug in clipshard: please report it with the command line)\n", cmd, p)
+		*code = 1
+	}
+}
