@@ -7,6 +7,7 @@
 # Usage: docs/bench_convert.sh [WORKDIR]   (default /tmp/clipshard-bench; needs python3-numpy)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. docs/bench_lib.sh
 PY=${CLIPSHARD_PYTHON:-/usr/bin/python3}
 W=${1:-/tmp/clipshard-bench}
 mkdir -p "$W"
@@ -52,18 +53,6 @@ np.save(out + "/motion.npy", np.concatenate(motion))
 np.save(out + "/index.npy", np.array(index, dtype=np.int64))
 PYEOF
 
-best() { # label command... ; prints best wall time of 3 and peak RSS of the last run
-  local label=$1; shift
-  local t best=999999 rss
-  for _ in 1 2 3; do
-    sync
-    /usr/bin/time -f "%e %M" -o "$W/time.txt" "$@" >/dev/null 2>"$W/err.txt" || { cat "$W/err.txt"; exit 1; }
-    read -r t rss < "$W/time.txt"
-    best=$(awk -v a="$t" -v b="$best" 'BEGIN{print (a<b)?a:b}')
-  done
-  printf "  %-8s %7.2f s  peak RSS %6d MiB\n" "$label" "$best" $((rss / 1024))
-  echo "$best" > "$W/$label.best"
-}
 
 for set in large small; do
   case $set in

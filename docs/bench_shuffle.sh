@@ -7,6 +7,7 @@
 # Usage: docs/bench_shuffle.sh [WORKDIR]   (default /tmp/clipshard-bench; needs python3-numpy)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. docs/bench_lib.sh
 PY=${CLIPSHARD_PYTHON:-/usr/bin/python3}
 W=${1:-/tmp/clipshard-bench}
 S="$W/shuf"
@@ -34,18 +35,6 @@ fi
 "$W/convert" --quiet --clips "$S/clips.txt" --out "$W/shuf-ds" -m 'feat=feat/{clip}.npy' -m 'motion=motion/{clip}.pkl:exp+pose' >/dev/null
 echo "dataset: $(du -sh --apparent-size "$W/shuf-ds" | cut -f1)"
 
-best() { # label command...
-  local label=$1; shift
-  local t best=999999 rss
-  for _ in 1 2 3; do
-    sync
-    /usr/bin/time -f "%e %M" -o "$W/time.txt" "$@" >/dev/null 2>"$W/err.txt" || { cat "$W/err.txt"; exit 1; }
-    read -r t rss < "$W/time.txt"
-    best=$(awk -v a="$t" -v b="$best" 'BEGIN{print (a<b)?a:b}')
-  done
-  printf "  %-22s %7.2f s  peak RSS %6d MiB\n" "$label" "$best" $((rss / 1024))
-  echo "$best" > "$W/$label.best"
-}
 
 args=(--dataset "$W/shuf-ds" --window 15 --epochs 1 --seed 1 --shard-samples 1024 --quiet --force)
 best shuffle-external "$W/shuffle" "${args[@]}" --out "$W/shuf-ep" --mem 64MiB

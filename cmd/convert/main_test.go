@@ -1,9 +1,7 @@
 package main_test
 
 import (
-	"bytes"
 	"fmt"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -42,24 +40,7 @@ var demoMods = []string{
 func copyDemo(t *testing.T) string {
 	t.Helper()
 	dst := filepath.Join(t.TempDir(), "src")
-	src := filepath.Join("..", "..", "testdata", "demo")
-	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(src, p)
-		if d.IsDir() {
-			return os.MkdirAll(filepath.Join(dst, rel), 0o755)
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		return os.WriteFile(filepath.Join(dst, rel), b, 0o644)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	clitest.CopyTree(t, filepath.Join("..", "..", "testdata", "demo"), dst)
 	return dst
 }
 
@@ -79,35 +60,9 @@ func demoArgs(src, out string, extra ...string) []string {
 	return append(args, extra...)
 }
 
-// snapshot returns every file of dir and its bytes.
-func snapshot(t *testing.T, dir string) map[string][]byte {
-	t.Helper()
-	files := map[string][]byte{}
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		files[e.Name()] = b
-	}
-	return files
-}
+func snapshot(t *testing.T, dir string) map[string][]byte { return clitest.Tree(t, dir) }
 
-func sameTree(t *testing.T, a, b map[string][]byte, what string) {
-	t.Helper()
-	if len(a) != len(b) {
-		t.Fatalf("%s: %d files vs %d", what, len(a), len(b))
-	}
-	for name, data := range a {
-		if !bytes.Equal(data, b[name]) {
-			t.Fatalf("%s: %s differs", what, name)
-		}
-	}
-}
+func sameTree(t *testing.T, a, b map[string][]byte, what string) { clitest.SameTree(t, a, b, what) }
 
 func TestDemoMatchesNumpy(t *testing.T) {
 	src := copyDemo(t)

@@ -106,33 +106,11 @@ func TestSlurmScripts(t *testing.T) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("shuffle: %v %s", err, out)
 	}
-	a, b := treeFiles(t, one), treeFiles(t, epochs)
-	if len(a) != len(b) {
-		t.Fatalf("epochs: %d files vs %d", len(a), len(b))
-	}
-	for name, data := range a {
-		if string(data) != string(b[name]) {
-			t.Fatalf("epochs: %s differs between one run and 4 array tasks", name)
-		}
-	}
+	sameTree(t, snapshot(t, one), snapshot(t, epochs), "epochs: one run vs 4 array tasks")
 	vcmd := exec.Command(filepath.Join(filepath.Dir(bin), "verify"), "--deep", "--quiet", epochs)
 	if out, err := vcmd.CombinedOutput(); err != nil {
 		t.Fatalf("verify --deep: %v %s", err, out)
 	}
-}
-
-func treeFiles(t *testing.T, dir string) map[string][]byte {
-	t.Helper()
-	files := map[string][]byte{}
-	filepath.Walk(dir, func(p string, info os.FileInfo, err error) error {
-		if err == nil && !info.IsDir() {
-			b, _ := os.ReadFile(p)
-			rel, _ := filepath.Rel(dir, p)
-			files[rel] = b
-		}
-		return nil
-	})
-	return files
 }
 
 // TestKubernetesIndexedJob runs the container command of

@@ -3,7 +3,6 @@ package main_test
 import (
 	"bytes"
 	"context"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -71,47 +70,11 @@ func shuffleRun(t *testing.T, env []string, args ...string) result {
 	return result{r.Code, r.Stdout, r.Stderr}
 }
 
-// tree returns every file under dir (relative path -> bytes).
-func tree(t *testing.T, dir string) map[string][]byte {
-	t.Helper()
-	files := map[string][]byte{}
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		b, err := os.ReadFile(p)
-		rel, _ := filepath.Rel(dir, p)
-		files[rel] = b
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return files
-}
+func tree(t *testing.T, dir string) map[string][]byte { return clitest.Tree(t, dir) }
 
-func sameTree(t *testing.T, a, b map[string][]byte, what string) {
-	t.Helper()
-	if len(a) != len(b) {
-		t.Fatalf("%s: %d files vs %d", what, len(a), len(b))
-	}
-	for name, data := range a {
-		if !bytes.Equal(data, b[name]) {
-			t.Fatalf("%s: %s differs", what, name)
-		}
-	}
-}
+func sameTree(t *testing.T, a, b map[string][]byte, what string) { clitest.SameTree(t, a, b, what) }
 
-func copyTree(t *testing.T, from, to string) {
-	t.Helper()
-	for rel, b := range tree(t, from) {
-		p := filepath.Join(to, rel)
-		os.MkdirAll(filepath.Dir(p), 0o755)
-		if err := os.WriteFile(p, b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
+func copyTree(t *testing.T, from, to string) { clitest.CopyTree(t, from, to) }
 
 func base(ds, out string, extra ...string) []string {
 	return append([]string{"--dataset", ds, "--out", out, "--window", "15", "--seed", "7", "--shard-samples", "5"}, extra...)

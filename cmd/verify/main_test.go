@@ -3,7 +3,6 @@ package main_test
 import (
 	"context"
 	"encoding/json"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -33,24 +32,7 @@ func TestMain(m *testing.M) {
 func demoDataset(t *testing.T) (string, string) {
 	t.Helper()
 	src := filepath.Join(t.TempDir(), "src")
-	from := filepath.Join("..", "..", "testdata", "demo")
-	err := filepath.WalkDir(from, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(from, p)
-		if d.IsDir() {
-			return os.MkdirAll(filepath.Join(src, rel), 0o755)
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		return os.WriteFile(filepath.Join(src, rel), b, 0o644)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	clitest.CopyTree(t, filepath.Join("..", "..", "testdata", "demo"), src)
 	var mods []convert.Modality
 	for _, s := range []string{"motion=motion/{clip}.pkl:exp+pose", "whisper@2=whisper/{clip}.npy", "emotion=emotion/{clip}.npy"} {
 		m, err := convert.ParseModality(s)

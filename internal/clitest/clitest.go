@@ -5,6 +5,7 @@ package clitest
 import (
 	"bytes"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -55,4 +56,56 @@ func Run(t testing.TB, bin string, env []string, args ...string) Result {
 		t.Fatalf("%s printed a stack trace:\n%s", filepath.Base(bin), se.String())
 	}
 	return Result{code, so.String(), se.String()}
+}
+
+// Tree returns every regular file under dir, by slash path relative to dir.
+func Tree(t testing.TB, dir string) map[string][]byte {
+	t.Helper()
+	files := map[string][]byte{}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		rel, _ := filepath.Rel(dir, p)
+		files[filepath.ToSlash(rel)] = b
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
+}
+
+// SameTree fails the test unless a and b (from Tree) hold the same files
+// with the same bytes.
+func SameTree(t testing.TB, a, b map[string][]byte, what string) {
+	t.Helper()
+	if len(a) != len(b) {
+		t.Fatalf("%s: %d files vs %d", what, len(a), len(b))
+	}
+	for name, data := range a {
+		other, ok := b[name]
+		if !ok {
+			t.Fatalf("%s: %s only on one side", what, name)
+		}
+		if !bytes.Equal(data, other) {
+			t.Fatalf("%s: %s differs", what, name)
+		}
+	}
+}
+
+// CopyTree copies the files under src to dst (created), for tests that
+// change their inputs.
+func CopyTree(t testing.TB, src, dst string) {
+	t.Helper()
+	for rel, b := range Tree(t, src) {
+		p := filepath.Join(dst, filepath.FromSlash(rel))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
