@@ -207,31 +207,46 @@ type sink struct {
 	written int64
 }
 
-// shardFile writes one shard file through two 4 MiB buffers: while the
-// caller fills one, a goroutine hashes the other (sha256) and writes it,
-// so hashing runs beside the shuffle instead of after it.
+// shardFile writes one shard file through a three-stage pipeline of 4 MiB
+// buffers: the caller fills one while a goroutine hashes the previous
+// (sha256) and another writes the one before, so hashing and writing run
+// beside the shuffle instead of after it.
 type shardFile struct {
-	f    *os.File
-	h    hash.Hash
-	rel  string
-	buf  []byte
-	free chan []byte
-	full chan []byte
-	done chan error
+	f      *os.File
+	h      hash.Hash
+	rel    string
+	buf    []byte
+	free   chan []byte
+	hashed chan []byte
+	full   chan []byte
+	done   chan error
 }
 
 const shardBuf = 4 << 20
 
 func newShardFile(f *os.File, rel string, size int64) *shardFile {
-	s := &shardFile{f: f, h: sha256.New(), rel: rel, free: make(chan []byte, 2), full: make(chan []byte, 2), done: make(chan error, 1)}
+	s := &shardFile{f: f, h: sha256.New(), rel: rel, free: make(chan []byte, 3), full: make(chan []byte, 3),
+		hashed: make(chan []byte, 3), done: make(chan error, 1)}
 	n := int(min(shardBuf, max(size, 4096)))
-	s.free <- make([]byte, 0, n)
+	bufs := 3
+	if int64(n) >= size {
+		bufs = 1 // the whole file fits one buffer
+	}
+	for i := 1; i < bufs; i++ {
+		s.free <- make([]byte, 0, n)
+	}
 	s.buf = make([]byte, 0, n)
 	go func() {
-		var err error
 		for b := range s.full {
+			s.h.Write(b)
+			s.hashed <- b
+		}
+		close(s.hashed)
+	}()
+	go func() {
+		var err error
+		for b := range s.hashed {
 			if err == nil {
-				s.h.Write(b)
 				_, err = s.f.Write(b)
 			}
 			s.free <- b[:0]
