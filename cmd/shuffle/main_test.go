@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/clipshard/clipshard/internal/clitest"
 	"github.com/clipshard/clipshard/internal/numpytest"
 
@@ -213,6 +215,33 @@ func TestKillAndResume(t *testing.T) {
 			}
 			sameTree(t, want, tree(t, out), "resumed with --mem "+mem+" after "+after)
 		}
+	}
+}
+
+// TestEpochClaimed: an epoch another run is writing is refused, not
+// overwritten.
+func TestEpochClaimed(t *testing.T) {
+	ds := demoDataset(t)
+	out := filepath.Join(t.TempDir(), "ep")
+	os.MkdirAll(out, 0o755)
+	f, err := os.Create(filepath.Join(out, ".lock-epoch-0001"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	r := shuffleRun(t, nil, base(ds, out, "--epochs", "2")...)
+	if r.code != 2 || !strings.Contains(r.stderr, "epoch 1 is being written by another shuffle") {
+		t.Fatalf("%d %q", r.code, r.stderr)
+	}
+	unix.Flock(int(f.Fd()), unix.LOCK_UN)
+	if r := shuffleRun(t, nil, base(ds, out, "--epochs", "2")...); r.code != 0 {
+		t.Fatalf("after release: %d %s", r.code, r.stderr)
+	}
+	if _, err := os.Stat(filepath.Join(out, ".lock-epoch-0001")); err == nil {
+		t.Fatal("lock file left behind")
 	}
 }
 

@@ -149,9 +149,16 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err := checkSpace(j.o.Out, res.Planned); err != nil {
 		return nil, err
 	}
+	// Claim the epochs: two runs must not write the same epoch at once
+	// (array tasks share the directory, each with its own epochs).
+	release, err := claimEpochs(j.o.Out, todo)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	// Leftovers of a killed run of these epochs. Other epochs' partial
-	// directories may belong to a run writing them right now (array
-	// tasks share the directory): they are left alone.
+	// directories may belong to a run writing them right now: they are
+	// left alone.
 	for _, e := range todo {
 		os.RemoveAll(filepath.Join(j.o.Out, ".partial-"+epochDir(e)))
 	}
@@ -493,6 +500,53 @@ func (j *job) external(ctx context.Context, s *sink) error {
 		}
 	}
 	return nil
+}
+
+// LockPrefix starts the names of the per-epoch lock files in an epochs
+// directory; they exist only while a run writes those epochs (or after it
+// was killed) and are not part of the output.
+const LockPrefix = ".lock-epoch-"
+
+// claimEpochs takes a non-blocking exclusive flock on a lock file per
+// epoch, and returns the func that releases (and removes) them.
+func claimEpochs(out string, epochs []int) (func(), error) {
+	var held []*os.File
+	release := func() {
+		for _, f := range held {
+			os.Remove(f.Name())
+			f.Close()
+		}
+	}
+	// Lock files left by killed runs: removable when nobody holds them.
+	if entries, err := os.ReadDir(out); err == nil {
+		for _, ent := range entries {
+			if !strings.HasPrefix(ent.Name(), LockPrefix) {
+				continue
+			}
+			p := filepath.Join(out, ent.Name())
+			if f, err := os.Open(p); err == nil {
+				if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {
+					os.Remove(p)
+				}
+				f.Close()
+			}
+		}
+	}
+	for _, e := range epochs {
+		p := filepath.Join(out, fmt.Sprintf("%s%04d", LockPrefix, e))
+		f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o644)
+		if err != nil {
+			release()
+			return nil, err
+		}
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			f.Close()
+			release()
+			return nil, fmt.Errorf("%w: epoch %d is being written by another shuffle into %s (lock %s)", ErrUsage, e, out, p)
+		}
+		held = append(held, f)
+	}
+	return release, nil
 }
 
 func shardName(shard int, what string) string {

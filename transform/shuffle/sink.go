@@ -160,7 +160,7 @@ func openManifest(j *job) (*Epochs, error) {
 		if _, serr := os.Stat(o.Out); serr == nil {
 			entries, _ := os.ReadDir(o.Out)
 			for _, e := range entries {
-				if !strings.HasPrefix(e.Name(), ".work-") && !isPartial(e.Name()) {
+				if !strings.HasPrefix(e.Name(), ".work-") && !isPartial(e.Name()) && !strings.HasPrefix(e.Name(), LockPrefix) {
 					return nil, fmt.Errorf("%w: --out %s exists, is not empty and holds no valid %s: refusing to write into it", ErrUsage, o.Out, EpochsFile)
 				}
 			}

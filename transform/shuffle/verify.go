@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/clipshard/clipshard/formats/array"
 	"github.com/clipshard/clipshard/formats/npy"
@@ -46,6 +47,9 @@ func Verify(dir string, o manifests.VerifyOptions) (*manifests.Report, error) {
 		}
 		rel, _ := filepath.Rel(dir, p)
 		rel = filepath.ToSlash(rel)
+		if strings.HasPrefix(rel, LockPrefix) {
+			return nil // a run's epoch claim, not output
+		}
 		present[rel] = true
 		if !want[rel] {
 			r.Add(manifests.Problem{File: rel, What: "unexpected file (not in epochs.json)"})
