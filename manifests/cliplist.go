@@ -154,22 +154,9 @@ func readParquetClips(path string) (ids []string, err error) {
 		if err := checkRowCount(path, rg.NumRows()); err != nil {
 			return nil, err
 		}
-		n := int(rg.NumRows())
-		vals := make([]parquet.ByteArray, n)
-		def := make([]int16, n)
-		off := 0
-		for off < n {
-			_, k, err := br.ReadBatch(int64(n-off), vals[off:], def[off:], nil)
-			if err != nil && !errors.Is(err, io.EOF) {
-				return nil, fmt.Errorf("%w: %s: %w", ErrClipList, path, err)
-			}
-			if k == 0 {
-				break
-			}
-			off += k
-		}
-		if off != n {
-			return nil, fmt.Errorf("%w: %s: column \"clip\" has null values", ErrClipList, path)
+		vals, err := readValues(int(rg.NumRows()), func(b int64, v []parquet.ByteArray, d []int16) (int64, int, error) { return br.ReadBatch(b, v, d, nil) })
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: column \"clip\": %w", ErrClipList, path, err)
 		}
 		for _, v := range vals {
 			ids = append(ids, string(v))

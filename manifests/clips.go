@@ -273,11 +273,8 @@ func readColumn(cr file.ColumnChunkReader, c column, rows []ClipRow, ci, nmod in
 		if !ok {
 			return errors.New("not a string column")
 		}
-		vals := make([]parquet.ByteArray, n)
-		if err := readAll(func(off int) (int, error) {
-			_, k, err := r.ReadBatch(int64(n-off), vals[off:], nil, nil)
-			return k, err
-		}, n); err != nil {
+		vals, err := readValues(n, func(b int64, v []parquet.ByteArray, d []int16) (int64, int, error) { return r.ReadBatch(b, v, d, nil) })
+		if err != nil {
 			return err
 		}
 		for i := range rows {
@@ -288,11 +285,8 @@ func readColumn(cr file.ColumnChunkReader, c column, rows []ClipRow, ci, nmod in
 		if !ok {
 			return errors.New("not an int64 column")
 		}
-		vals := make([]int64, n)
-		if err := readAll(func(off int) (int, error) {
-			_, k, err := r.ReadBatch(int64(n-off), vals[off:], nil, nil)
-			return k, err
-		}, n); err != nil {
+		vals, err := readValues(n, func(b int64, v []int64, d []int16) (int64, int, error) { return r.ReadBatch(b, v, d, nil) })
+		if err != nil {
 			return err
 		}
 		for i := range rows {
@@ -302,19 +296,23 @@ func readColumn(cr file.ColumnChunkReader, c column, rows []ClipRow, ci, nmod in
 	return nil
 }
 
-func readAll(read func(off int) (int, error), n int) error {
+// readValues reads the n values of a column chunk through its typed
+// ReadBatch; a column with nulls (fewer values than rows) is an error.
+func readValues[T any](n int, batch func(int64, []T, []int16) (int64, int, error)) ([]T, error) {
+	vals := make([]T, n)
+	def := make([]int16, n)
 	off := 0
 	for off < n {
-		k, err := read(off)
+		_, k, err := batch(int64(n-off), vals[off:], def[off:])
 		if err != nil && !errors.Is(err, io.EOF) {
-			return err
+			return nil, err
 		}
 		if k == 0 {
-			return fmt.Errorf("%d of %d values", off, n)
+			return nil, fmt.Errorf("%d of %d values (nulls?)", off, n)
 		}
 		off += k
 	}
-	return nil
+	return vals, nil
 }
 
 // checkRowCount bounds the row count a Parquet footer declares before
