@@ -27,6 +27,12 @@ func FuzzRead(f *testing.F) {
 		if got := ms.since(); got > uint64(4*len(data))+256<<10 {
 			t.Fatalf("allocated %d bytes for a %d-byte file", got, len(data))
 		}
+		// The one-read path (a caller buffer with room for the file) must
+		// agree with the header-first path.
+		b, err2 := npy.ReadBuffer(bytes.NewReader(data), int64(len(data)), make([]byte, 0, len(data)))
+		if (err == nil) != (err2 == nil) || (err == nil && !bytes.Equal(a.Data, b.Data)) {
+			t.Fatalf("Read: %v, ReadBuffer: %v", err, err2)
+		}
 		if err != nil {
 			return
 		}
