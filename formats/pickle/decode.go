@@ -65,7 +65,13 @@ func Decode(r io.ReaderAt, size int64) (obj any, err error) {
 	obj, err = u.Load()
 	if err != nil {
 		if !errors.Is(err, ErrFormat) && !errors.Is(err, ErrRefused) && !errors.Is(err, ErrTruncated) {
-			err = fmt.Errorf("%w: %w", ErrFormat, err)
+			// gopickle's own messages can print whole objects: keep one
+			// short line.
+			msg := err.Error()
+			if len(msg) > 200 {
+				msg = msg[:200] + "..."
+			}
+			err = fmt.Errorf("%w: %s", ErrFormat, msg)
 		}
 		return nil, fmt.Errorf("%w (near offset %d)", err, pr.pos)
 	}

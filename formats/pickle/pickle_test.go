@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -95,5 +96,24 @@ func TestCodecsLatin1(t *testing.T) {
 		if _, err := pickle.Decode(bytes.NewReader(b), int64(len(b))); !errors.Is(err, pickle.ErrFormat) {
 			t.Errorf("%q: %v", s, err)
 		}
+	}
+}
+
+func TestOpcodeCap(t *testing.T) {
+	body := bytes.Repeat([]byte("N0"), pickle.MaxOpcodes/2+1) // NONE, POP: harmless but endless
+	data := append(append([]byte("\x80\x02"), body...), 'N', '.')
+	_, err := pickle.Decode(bytes.NewReader(data), int64(len(data)))
+	if !errors.Is(err, pickle.ErrRefused) || !strings.Contains(err.Error(), "opcodes") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+// TestShortErrors: gopickle prints whole containers in some errors; what
+// Decode returns stays one short line.
+func TestShortErrors(t *testing.T) {
+	data := []byte("\x80\x02]" + strings.Repeat("]a", 1900) + "}b.")
+	_, err := pickle.Decode(bytes.NewReader(data), int64(len(data)))
+	if err == nil || len(err.Error()) > 300 || !errors.Is(err, pickle.ErrFormat) {
+		t.Fatalf("%d-byte error: %.100v", len(fmt.Sprint(err)), err)
 	}
 }

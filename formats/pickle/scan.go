@@ -39,7 +39,7 @@ var opcodes = func() [256]opInfo {
 		{'(', "MARK"}, {'.', "STOP"}, {'0', "POP"}, {'1', "POP_MARK"}, {'2', "DUP"},
 		{'N', "NONE"}, {'R', "REDUCE"}, {'a', "APPEND"}, {'b', "BUILD"}, {'d', "DICT"},
 		{'}', "EMPTY_DICT"}, {'e', "APPENDS"}, {'l', "LIST"}, {']', "EMPTY_LIST"},
-		{'o', "OBJ"}, {'s', "SETITEM"}, {'t', "TUPLE"}, {')', "EMPTY_TUPLE"},
+		{'s', "SETITEM"}, {'t', "TUPLE"}, {')', "EMPTY_TUPLE"},
 		{'u', "SETITEMS"}, {0x81, "NEWOBJ"}, {0x85, "TUPLE1"}, {0x86, "TUPLE2"},
 		{0x87, "TUPLE3"}, {0x88, "NEWTRUE"}, {0x89, "NEWFALSE"}, {0x8f, "EMPTY_SET"},
 		{0x90, "ADDITEMS"}, {0x91, "FROZENSET"}, {0x92, "NEWOBJ_EX"},
@@ -75,7 +75,10 @@ var opcodes = func() [256]opInfo {
 		set(op.op, op.name, argLine, 0)
 	}
 	set('c', "GLOBAL", argLine2, 0)
-	set('i', "INST", argLine2, 0)
+	// OBJ and INST build instances the protocol 0/1 way; numpy pickles of
+	// protocol 2+ never use them.
+	set('o', "OBJ", argBad, 0)
+	set('i', "INST", argBad, 0)
 	set('P', "PERSID", argBad, 0)
 	set('Q', "BINPERSID", argBad, 0)
 	set(0x82, "EXT1", argBad, 0)
@@ -84,6 +87,12 @@ var opcodes = func() [256]opInfo {
 	set(0x97, "NEXT_BUFFER", argBad, 0)
 	return t
 }()
+
+// MaxOpcodes bounds the opcodes of a pickle. Every opcode can make the
+// unpickler allocate an object (and its error messages print them), so a
+// file of millions of small opcodes could cost far more memory than its
+// size; a pickle of numpy arrays has a few per array.
+const MaxOpcodes = 1 << 20
 
 // scanner reads a pickle held by an io.ReaderAt through a small window,
 // skipping over payloads without reading them.
@@ -128,6 +137,7 @@ func (s *scanner) readN(n int) ([]byte, error) {
 // the file size. Errors name the byte offset of the offending opcode.
 func scan(r io.ReaderAt, size int64) error {
 	s := &scanner{r: r, size: size, win: make([]byte, 0, min(size, 64<<10)), woff: -1}
+	ops := 0
 	if size == 0 {
 		return fmt.Errorf("%w: empty file", ErrTruncated)
 	}
@@ -144,6 +154,9 @@ func scan(r io.ReaderAt, size int64) error {
 		op, err := s.byteAt(at)
 		if err != nil {
 			return err
+		}
+		if ops++; ops > MaxOpcodes {
+			return fmt.Errorf("%w: more than %d opcodes (at offset %d): not a pickle of numpy arrays", ErrRefused, MaxOpcodes, at)
 		}
 		s.off++
 		info := opcodes[op]
@@ -221,7 +234,7 @@ func scan(r io.ReaderAt, size int64) error {
 				}
 			}
 		case argBad:
-			return fmt.Errorf("%w: %s at offset %d (persistent ids, extension codes and out-of-band buffers are not supported)", ErrRefused, info.name, at)
+			return fmt.Errorf("%w: %s at offset %d (protocol 0/1 instances, persistent ids, extension codes and out-of-band buffers are not supported)", ErrRefused, info.name, at)
 		}
 		if err != nil {
 			return err
