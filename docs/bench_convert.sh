@@ -15,22 +15,7 @@ go build -o "$W/convert" ./cmd/convert
 go build -o "$W/verify" ./cmd/verify
 
 gen() { # name clips T D
-  [ -f "$W/$1/clips.txt" ] && return
-  "$PY" - "$W/$1" "$2" "$3" "$4" <<'PYEOF'
-import os, pickle, sys
-import numpy as np
-out, n, t, d = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-os.makedirs(out + "/feat", exist_ok=True); os.makedirs(out + "/motion", exist_ok=True)
-rng = np.random.default_rng(0)
-with open(out + "/clips.txt", "w") as f:
-    for i in range(n):
-        c = "c%05d" % i
-        f.write(c + "\n")
-        np.save("%s/feat/%s.npy" % (out, c), rng.standard_normal((t, d), dtype=np.float32))
-        with open("%s/motion/%s.pkl" % (out, c), "wb") as g:
-            pickle.dump({"exp": rng.standard_normal((t, 50), dtype=np.float32),
-                         "pose": rng.standard_normal((t, 6), dtype=np.float32)}, g, protocol=4)
-PYEOF
+  [ -f "$W/$1/clips.txt" ] || "$PY" docs/bench_gen.py "$W/$1" "$2" "$3" "$3" "$4"
 }
 
 cat > "$W/numpy_convert.py" <<'PYEOF'

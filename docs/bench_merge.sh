@@ -12,23 +12,7 @@ go build -o "$W/convert" ./cmd/convert
 for spec in "merge1 200" "merge4 800"; do
   set -- $spec
   S="$W/$1"
-  if [ ! -f "$S/clips.txt" ]; then
-    "$PY" - "$S" "$2" <<'PYEOF'
-import os, pickle, sys
-import numpy as np
-out, n = sys.argv[1], int(sys.argv[2])
-os.makedirs(out + "/feat", exist_ok=True); os.makedirs(out + "/motion", exist_ok=True)
-rng = np.random.default_rng(0)
-with open(out + "/clips.txt", "w") as f:
-    for i in range(n):
-        c = "c%05d" % i
-        f.write(c + "\n")
-        np.save("%s/feat/%s.npy" % (out, c), rng.standard_normal((400, 1024), dtype=np.float32))
-        with open("%s/motion/%s.pkl" % (out, c), "wb") as g:
-            pickle.dump({"exp": rng.standard_normal((400, 50), dtype=np.float32),
-                         "pose": rng.standard_normal((400, 6), dtype=np.float32)}, g, protocol=4)
-PYEOF
-  fi
+  [ -f "$S/clips.txt" ] || "$PY" docs/bench_gen.py "$S" "$2" 400 400 1024
   for i in 0 1 2 3; do
     "$W/convert" --quiet --clips "$S/clips.txt" --out "$W/$1-parts/part-{part}" --part "$i/4" \
       -m 'feat=feat/{clip}.npy' -m 'motion=motion/{clip}.pkl:exp+pose' >/dev/null

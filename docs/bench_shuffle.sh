@@ -14,24 +14,7 @@ S="$W/shuf"
 mkdir -p "$W"
 go build -o "$W/convert" ./cmd/convert
 go build -o "$W/shuffle" ./cmd/shuffle
-if [ ! -f "$S/clips.txt" ]; then
-  "$PY" - "$S" <<'PYEOF'
-import os, pickle, sys
-import numpy as np
-out = sys.argv[1]
-os.makedirs(out + "/feat", exist_ok=True); os.makedirs(out + "/motion", exist_ok=True)
-rng = np.random.default_rng(0)
-with open(out + "/clips.txt", "w") as f:
-    for i in range(200):
-        c = "c%05d" % i
-        t = int(rng.integers(600, 1000))
-        f.write(c + "\n")
-        np.save("%s/feat/%s.npy" % (out, c), rng.standard_normal((t, 1024), dtype=np.float32))
-        with open("%s/motion/%s.pkl" % (out, c), "wb") as g:
-            pickle.dump({"exp": rng.standard_normal((t, 50), dtype=np.float32),
-                         "pose": rng.standard_normal((t, 6), dtype=np.float32)}, g, protocol=4)
-PYEOF
-fi
+[ -f "$S/clips.txt" ] || "$PY" docs/bench_gen.py "$S" 200 600 1000 1024
 "$W/convert" --quiet --clips "$S/clips.txt" --out "$W/shuf-ds" -m 'feat=feat/{clip}.npy' -m 'motion=motion/{clip}.pkl:exp+pose' >/dev/null
 echo "dataset: $(du -sh --apparent-size "$W/shuf-ds" | cut -f1)"
 

@@ -14,7 +14,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/clipshard/clipshard/internal/ui"
 	"github.com/clipshard/clipshard/transform/convert"
@@ -148,8 +147,14 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	now, err := ui.Clock()
+	if err != nil {
+		fmt.Fprintln(stderr, "convert:", err)
+		return 2
+	}
 	if merging {
-		return runMerge(ctx, mergeParts, o.Out, o.Workers, quiet, jsonOut, stdout, stderr)
+		mo := convert.MergeOptions{Parts: mergeParts, Out: o.Out, Workers: o.Workers, Now: now, Tool: "clipshard convert " + ui.Version()}
+		return runMerge(ctx, mo, quiet, jsonOut, stdout, stderr)
 	}
 	if partFlag != "" {
 		i, n, err := parsePart(partFlag, partsN)
@@ -191,12 +196,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	o.Budget = budgetMiB << 20
 	o.Checkpoint = checkpointMiB << 20
 	o.Tool = "clipshard convert " + ui.Version()
-	if t, ok, err := ui.SourceDateEpoch(); err != nil {
-		fmt.Fprintln(stderr, "convert:", err)
-		return 2
-	} else if ok {
-		o.Now = func() time.Time { return t }
-	}
+	o.Now = now
 
 	var bar *ui.Progress
 	crash := crashHook()
@@ -218,14 +218,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	return 0
 }
 
-func runMerge(ctx context.Context, parts []string, out string, workers int, quiet, jsonOut bool, stdout, stderr io.Writer) int {
-	mo := convert.MergeOptions{Parts: parts, Out: out, Workers: workers, Tool: "clipshard convert " + ui.Version()}
-	if t, ok, err := ui.SourceDateEpoch(); err != nil {
-		fmt.Fprintln(stderr, "convert:", err)
-		return 2
-	} else if ok {
-		mo.Now = func() time.Time { return t }
-	}
+func runMerge(ctx context.Context, mo convert.MergeOptions, quiet, jsonOut bool, stdout, stderr io.Writer) int {
 	var bar *ui.Progress
 	mo.Progress = func(p convert.Progress) {
 		if bar == nil {
@@ -241,7 +234,7 @@ func runMerge(ctx context.Context, parts []string, out string, workers int, quie
 		return ui.ExitCode(stderr, "convert", err, convert.ErrUsage)
 	}
 	if !jsonOut {
-		fmt.Fprintf(stdout, "merged %d parts: ", len(parts))
+		fmt.Fprintf(stdout, "merged %d parts: ", len(mo.Parts))
 	}
 	summary(stdout, res, jsonOut)
 	return 0

@@ -14,7 +14,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/clipshard/clipshard/internal/ui"
 	"github.com/clipshard/clipshard/transform/shuffle"
@@ -124,11 +123,9 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		return 2
 	}
 	o.Tool = "clipshard shuffle " + ui.Version()
-	if t, ok, err := ui.SourceDateEpoch(); err != nil {
+	if o.Now, err = ui.Clock(); err != nil {
 		fmt.Fprintln(stderr, "shuffle:", err)
 		return 2
-	} else if ok {
-		o.Now = func() time.Time { return t }
 	}
 	var bar *ui.Progress
 	killAt, _ := strconv.ParseInt(os.Getenv("CLIPSHARD_KILL_AFTER_SAMPLES"), 10, 64)

@@ -19,19 +19,20 @@ func Version() string {
 	return "(devel)"
 }
 
-// SourceDateEpoch reads SOURCE_DATE_EPOCH (reproducible-builds.org): when
-// set, commands record it as their "created" time, so that two runs are
-// byte-identical.
-func SourceDateEpoch() (time.Time, bool, error) {
+// Clock returns the clock commands record as their "created" time:
+// time.Now, or, when SOURCE_DATE_EPOCH is set (reproducible-builds.org),
+// that fixed time, so that two runs are byte-identical.
+func Clock() (func() time.Time, error) {
 	v := os.Getenv("SOURCE_DATE_EPOCH")
 	if v == "" {
-		return time.Time{}, false, nil
+		return time.Now, nil
 	}
 	n, err := strconv.ParseInt(v, 10, 64)
 	if err != nil {
-		return time.Time{}, false, fmt.Errorf("SOURCE_DATE_EPOCH=%q is not a number of seconds", v)
+		return nil, fmt.Errorf("SOURCE_DATE_EPOCH=%q is not a number of seconds", v)
 	}
-	return time.Unix(n, 0), true, nil
+	t := time.Unix(n, 0)
+	return func() time.Time { return t }, nil
 }
 
 // Parse parses args with fs, whose --help prints usage, the flags and
