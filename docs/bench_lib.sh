@@ -2,11 +2,14 @@
 
 # best LABEL COMMAND...: runs COMMAND 3 times after a sync, prints the best
 # wall time and the peak RSS of the last run, and stores the best time in
-# $W/LABEL.best.
+# $W/LABEL.best. If $FRESH is set, those paths are removed (untimed) before
+# each run, so that every run writes a new output rather than also paying
+# for freeing the previous one.
 best() {
   local label=$1; shift
   local t best=999999 rss
   for _ in 1 2 3; do
+    [ -z "${FRESH:-}" ] || rm -rf $FRESH
     sync
     /usr/bin/time -f "%e %M" -o "$W/time.txt" "$@" >/dev/null 2>"$W/err.txt" || { cat "$W/err.txt"; exit 1; }
     read -r t rss < "$W/time.txt"

@@ -68,6 +68,7 @@ func (j *job) finalize(w *writer) (*manifests.Dataset, error) {
 		Part:        j.part,
 	}
 	names := make([]string, len(o.Modalities))
+	known := map[string]string{}
 	for k, m := range o.Modalities {
 		st := w.mods[k]
 		names[k] = m.Name
@@ -80,8 +81,13 @@ func (j *job) finalize(w *writer) (*manifests.Dataset, error) {
 		if st.w.Rows() != st.rows {
 			return nil, fmt.Errorf("convert: %s: %d rows written, journal says %d", j.blobPath(k), st.w.Rows(), st.rows)
 		}
-		if err := st.w.Finish(); err != nil {
+		sum, err := st.w.Finish()
+		if err != nil {
 			return nil, err
+		}
+		if sum != "" {
+			known[m.Name+".npy"] = sum
+			w.earlyHashed++
 		}
 		st.w = nil
 		fb, _ := array.ByteSize(st.frameShape, st.dtype.Size)
@@ -93,7 +99,7 @@ func (j *job) finalize(w *writer) (*manifests.Dataset, error) {
 		d.Stats[m.Name] = manifests.Stats(st.stats)
 	}
 	report("checksum")
-	if err := writeManifests(j.staging, d, names, w.rows, nil, o.Workers); err != nil {
+	if err := writeManifests(j.staging, d, names, w.rows, known, o.Workers); err != nil {
 		return nil, err
 	}
 	return d, nil

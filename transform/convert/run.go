@@ -33,6 +33,9 @@ type Result struct {
 	BytesIn   int64
 	BytesOut  int64
 	Elapsed   time.Duration
+	// EarlyHashed counts the blobs whose sha256 was computed while they
+	// were written (see predictRows), not read back at the end.
+	EarlyHashed int
 }
 
 // job is one Run.
@@ -93,6 +96,10 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	defer w.closeBlobs()
 	res.Resumed = w.next
+	pctx, pcancel := context.WithCancel(ctx)
+	defer pcancel()
+	w.pred = make(chan []int64, 1)
+	go func() { w.pred <- j.predictRows(pctx, w.next, w.frames) }()
 	if err := j.pipeline(ctx, w, res); err != nil {
 		return nil, err
 	}
@@ -105,6 +112,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	os.Remove(j.journalPath)
 	res.Dataset = d
+	res.EarlyHashed = w.earlyHashed
 	res.Elapsed = time.Since(began)
 	return res, nil
 }
@@ -282,6 +290,34 @@ type writer struct {
 	trimmed  int64
 	bytesOut int64
 	unsynced int64 // bytes appended since the last flush
+	// pred delivers predictRows' result; predicted records that the blobs'
+	// hashers were started with it.
+	pred        chan []int64
+	predicted   bool
+	earlyHashed int
+}
+
+// startHashers starts the blobs' sha256 (blob.Writer.Predict) once the
+// predicted row counts are known and every blob is open.
+func (w *writer) startHashers() {
+	if w.predicted || w.pred == nil {
+		return
+	}
+	for _, st := range w.mods {
+		if st.w == nil {
+			return
+		}
+	}
+	select {
+	case p := <-w.pred:
+		w.predicted = true
+		for k, st := range w.mods {
+			if p != nil {
+				st.w.Predict(p[k]) // an error only means no early hash
+			}
+		}
+	default:
+	}
 }
 
 // flush writes buffered blob rows, then the journal records describing them.
@@ -511,6 +547,7 @@ func (w *writer) write(c *clipOut) error {
 	w.frames += c.length
 	w.trimmed += c.trimmed
 	w.next++
+	w.startHashers()
 	return nil
 }
 

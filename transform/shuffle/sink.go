@@ -160,7 +160,7 @@ func openManifest(j *job) (*Epochs, error) {
 		if _, serr := os.Stat(o.Out); serr == nil {
 			entries, _ := os.ReadDir(o.Out)
 			for _, e := range entries {
-				if !strings.HasPrefix(e.Name(), ".work-") && !isPartial(e.Name()) && !strings.HasPrefix(e.Name(), LockPrefix) {
+				if !ownName(e.Name()) {
 					return nil, fmt.Errorf("%w: --out %s exists, is not empty and holds no valid %s: refusing to write into it", ErrUsage, o.Out, EpochsFile)
 				}
 			}
@@ -193,6 +193,19 @@ func openManifest(j *job) (*Epochs, error) {
 }
 
 func isPartial(name string) bool { return len(name) > 9 && name[:9] == ".partial-" }
+
+// ownName reports whether name is one shuffle itself writes in --out.
+// Concurrent runs (one per epoch) may have committed an epoch folder, or be
+// writing the manifests, when another one looks at a folder that has no
+// epochs.json yet.
+func ownName(name string) bool {
+	var e int
+	if n, _ := fmt.Sscanf(name, "epoch-%04d", &e); n == 1 && name == epochDir(e) {
+		return true
+	}
+	return strings.HasPrefix(name, ".work-") || isPartial(name) || strings.HasPrefix(name, LockPrefix) ||
+		strings.HasPrefix(name, atomicfile.TempPrefix) || name == ShardsFile || name == manifests.SumsFile
+}
 
 // sink receives samples in output order and writes shard files, one epoch
 // at a time, committing each epoch when its last sample is written.
