@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"strings"
 
@@ -62,15 +61,11 @@ func LoadInto(path, keys string, buf *[]byte) (*array.Array, fs.FileInfo, error)
 	if format == NPY && keys != "" {
 		return nil, nil, fmt.Errorf("%s: keys %q given for a .npy file, which holds one array", path, keys)
 	}
-	f, err := os.Open(path)
+	f, info, err := openRaw(path)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer f.Close()
-	info, err := f.Stat()
-	if err != nil {
-		return nil, nil, err
-	}
 	if !info.Mode().IsRegular() {
 		return nil, nil, fmt.Errorf("%s: not a regular file", path)
 	}

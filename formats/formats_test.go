@@ -8,7 +8,9 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/clipshard/clipshard/formats"
 	"github.com/clipshard/clipshard/internal/numpytest"
@@ -109,5 +111,28 @@ func TestUnknownExtension(t *testing.T) {
 	_, err = formats.Load(filepath.Join(fixtures, "npy/missing.npy"), "")
 	if !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("missing file: got %v", err)
+	}
+}
+
+// TestNotRegular: a FIFO, a directory or a missing file is an error naming
+// the path, and opening a FIFO does not block.
+func TestNotRegular(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "c.npy")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	os.Mkdir(filepath.Join(dir, "d.pkl"), 0o755)
+	for _, p := range []string{fifo, filepath.Join(dir, "d.pkl"), filepath.Join(dir, "missing.npy")} {
+		done := make(chan error, 1)
+		go func() { _, _, err := formats.LoadInto(p, "", nil); done <- err }()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), p) {
+				t.Errorf("%s: error %v, want one naming the path", p, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: LoadInto blocked", p)
+		}
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync"
 
 	gopickle "github.com/nlpodyssey/gopickle/pickle"
 )
@@ -43,18 +44,28 @@ var (
 // after the read. Errors carry the byte offset at which decoding stopped;
 // Decode never panics on bad input.
 func Decode(r io.ReaderAt, size int64) (obj any, err error) {
+	var mem []byte
 	if size <= smallFile {
-		// One read for small files; scanning and decoding then work in memory.
-		buf := make([]byte, size)
-		if n, err := r.ReadAt(buf, 0); int64(n) != size {
+		// One read for small files; scanning and decoding then work on
+		// that buffer. Nothing decoded aliases it (gopickle copies what it
+		// keeps), so it is recycled.
+		b := smallBufs.Get().(*[]byte)
+		defer smallBufs.Put(b)
+		mem = (*b)[:size]
+		if n, err := r.ReadAt(mem, 0); int64(n) != size {
 			return nil, fmt.Errorf("%w: reading %d bytes: %w", ErrTruncated, size, err)
 		}
-		r = bytes.NewReader(buf)
+		r = bytes.NewReader(mem)
 	}
-	if err := scan(r, size); err != nil {
+	if err := scan(r, size, mem); err != nil {
 		return nil, err
 	}
-	pr := &posReader{r: r, size: size, buf: make([]byte, 0, min(size, 64<<10))}
+	pr := &posReader{r: r, size: size}
+	if mem != nil {
+		pr.buf = mem // the whole file: never refilled
+	} else {
+		pr.buf = make([]byte, 0, 64<<10)
+	}
 	defer func() {
 		if p := recover(); p != nil {
 			obj, err = nil, fmt.Errorf("%w: decoder failed near offset %d: %v", ErrFormat, pr.pos, p)
@@ -80,6 +91,8 @@ func Decode(r io.ReaderAt, size int64) (obj any, err error) {
 
 // smallFile is the size up to which Decode reads a pickle with one read.
 const smallFile = 64 << 10
+
+var smallBufs = sync.Pool{New: func() any { b := make([]byte, smallFile); return &b }}
 
 // DecodeFile opens, decodes and closes the pickle at path; see Decode.
 // Errors name the path.

@@ -117,3 +117,41 @@ func TestShortErrors(t *testing.T) {
 		t.Fatalf("%d-byte error: %.100v", len(fmt.Sprint(err)), err)
 	}
 }
+
+// TestNoAliasing decodes every fixture, then all of them again (small files
+// are read into a recycled buffer), and checks that the arrays of the first
+// round still hold their bytes: nothing decoded may point into that buffer.
+func TestNoAliasing(t *testing.T) {
+	type kept struct {
+		name       string
+		live, copy []byte
+	}
+	var all []kept
+	files := seedFiles(t)
+	for name, b := range files {
+		obj, err := pickle.Decode(bytes.NewReader(b), int64(len(b)))
+		if err != nil {
+			continue
+		}
+		for _, key := range []string{"", "exp", "pose", "0"} {
+			if a, err := pickle.Select(obj, key); err == nil && len(a.Data) > 0 {
+				all = append(all, kept{name + ":" + key, a.Data, bytes.Clone(a.Data)})
+			}
+		}
+	}
+	if len(all) < 20 {
+		t.Fatalf("only %d arrays selected from the fixtures", len(all))
+	}
+	for _, b := range files {
+		// Overwrite the recycled buffer with other bytes.
+		x := bytes.Repeat([]byte{0x5a}, len(b))
+		copy(x, b[:min(len(b), 2)])
+		pickle.Decode(bytes.NewReader(x), int64(len(x)))
+		pickle.Decode(bytes.NewReader(b), int64(len(b)))
+	}
+	for _, k := range all {
+		if !bytes.Equal(k.live, k.copy) {
+			t.Errorf("%s: array bytes changed by later decodes: they alias a recycled buffer", k.name)
+		}
+	}
+}

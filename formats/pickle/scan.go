@@ -135,8 +135,12 @@ func (s *scanner) readN(n int) ([]byte, error) {
 // lines end before the file does, that the stream ends with STOP, and that
 // nothing follows it. This bounds every allocation the unpickler makes by
 // the file size. Errors name the byte offset of the offending opcode.
-func scan(r io.ReaderAt, size int64) error {
-	s := &scanner{r: r, size: size, win: make([]byte, 0, min(size, 64<<10)), woff: -1}
+// If mem is not nil it holds the whole file.
+func scan(r io.ReaderAt, size int64, mem []byte) error {
+	s := &scanner{r: r, size: size, win: mem}
+	if mem == nil {
+		s.win, s.woff = make([]byte, 0, min(size, 64<<10)), -1
+	}
 	ops := 0
 	if size == 0 {
 		return fmt.Errorf("%w: empty file", ErrTruncated)

@@ -1,0 +1,93 @@
+package formats
+
+import (
+	"io"
+	"io/fs"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// rawFile is a source file opened with plain system calls. os.Open costs
+// five more per file (fcntl calls and a failing epoll registration, since
+// the runtime poller does not take regular files), which is a third of the
+// time spent per file on a set of thousands of small clips. O_NONBLOCK
+// keeps a FIFO from blocking the open; it has no effect on regular files.
+type rawFile struct {
+	fd   int
+	path string
+}
+
+func openRaw(path string) (*rawFile, fs.FileInfo, error) {
+	var fd int
+	var err error
+	for {
+		fd, err = unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		return nil, nil, &fs.PathError{Op: "open", Path: path, Err: err}
+	}
+	f := &rawFile{fd: fd, path: path}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		f.Close()
+		return nil, nil, &fs.PathError{Op: "stat", Path: path, Err: err}
+	}
+	return f, &rawInfo{name: filepath.Base(path), st: st}, nil
+}
+
+// ReadAt implements io.ReaderAt with pread.
+func (f *rawFile) ReadAt(p []byte, off int64) (int, error) {
+	n := 0
+	for n < len(p) {
+		m, err := unix.Pread(f.fd, p[n:], off+int64(n))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return n, &fs.PathError{Op: "read", Path: f.path, Err: err}
+		}
+		if m == 0 {
+			return n, io.EOF
+		}
+		n += m
+	}
+	return n, nil
+}
+
+func (f *rawFile) Close() error { return unix.Close(f.fd) }
+
+// rawInfo is the fs.FileInfo of a rawFile, from fstat.
+type rawInfo struct {
+	name string
+	st   unix.Stat_t
+}
+
+func (i *rawInfo) Name() string       { return i.name }
+func (i *rawInfo) Size() int64        { return i.st.Size }
+func (i *rawInfo) ModTime() time.Time { return time.Unix(i.st.Mtim.Sec, i.st.Mtim.Nsec) }
+func (i *rawInfo) IsDir() bool        { return i.Mode().IsDir() }
+func (i *rawInfo) Sys() any           { return &i.st }
+
+func (i *rawInfo) Mode() fs.FileMode {
+	m := fs.FileMode(i.st.Mode & 0o777)
+	switch i.st.Mode & unix.S_IFMT {
+	case unix.S_IFDIR:
+		m |= fs.ModeDir
+	case unix.S_IFIFO:
+		m |= fs.ModeNamedPipe
+	case unix.S_IFLNK:
+		m |= fs.ModeSymlink
+	case unix.S_IFSOCK:
+		m |= fs.ModeSocket
+	case unix.S_IFCHR:
+		m |= fs.ModeDevice | fs.ModeCharDevice
+	case unix.S_IFBLK:
+		m |= fs.ModeDevice
+	}
+	return m
+}
