@@ -26,11 +26,9 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
-	"unsafe"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/clipshard/clipshard/formats/array"
+	"github.com/clipshard/clipshard/formats/directio"
 	"github.com/clipshard/clipshard/formats/npy"
 )
 
@@ -41,18 +39,13 @@ const ChunkSize = 4 << 20
 // the others being written or hashed.
 const chunks = 3
 
-// align is the file offset and length alignment of direct writes.
-const align = 4096
-
-// Direct chooses whether blobs are written with O_DIRECT when the
-// filesystem supports it (tests turn it off to cover the fallback).
-var Direct = true
+const align = directio.Align
 
 // Writer appends rows to a blob. It is not safe for concurrent use.
 type Writer struct {
 	path       string
-	f          *os.File // buffered I/O: header, partial pages, fallback
-	df         *os.File // O_DIRECT, or nil
+	f          *os.File       // header, reading back
+	d          *directio.File // data
 	dtype      array.DType
 	frameShape []int
 	frameBytes int64
@@ -123,7 +116,7 @@ func Open(path string, dt array.DType, frameShape []int, rows int64) (*Writer, e
 	w := &Writer{path: path, f: f, dtype: dt, frameShape: append([]int(nil), frameShape...), frameBytes: fb, rows: rows, predicted: -1}
 	w.free = make(chan *chunk, chunks)
 	for range chunks {
-		w.free <- &chunk{buf: alignedBuf(ChunkSize)}
+		w.free <- &chunk{buf: directio.AlignedBuf(ChunkSize)}
 	}
 	w.cur = <-w.free
 	w.cur.off = keep &^ (align - 1)
@@ -137,11 +130,7 @@ func Open(path string, dt array.DType, frameShape []int, rows int64) (*Writer, e
 		f.Close()
 		return nil, err
 	}
-	if Direct {
-		if df, err := os.OpenFile(path, os.O_WRONLY|unix.O_DIRECT, 0); err == nil {
-			w.df = df
-		}
-	}
+	w.d = directio.New(f)
 	w.out = make(chan *chunk, chunks)
 	w.hq = make(chan msg, chunks+1)
 	w.hdone = make(chan hashResult, 1)
@@ -149,14 +138,6 @@ func Open(path string, dt array.DType, frameShape []int, rows int64) (*Writer, e
 	go w.writeLoop()
 	go w.hashLoop()
 	return w, nil
-}
-
-// alignedBuf returns n bytes starting at an address that is a multiple of
-// align (O_DIRECT needs aligned memory).
-func alignedBuf(n int) []byte {
-	b := make([]byte, n+align)
-	skip := int(-uintptr(unsafe.Pointer(&b[0])) & (align - 1))
-	return b[skip : skip+n : skip+n]
 }
 
 // Write appends element bytes (buffered; see Flush); rows may span calls.
@@ -223,27 +204,12 @@ func (w *Writer) writeLoop() {
 	}
 }
 
-// writeChunk writes c's bytes [keep, n) — whole pages with O_DIRECT,
-// a last partial page through the page cache.
+// writeChunk writes c's bytes [keep, n): from the start of the page
+// holding keep (the kept bytes of that page are rewritten unchanged).
 func (w *Writer) writeChunk(c *chunk) error {
-	whole := c.n &^ (align - 1)
 	start := c.keep &^ (align - 1)
-	if w.df != nil && whole > start {
-		_, err := w.df.WriteAt(c.buf[start:whole], c.off+int64(start))
-		if errors.Is(err, unix.EINVAL) {
-			// The filesystem took O_DIRECT at open but refuses the write.
-			w.df.Close()
-			w.df = nil
-		} else if err != nil {
-			return fmt.Errorf("blob: %s: %w", w.path, err)
-		} else {
-			start = whole
-		}
-	}
-	if start < c.n {
-		if _, err := w.f.WriteAt(c.buf[start:c.n], c.off+int64(start)); err != nil {
-			return fmt.Errorf("blob: %s: %w", w.path, err)
-		}
+	if err := w.d.WriteAt(c.buf[start:c.n], c.off+int64(start)); err != nil {
+		return fmt.Errorf("blob: %s: %w", w.path, err)
 	}
 	return nil
 }
@@ -340,9 +306,7 @@ func (w *Writer) stop() (hashResult, error) {
 	close(w.hq)
 	w.wg.Wait()
 	res := <-w.hdone
-	if w.df != nil {
-		w.df.Close()
-	}
+	w.d.Close()
 	if err == nil {
 		err = w.err()
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/clipshard/clipshard/formats/array"
+	"github.com/clipshard/clipshard/formats/directio"
 	"github.com/clipshard/clipshard/formats/npy"
 )
 
@@ -53,8 +54,8 @@ func TestWriter(t *testing.T) {
 	for _, direct := range []bool{true, false} {
 		for _, c := range cases {
 			t.Run(fmt.Sprintf("%s/direct=%v", c.name, direct), func(t *testing.T) {
-				defer func(d bool) { Direct = d }(Direct)
-				Direct = direct
+				defer func(d bool) { directio.Enabled = d }(directio.Enabled)
+				directio.Enabled = direct
 				rng := rand.New(rand.NewPCG(uint64(c.rows), 7))
 				data := make([]byte, c.rows*fb)
 				for i := range data {
@@ -65,7 +66,7 @@ func TestWriter(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if direct && w.df == nil {
+				if direct && !w.d.Direct() {
 					t.Logf("the filesystem of %s refuses O_DIRECT: testing the fallback only", path)
 				}
 				p, piece := data, 0

@@ -99,7 +99,8 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	pctx, pcancel := context.WithCancel(ctx)
 	defer pcancel()
 	w.pred = make(chan []int64, 1)
-	go func() { w.pred <- j.predictRows(pctx, w.next, w.frames) }()
+	from, base := w.next, w.frames
+	go func() { w.pred <- j.predictRows(pctx, from, base) }()
 	if err := j.pipeline(ctx, w, res); err != nil {
 		return nil, err
 	}

@@ -400,15 +400,16 @@ func (j *job) external(ctx context.Context, s *sink) error {
 	defer os.RemoveAll(work)
 	bufSize := int(max(64<<10, min(4<<20, (j.o.Mem/4)/max(1, nPiles))))
 	piles := make([]*os.File, nPiles)
-	writers := make([]*bufio.Writer, nPiles)
 	for p := range piles {
 		f, err := os.Create(filepath.Join(work, fmt.Sprintf("pile-%05d", p)))
 		if err != nil {
 			return err
 		}
 		defer f.Close()
-		piles[p], writers[p] = f, bufio.NewWriterSize(f, bufSize)
+		piles[p] = f
 	}
+	pw := newPileWriter(piles, bufSize)
+	defer pw.close()
 
 	// Which samples (by global position) come from each clip, in order.
 	byClip := make([][]int64, len(j.lengths))
@@ -418,29 +419,19 @@ func (j *job) external(ctx context.Context, s *sink) error {
 		}
 	}
 
-	// Pass 1: sequential read, clip by clip.
-	readers := make([]*bufio.Reader, len(j.mods))
-	for k, m := range j.mods {
-		f, err := os.Open(filepath.Join(j.o.Dataset, m.file))
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		readers[k] = bufio.NewReaderSize(io.NewSectionReader(f, m.dataOffset, 1<<62), 8<<20)
+	// Pass 1: sequential read, clip by clip, by a goroutine one clip ahead;
+	// the piles are appended to by another.
+	cr, err := j.newClipReader()
+	if err != nil {
+		return err
 	}
-	clipBufs := make([][]byte, len(j.mods))
+	defer cr.close()
 	rec := make([]byte, recDisk)
 	var done int64
 	for c, refs := range byClip {
-		for k, m := range j.mods {
-			n := j.lengths[c] * m.rate * m.rowBytes
-			if int64(cap(clipBufs[k])) < n {
-				clipBufs[k] = make([]byte, n)
-			}
-			clipBufs[k] = clipBufs[k][:n]
-			if _, err := io.ReadFull(readers[k], clipBufs[k]); err != nil {
-				return fmt.Errorf("reading %s at clip %d: %w", m.file, c, err)
-			}
+		clipBufs, err := cr.next()
+		if err != nil {
+			return err
 		}
 		rows := func(k int, first, n int64) []byte {
 			rb := j.mods[k].rowBytes
@@ -451,11 +442,10 @@ func (j *job) external(ctx context.Context, s *sink) error {
 			ep, i := j.position(pos)
 			binary.LittleEndian.PutUint64(rec, uint64(pos))
 			j.fill(rec[8:], ep.samples[i], rows)
-			if _, err := writers[pos/pileCap].Write(rec); err != nil {
-				return err
-			}
+			pw.write(int(pos/pileCap), rec)
 			done++
 		}
+		cr.release()
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -463,10 +453,9 @@ func (j *job) external(ctx context.Context, s *sink) error {
 			j.o.Progress(Progress{Phase: "read", Done: done, Total: j.total})
 		}
 	}
-	for _, w := range writers {
-		if err := w.Flush(); err != nil {
-			return err
-		}
+	cr.close()
+	if err := pw.close(); err != nil {
+		return err
 	}
 	byClip = nil
 
@@ -559,3 +548,176 @@ func rankDir(r int) string { return fmt.Sprintf("rank-%02d", r) }
 
 // relJoin joins slash paths for manifests.
 func relJoin(parts ...string) string { return strings.Join(parts, "/") }
+
+// clipReader reads the dataset's clips in order, every modality strictly
+// sequentially, one clip ahead of its caller (two sets of clip buffers).
+type clipReader struct {
+	sets  chan clipSet
+	free  chan [][]byte
+	stop  chan struct{}
+	done  chan struct{}
+	cur   [][]byte
+	files []*os.File
+}
+
+type clipSet struct {
+	bufs [][]byte
+	err  error
+}
+
+func (j *job) newClipReader() (*clipReader, error) {
+	cr := &clipReader{sets: make(chan clipSet, 1), free: make(chan [][]byte, 2), stop: make(chan struct{}), done: make(chan struct{})}
+	readers := make([]*bufio.Reader, len(j.mods))
+	for k, m := range j.mods {
+		f, err := os.Open(filepath.Join(j.o.Dataset, m.file))
+		if err != nil {
+			cr.closeFiles()
+			return nil, err
+		}
+		cr.files = append(cr.files, f)
+		readers[k] = bufio.NewReaderSize(io.NewSectionReader(f, m.dataOffset, 1<<62), 4<<20)
+	}
+	cr.free <- make([][]byte, len(j.mods))
+	cr.free <- make([][]byte, len(j.mods))
+	go func() {
+		defer close(cr.done)
+		for c := range j.lengths {
+			var bufs [][]byte
+			select {
+			case bufs = <-cr.free:
+			case <-cr.stop:
+				return
+			}
+			var err error
+			for k, m := range j.mods {
+				n := j.lengths[c] * m.rate * m.rowBytes
+				if int64(cap(bufs[k])) < n {
+					bufs[k] = make([]byte, n)
+				}
+				bufs[k] = bufs[k][:n]
+				if _, err = io.ReadFull(readers[k], bufs[k]); err != nil {
+					err = fmt.Errorf("reading %s at clip %d: %w", m.file, c, err)
+					break
+				}
+			}
+			select {
+			case cr.sets <- clipSet{bufs, err}:
+			case <-cr.stop:
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return cr, nil
+}
+
+// next returns the next clip's rows per modality, valid until release.
+func (cr *clipReader) next() ([][]byte, error) {
+	s := <-cr.sets
+	cr.cur = s.bufs
+	return s.bufs, s.err
+}
+
+func (cr *clipReader) release() { cr.free <- cr.cur }
+
+func (cr *clipReader) close() {
+	if cr.files == nil {
+		return
+	}
+	close(cr.stop)
+	<-cr.done
+	cr.closeFiles()
+	cr.files, cr.cur = nil, nil
+	for len(cr.free) > 0 {
+		<-cr.free
+	}
+	for len(cr.sets) > 0 {
+		<-cr.sets
+	}
+}
+
+func (cr *clipReader) closeFiles() {
+	for _, f := range cr.files {
+		f.Close()
+	}
+}
+
+// pileWriter appends records to the piles through per-pile buffers; full
+// buffers are written by a goroutine of its own while the caller fills
+// others (spare buffers let it run ahead).
+type pileWriter struct {
+	files  []*os.File
+	bufs   [][]byte
+	free   chan []byte
+	out    chan pileBuf
+	done   chan error
+	closed bool
+	err    error
+}
+
+type pileBuf struct {
+	pile int
+	b    []byte
+}
+
+const spareBufs = 4
+
+func newPileWriter(files []*os.File, size int) *pileWriter {
+	w := &pileWriter{files: files, bufs: make([][]byte, len(files)), free: make(chan []byte, len(files)+spareBufs),
+		out: make(chan pileBuf, len(files)+spareBufs), done: make(chan error, 1)}
+	for p := range w.bufs {
+		w.bufs[p] = make([]byte, 0, size)
+	}
+	for range spareBufs {
+		w.free <- make([]byte, 0, size)
+	}
+	go func() {
+		var err error
+		for pb := range w.out {
+			if err == nil {
+				_, err = w.files[pb.pile].Write(pb.b)
+			}
+			w.free <- pb.b[:0]
+		}
+		w.done <- err
+	}()
+	return w
+}
+
+func (w *pileWriter) write(p int, rec []byte) {
+	for len(rec) > 0 {
+		b := w.bufs[p]
+		n := copy(b[len(b):cap(b)], rec)
+		b = b[:len(b)+n]
+		rec = rec[n:]
+		if len(b) == cap(b) {
+			w.out <- pileBuf{p, b}
+			b = <-w.free
+		}
+		w.bufs[p] = b
+	}
+}
+
+// close writes what is buffered and waits for the writer; it returns the
+// first write error. Later calls return the same.
+func (w *pileWriter) close() error {
+	if w.closed {
+		return w.err
+	}
+	w.closed = true
+	for p, b := range w.bufs {
+		if len(b) > 0 {
+			w.out <- pileBuf{p, b}
+		}
+	}
+	close(w.out)
+	w.err = <-w.done
+	// Drop the buffers: pass 2 needs the memory.
+	w.bufs = nil
+	for len(w.free) > 0 {
+		<-w.free
+	}
+	return w.err
+}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/clipshard/clipshard/formats/array"
 	"github.com/clipshard/clipshard/formats/atomicfile"
+	"github.com/clipshard/clipshard/formats/directio"
 	"github.com/clipshard/clipshard/formats/npy"
 	"github.com/clipshard/clipshard/manifests"
 )
@@ -223,9 +224,12 @@ type sink struct {
 // shardFile writes one shard file through a three-stage pipeline of 4 MiB
 // buffers: the caller fills one while a goroutine hashes the previous
 // (sha256) and another writes the one before, so hashing and writing run
-// beside the shuffle instead of after it.
+// beside the shuffle instead of after it. Writes go around the page cache
+// where the filesystem allows (see directio): a shard is read by the
+// trainer later, usually on another node, not by this process.
 type shardFile struct {
 	f      *os.File
+	d      *directio.File
 	h      hash.Hash
 	rel    string
 	buf    []byte
@@ -238,17 +242,19 @@ type shardFile struct {
 const shardBuf = 4 << 20
 
 func newShardFile(f *os.File, rel string, size int64) *shardFile {
-	s := &shardFile{f: f, h: sha256.New(), rel: rel, free: make(chan []byte, 3), full: make(chan []byte, 3),
+	s := &shardFile{f: f, d: directio.New(f), h: sha256.New(), rel: rel, free: make(chan []byte, 3), full: make(chan []byte, 3),
 		hashed: make(chan []byte, 3), done: make(chan error, 1)}
-	n := int(min(shardBuf, max(size, 4096)))
+	// Buffers are whole pages: every write but the last starts and ends
+	// on a page boundary.
+	n := int(min(shardBuf, (max(size, 1)+directio.Align-1)&^(directio.Align-1)))
 	bufs := 3
 	if int64(n) >= size {
 		bufs = 1 // the whole file fits one buffer
 	}
 	for i := 1; i < bufs; i++ {
-		s.free <- make([]byte, 0, n)
+		s.free <- directio.AlignedBuf(n)[:0]
 	}
-	s.buf = make([]byte, 0, n)
+	s.buf = directio.AlignedBuf(n)[:0]
 	go func() {
 		for b := range s.full {
 			s.h.Write(b)
@@ -258,9 +264,11 @@ func newShardFile(f *os.File, rel string, size int64) *shardFile {
 	}()
 	go func() {
 		var err error
+		var off int64
 		for b := range s.hashed {
 			if err == nil {
-				_, err = s.f.Write(b)
+				err = s.d.WriteAt(b, off)
+				off += int64(len(b))
 			}
 			s.free <- b[:0]
 		}
@@ -290,6 +298,7 @@ func (s *shardFile) close() (string, error) {
 	}
 	close(s.full)
 	err := <-s.done
+	s.d.Close()
 	if cerr := s.f.Close(); err == nil {
 		err = cerr
 	}
