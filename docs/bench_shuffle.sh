@@ -20,16 +20,21 @@ echo "dataset: $(du -sh --apparent-size "$W/shuf-ds" | cut -f1)"
 
 
 args=(--dataset "$W/shuf-ds" --window 15 --epochs 1 --seed 1 --shard-samples 1024 --quiet --force)
-best shuffle-external "$W/shuffle" "${args[@]}" --out "$W/shuf-ep" --mem 64MiB
-best shuffle-in-memory "$W/shuffle" "${args[@]}" --out "$W/shuf-ep-mem" --mem 4GiB
+# Every run writes a new output (FRESH: the previous one is removed first,
+# untimed), for shuffle and cp alike.
+FRESH="$W/shuf-ep" best shuffle-external "$W/shuffle" "${args[@]}" --out "$W/shuf-ep" --mem 64MiB
+FRESH="$W/shuf-ep-mem" best shuffle-in-memory "$W/shuffle" "${args[@]}" --out "$W/shuf-ep-mem" --mem 4GiB
 cmp -s <(cd "$W/shuf-ep" && cat SHA256SUMS | grep -v epochs.json) <(cd "$W/shuf-ep-mem" && cat SHA256SUMS | grep -v epochs.json) \
   && echo "  external == in-memory (SHA256SUMS)"
-best cp-epoch sh -c "rm -rf '$W/cp-ep' && cp -r '$W/shuf-ep/epoch-0000' '$W/cp-ep'"
+FRESH="$W/cp-ep" best cp-epoch cp -r "$W/shuf-ep/epoch-0000" "$W/cp-ep"
 # cp made as durable as shuffle's output (shuffle fsyncs each epoch)
-best cp-epoch+fsync sh -c "rm -rf '$W/cp-ep' && cp -r '$W/shuf-ep/epoch-0000' '$W/cp-ep' && sync -f '$W/cp-ep'/rank-00/*"
+FRESH="$W/cp-ep" best cp-epoch+fsync sh -c "cp -r '$W/shuf-ep/epoch-0000' '$W/cp-ep' && sync -f '$W/cp-ep'/rank-00/*"
 awk -v a="$(cat "$W/shuffle-external.best")" -v c="$(cat "$W/cp-epoch.best")" -v f="$(cat "$W/cp-epoch+fsync.best")" \
   'BEGIN{printf "  external shuffle / cp = %.2fx, / (cp+fsync) = %.2fx\n", a/c, a/f}'
 echo "epoch: $(du -sh --apparent-size "$W/shuf-ep/epoch-0000" | cut -f1)"
 
+# Let the writes above settle first: cold reads right behind 300 MB of
+# writes measure the disk finishing them, not the reads.
+sync; sleep 3
 "$PY" docs/bench_read.py "$S" "$W/shuf-ds" "$W/shuf-ep" cold
 "$PY" docs/bench_read.py "$S" "$W/shuf-ds" "$W/shuf-ep" warm
