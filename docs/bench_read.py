@@ -4,8 +4,11 @@
     python3 docs/bench_read.py SRC DATASET EPOCHS [cold|warm]
 
 (a) shards, in order, with python/clipshard_reader.py (one rank, batch 256);
+(a') the same with batches(read=True): one read per batch and modality;
 (b) random windows gathered from the dataset blobs (np.load mmap), the
     "bt_mode" of the field notes: one vectorised gather per batch;
+(b') the same with madvise(MADV_RANDOM) on the maps, as a loader tuned for
+    random access would do: no read-around, each window's pages only;
 (c) per sample from the original files, as the field notes' __getitem__:
     np.load the whole .npy, astype(float32), slice the window; unpickle the
     motion .pkl. Timed on the first 600 samples and reported per sample.
@@ -13,6 +16,7 @@ Cold: posix_fadvise(DONTNEED) on every file involved first. Prints samples/s.
 """
 import glob
 import json
+import mmap
 import os
 import pickle
 import sys
@@ -67,6 +71,15 @@ for b in shards.batches(B):
 ta = time.perf_counter() - t
 assert got == n
 
+# (a') shards in order, read=True
+if mode == "cold":
+    drop(glob.glob(os.path.join(edir, "epoch-0000", "*", "*.npy")))
+t = time.perf_counter()
+for b in shards.batches(B, read=True):
+    land("feat", b["feat"])
+    land("motion", b["motion"])
+ta2 = time.perf_counter() - t
+
 # (b) random gather from the dataset blobs
 feat = np.load(os.path.join(ds, "feat.npy"), mmap_mode="r")
 motion = np.load(os.path.join(ds, "motion.npy"), mmap_mode="r")
@@ -79,6 +92,20 @@ for i in range(0, n, B):
     land("feat", feat[r.ravel()].reshape(len(r), W, -1))
     land("motion", motion[r.ravel()].reshape(len(r), W, -1))
 tb = time.perf_counter() - t
+
+# (b') the same gather without read-around
+feat = np.load(os.path.join(ds, "feat.npy"), mmap_mode="r")
+motion = np.load(os.path.join(ds, "motion.npy"), mmap_mode="r")
+for a in (feat, motion):
+    a._mmap.madvise(mmap.MADV_RANDOM)
+if mode == "cold":
+    drop([os.path.join(ds, "feat.npy"), os.path.join(ds, "motion.npy")])
+t = time.perf_counter()
+for i in range(0, n, B):
+    r = rows[i : i + B]
+    land("feat", feat[r.ravel()].reshape(len(r), W, -1))
+    land("motion", motion[r.ravel()].reshape(len(r), W, -1))
+tb2 = time.perf_counter() - t
 
 # (c) per sample from the sources
 k = min(n, 600)
@@ -95,5 +122,7 @@ tc = (time.perf_counter() - t) * n / k
 
 print("%s: %d samples (W=%d, batch %d)" % (mode, n, W, B))
 print("  (a) shards in order        %9.0f samples/s  %7.3f s" % (n / ta, ta))
+print("  (a') same, read=True       %9.0f samples/s  %7.3f s" % (n / ta2, ta2))
 print("  (b) random gather, blobs   %9.0f samples/s  %7.3f s   (a)/(b) = %.1fx" % (n / tb, tb, tb / ta))
+print("  (b') same, MADV_RANDOM     %9.0f samples/s  %7.3f s   (a)/(b') = %.1fx" % (n / tb2, tb2, tb2 / ta))
 print("  (c) per sample, sources    %9.0f samples/s  %7.3f s   (a)/(c) = %.1fx (timed on %d samples)" % (n / tc, tc, tc / ta, k))

@@ -38,3 +38,23 @@ echo "epoch: $(du -sh --apparent-size "$W/shuf-ep/epoch-0000" | cut -f1)"
 sync; sleep 3
 "$PY" docs/bench_read.py "$S" "$W/shuf-ds" "$W/shuf-ep" cold
 "$PY" docs/bench_read.py "$S" "$W/shuf-ds" "$W/shuf-ep" warm
+
+# Cold again, with the reader's memory (page cache included) capped below
+# the dataset's size, as on a node whose RAM is smaller than the features
+# (700 GB on a 256-512 GB node): a page read ahead for one window is gone
+# before a later window could use it. Needs root and a cgroup memory
+# controller (v1 or v2).
+CAP=${CLIPSHARD_BENCH_CAP:-256M}
+cg=""
+if [ "$(id -u)" = 0 ] && [ -f /sys/fs/cgroup/cgroup.controllers ] && grep -qw memory /sys/fs/cgroup/cgroup.controllers; then
+  cg=/sys/fs/cgroup/clipshard-bench; mkdir -p "$cg" && echo "$CAP" > "$cg/memory.max"
+elif [ "$(id -u)" = 0 ] && [ -d /sys/fs/cgroup/memory ]; then
+  cg=/sys/fs/cgroup/memory/clipshard-bench; mkdir -p "$cg" && numfmt --from=iec "$CAP" > "$cg/memory.limit_in_bytes"
+fi
+if [ -n "$cg" ]; then
+  echo "memory capped at $CAP (dataset $(du -sh --apparent-size "$W/shuf-ds" | cut -f1)):"
+  sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$cg" "$PY" docs/bench_read.py "$S" "$W/shuf-ds" "$W/shuf-ep" cold
+  rmdir "$cg" 2>/dev/null || true
+else
+  echo "memory-capped read simulation skipped: needs root and a cgroup memory controller"
+fi

@@ -7,7 +7,11 @@
         batch["samples"]   # int64 [B, 3]: clip, start, valid
 
 Shard files are memory-mapped and read strictly in order, so each batch is
-one sequential read. `replay_seed` reuses one materialised epoch for later
+one sequential read. On a network filesystem (NFS, Lustre) pass
+`read=True` to `batches`: each batch is then read with one read call per
+modality into a new array, which the client turns into large parallel
+requests, instead of page faults that fetch one readahead window at a
+time. `replay_seed` reuses one materialised epoch for later
 epochs in a seeded shard order (1x storage, coarser shuffle): pass the
 epoch that exists as `epoch` and the training epoch as `virtual_epoch`.
 """
@@ -49,11 +53,15 @@ class EpochShards:
             out[name] = np.load(path, mmap_mode="r")
         return out
 
-    def batches(self, batch_size, drop_last=False):
-        """Yield dicts of numpy arrays, batch_size samples each, in order."""
+    def batches(self, batch_size, drop_last=False, read=False):
+        """Yield dicts of numpy arrays, batch_size samples each, in order.
+
+        read=False: views of the memory-mapped shards (no copy).
+        read=True: arrays of their own, read with one call per modality.
+        """
         pending, have = [], 0
         for shard in self.shards:
-            arrays = self._open(shard)
+            arrays = self._read_views(shard) if read else self._open(shard)
             n, i = shard["samples"], 0
             while i < n:
                 take = min(batch_size - have, n - i)
@@ -65,6 +73,49 @@ class EpochShards:
                     pending, have = [], 0
         if pending and not drop_last:
             yield _join(pending)
+
+
+    def _read_views(self, shard):
+        return {name: _ReadArray(os.path.join(self.dir, *shard["files"][name].split("/")))
+                for name in self.modalities + ["samples"]}
+
+
+class _ReadArray:
+    """An open .npy shard file whose [i:j] slices are read with os.preadv
+    into a new array (one call, unless the kernel returns less)."""
+
+    def __init__(self, path):
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY)
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            else:
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+            self.offset = f.tell()
+        if fortran:
+            raise ValueError("%s: Fortran order: not a clipshard shard" % path)
+        self.shape, self.dtype = shape, dtype
+        self.row = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+
+    def __getitem__(self, sl):
+        out = np.empty((sl.stop - sl.start,) + tuple(self.shape[1:]), dtype=self.dtype)
+        view = memoryview(out).cast("B")
+        off, got = self.offset + sl.start * self.row, 0
+        while got < len(view):
+            n = os.preadv(self.fd, [view[got:]], off + got)
+            if not n:
+                raise EOFError("%s: file shorter than its header says" % self.path)
+            got += n
+        return out
+
+    def close(self):
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    __del__ = close
 
 
 def _join(parts):

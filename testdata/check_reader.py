@@ -23,12 +23,14 @@ for ep in man["epochs"]:
             for name in want:
                 want[name].append(np.load(os.path.join(edir, sh["files"][name])))
         want = {k: np.concatenate(v) for k, v in want.items()}
-        for bs in (1, 4, 7, 1000):
-            got = list(r.batches(bs))
-            assert all(len(b["samples"]) == bs for b in got[:-1]), bs
-            for name in want:
-                cat = np.concatenate([b[name] for b in got])
-                assert np.array_equal(cat.view(np.uint8), want[name].view(np.uint8)), (name, bs)
+        for read in (False, True):
+            for bs in (1, 4, 7, 1000):
+                got = list(r.batches(bs, read=read))
+                assert all(len(b["samples"]) == bs for b in got[:-1]), (bs, read)
+                for name in want:
+                    cat = np.concatenate([b[name] for b in got])
+                    assert cat.dtype == want[name].dtype and cat.shape == want[name].shape, (name, bs, read)
+                    assert np.array_equal(cat.view(np.uint8), want[name].view(np.uint8)), (name, bs, read)
         dropped = list(r.batches(7, drop_last=True))
         assert all(len(b["samples"]) == 7 for b in dropped)
         replay = EpochShards(edir, epoch=ep["epoch"], rank=rank, replay_seed=1, virtual_epoch=5)
