@@ -141,6 +141,8 @@ func WriteTable(path string, table []Column) (err error) {
 	defer f.Abort()
 	props := parquet.NewWriterProperties(
 		parquet.WithCompression(compress.Codecs.Zstd),
+		// Clip ids and paths are unique: a dictionary costs time and saves nothing.
+		parquet.WithDictionaryDefault(false),
 		parquet.WithCreatedBy("clipshard"),
 		parquet.WithStats(true),
 	)

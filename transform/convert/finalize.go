@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -108,64 +109,40 @@ func (j *job) finalize(w *writer) (*manifests.Dataset, error) {
 // writeManifests writes index.npy, clips.parquet, skipped.tsv (if any),
 // SHA256SUMS and, last, dataset.json into dir, filling in the modalities'
 // sha256. known holds the sha256 of files already hashed (blobs hashed
-// while they were copied); every other file is hashed here, while it is
-// fsynced.
+// while they were written or copied); every other file is hashed here,
+// while it is fsynced. The blobs are hashed and synced while the other
+// manifests are being written.
 func writeManifests(dir string, d *manifests.Dataset, names []string, rows []manifests.ClipRow, known map[string]string, workers int) error {
-	starts := make([]int64, len(rows))
-	lengths := make([]int64, len(rows))
-	for i, r := range rows {
-		starts[i], lengths[i] = r.Start, r.Length
-	}
-	if err := manifests.WriteIndex(filepath.Join(dir, manifests.IndexFile), starts, lengths); err != nil {
-		return err
-	}
-	if err := manifests.WriteClips(filepath.Join(dir, manifests.ClipsFile), names, rows); err != nil {
-		return err
-	}
-	files := []string{manifests.IndexFile, manifests.ClipsFile}
-	if len(d.Skipped) > 0 {
-		var b bytes.Buffer
-		b.WriteString("clip\treason\n")
-		for _, s := range d.Skipped {
-			fmt.Fprintf(&b, "%s\t%s\n", s.Clip, strings.ReplaceAll(s.Reason, "\t", " "))
-		}
-		if err := atomicfile.WriteFile(filepath.Join(dir, manifests.SkippedFile), b.Bytes()); err != nil {
-			return err
-		}
-		d.Files.Skipped = manifests.SkippedFile
-		files = append(files, manifests.SkippedFile)
-	}
-	var toHash []string
+	var blobs []string
 	for _, m := range d.Modalities {
-		files = append(files, m.File)
+		blobs = append(blobs, m.File)
 	}
-	for _, f := range files {
-		if known[f] == "" {
-			toHash = append(toHash, f)
-		}
+	type result struct {
+		sums map[string]string
+		err  error
 	}
-	// Hash and fsync every file at once: the fsyncs wait on the disk while
-	// the hashes keep the CPUs busy.
-	syncErr := make(chan error, 1)
+	blobDone := make(chan result, 1)
 	go func() {
-		var first error
-		for _, f := range files {
-			if err := atomicfile.Sync(filepath.Join(dir, f)); err != nil && first == nil {
-				first = err
-			}
-		}
-		syncErr <- first
+		sums, err := hashAndSync(dir, blobs, known, workers)
+		blobDone <- result{sums, err}
 	}()
-	sums, err := hashFiles(dir, toHash, workers)
-	if serr := <-syncErr; err == nil {
-		err = serr
+	err := writeSmallManifests(dir, d, rows, names)
+	small := []string{manifests.IndexFile, manifests.ClipsFile}
+	if d.Files.Skipped != "" {
+		small = append(small, manifests.SkippedFile)
+	}
+	var sums map[string]string
+	if err == nil {
+		sums, err = hashAndSync(dir, small, nil, workers)
+	}
+	br := <-blobDone
+	if err == nil {
+		err = br.err
 	}
 	if err != nil {
 		return err
 	}
-	for f, h := range known {
-		sums[f] = h
-	}
+	maps.Copy(sums, br.sums)
 	for i := range d.Modalities {
 		d.Modalities[i].SHA256 = sums[d.Modalities[i].File]
 	}
@@ -182,6 +159,67 @@ func writeManifests(dir string, d *manifests.Dataset, names []string, rows []man
 		return err
 	}
 	return atomicfile.Sync(dir)
+}
+
+// writeSmallManifests writes index.npy, clips.parquet and, if clips were
+// skipped, skipped.tsv (setting d.Files.Skipped).
+func writeSmallManifests(dir string, d *manifests.Dataset, rows []manifests.ClipRow, names []string) error {
+	starts := make([]int64, len(rows))
+	lengths := make([]int64, len(rows))
+	for i, r := range rows {
+		starts[i], lengths[i] = r.Start, r.Length
+	}
+	if err := manifests.WriteIndex(filepath.Join(dir, manifests.IndexFile), starts, lengths); err != nil {
+		return err
+	}
+	if err := manifests.WriteClips(filepath.Join(dir, manifests.ClipsFile), names, rows); err != nil {
+		return err
+	}
+	if len(d.Skipped) > 0 {
+		var b bytes.Buffer
+		b.WriteString("clip\treason\n")
+		for _, s := range d.Skipped {
+			fmt.Fprintf(&b, "%s\t%s\n", s.Clip, strings.ReplaceAll(s.Reason, "\t", " "))
+		}
+		if err := atomicfile.WriteFile(filepath.Join(dir, manifests.SkippedFile), b.Bytes()); err != nil {
+			return err
+		}
+		d.Files.Skipped = manifests.SkippedFile
+	}
+	return nil
+}
+
+// hashAndSync fsyncs the named files of dir and returns their sha256,
+// taken from known where it is there and computed (up to workers files at
+// once) otherwise: the fsyncs wait on the disk while the hashes keep the
+// CPUs busy.
+func hashAndSync(dir string, files []string, known map[string]string, workers int) (map[string]string, error) {
+	var toHash []string
+	for _, f := range files {
+		if known[f] == "" {
+			toHash = append(toHash, f)
+		}
+	}
+	syncErr := make(chan error, 1)
+	go func() {
+		var first error
+		for _, f := range files {
+			if err := atomicfile.Sync(filepath.Join(dir, f)); err != nil && first == nil {
+				first = err
+			}
+		}
+		syncErr <- first
+	}()
+	sums, err := hashFiles(dir, toHash, workers)
+	if serr := <-syncErr; err == nil {
+		err = serr
+	}
+	for _, f := range files {
+		if h := known[f]; h != "" {
+			sums[f] = h
+		}
+	}
+	return sums, err
 }
 
 // hashFiles returns the sha256 of each named file in dir, hashing up to

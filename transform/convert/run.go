@@ -588,8 +588,8 @@ func (j *job) pipeline(ctx context.Context, w *writer, res *Result) error {
 	stop := context.AfterFunc(ctx, b.wake)
 	defer stop()
 
-	indices := make(chan int)
-	results := make(chan *clipOut, j.opts.Workers)
+	indices := make(chan int, 256)
+	results := make(chan *clipOut, 64)
 	var wg sync.WaitGroup
 	go func() {
 		defer close(indices)
