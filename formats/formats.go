@@ -54,6 +54,12 @@ func Load(path, keys string) (*array.Array, error) {
 // first if it is too small, and the array aliases it; pickles allocate
 // their own payloads.
 func LoadInto(path, keys string, buf *[]byte) (*array.Array, fs.FileInfo, error) {
+	return LoadIntoDirs(nil, path, keys, buf)
+}
+
+// LoadIntoDirs is LoadInto opening path relative to a directory kept open
+// in dirs (see Dirs), if dirs is not nil.
+func LoadIntoDirs(dirs *Dirs, path, keys string, buf *[]byte) (*array.Array, fs.FileInfo, error) {
 	format, err := FormatOf(path)
 	if err != nil {
 		return nil, nil, err
@@ -61,7 +67,7 @@ func LoadInto(path, keys string, buf *[]byte) (*array.Array, fs.FileInfo, error)
 	if format == NPY && keys != "" {
 		return nil, nil, fmt.Errorf("%s: keys %q given for a .npy file, which holds one array", path, keys)
 	}
-	f, info, err := openRaw(path)
+	f, info, err := openRaw(dirs, path)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -134,5 +135,40 @@ func TestNotRegular(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatalf("%s: LoadInto blocked", p)
 		}
+	}
+}
+
+// TestDirs loads files of more folders than Dirs keeps open (the rest are
+// opened by full path) and checks that errors still name the full path.
+func TestDirs(t *testing.T) {
+	src, err := os.ReadFile(filepath.Join(fixtures, "npy", "f32_2d.npy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	var dirs formats.Dirs
+	defer dirs.Close()
+	for i := range 70 {
+		d := filepath.Join(root, fmt.Sprintf("d%02d", i))
+		os.Mkdir(d, 0o755)
+		p := filepath.Join(d, "x.npy")
+		if err := os.WriteFile(p, src, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		a, _, err := formats.LoadIntoDirs(&dirs, p, "", nil)
+		if err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		b, _ := formats.Load(p, "")
+		if !bytes.Equal(a.Data, b.Data) {
+			t.Fatalf("%s: differs from Load", p)
+		}
+		missing := filepath.Join(d, "missing.npy")
+		if _, _, err := formats.LoadIntoDirs(&dirs, missing, "", nil); err == nil || !strings.Contains(err.Error(), missing) {
+			t.Fatalf("missing file: %v", err)
+		}
+	}
+	if _, _, err := formats.LoadIntoDirs(&dirs, filepath.Join(root, "nodir", "x.npy"), "", nil); err == nil || !strings.Contains(err.Error(), "nodir/x.npy") {
+		t.Fatalf("missing folder: %v", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"io"
 	"io/fs"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -19,11 +20,65 @@ type rawFile struct {
 	path string
 }
 
-func openRaw(path string) (*rawFile, fs.FileInfo, error) {
+// Dirs keeps directories open so that opening many files of a few folders
+// resolves only the last path component per open (openat), not the whole
+// path again; on a set of thousands of small clips the path walk was a
+// tenth of convert's CPU time. At most maxDirs folders are kept (a layout
+// with a folder per clip gains nothing and must not run out of
+// descriptors). Safe for concurrent use; the zero value is ready.
+type Dirs struct {
+	mu  sync.Mutex
+	fds map[string]int
+}
+
+const maxDirs = 64
+
+// dir returns a descriptor of the directory dir, or -1 to use full paths.
+func (d *Dirs) dir(dir string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if fd, ok := d.fds[dir]; ok {
+		return fd
+	}
+	if d.fds == nil {
+		d.fds = map[string]int{}
+	}
+	if len(d.fds) >= maxDirs {
+		return -1
+	}
+	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		fd = -1 // not cached: the open by full path reports the error
+	} else {
+		d.fds[dir] = fd
+	}
+	return fd
+}
+
+// Close closes the directories.
+func (d *Dirs) Close() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, fd := range d.fds {
+		unix.Close(fd)
+	}
+	d.fds = nil
+}
+
+func openRaw(dirs *Dirs, path string) (*rawFile, fs.FileInfo, error) {
 	var fd int
 	var err error
+	at, name := unix.AT_FDCWD, path
+	if dirs != nil {
+		dir, base := filepath.Split(path)
+		if dir != "" && base != "" {
+			if dfd := dirs.dir(dir); dfd >= 0 {
+				at, name = dfd, base
+			}
+		}
+	}
 	for {
-		fd, err = unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+		fd, err = unix.Openat(at, name, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
 		if err != unix.EINTR {
 			break
 		}

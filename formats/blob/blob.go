@@ -60,10 +60,15 @@ type Writer struct {
 	werr      atomic.Pointer[error] // first write error
 	inUse     sync.WaitGroup        // chunks handed to the write goroutine, not yet written
 	hdone     chan hashResult
-	hashR     *hashResult // set by Finish
-	predicted int64       // rows given to Predict, or -1
+	predicted int64 // rows given to Predict, or -1
 	closed    bool
 }
+
+// RetainBytes is how much of a blob's data, from its start, a Writer keeps
+// in memory while the blob's row count is not known (no Predict yet), so
+// that the sha256 can then be computed without reading that part back
+// from the disk (the data was written around the page cache).
+var RetainBytes = 32 << 20
 
 // chunk is ChunkSize bytes of the file starting at the aligned offset off.
 // Its first keep bytes are already in the file (and hashed); data holds the
@@ -74,9 +79,12 @@ type chunk struct {
 	n    int
 	keep int
 	refs atomic.Int32
+	// kept by the hash goroutine (see RetainBytes): out of circulation
+	kept atomic.Bool
 }
 
-// msg is what the hash goroutine receives: a chunk, or a prediction.
+// msg is what the hash goroutine receives: a chunk, or a header (a
+// prediction, or the final header from Finish) to start the sum over.
 type msg struct {
 	c        *chunk
 	header   []byte // a prediction: hash this header, then the file up to catchUp
@@ -186,7 +194,7 @@ func (w *Writer) send(full bool) {
 
 // release returns a chunk to the free list once both goroutines are done.
 func (w *Writer) release(c *chunk) {
-	if c.refs.Add(-1) == 0 {
+	if c.refs.Add(-1) == 0 && !c.kept.Load() {
 		w.free <- c
 	}
 }
@@ -217,38 +225,68 @@ func (w *Writer) writeChunk(c *chunk) error {
 func (w *Writer) hashLoop() {
 	var d hash.Hash
 	res := hashResult{rows: -1}
-	buf := []byte(nil)
+	var buf []byte
+	// Chunks kept while no header is known: a prefix of the data.
+	var kept []*chunk
+	keptBytes, keeping := 0, true
+	readBack := func(from, to int64) {
+		if buf == nil {
+			buf = make([]byte, 1<<20)
+		}
+		for off := from; off < to && res.err == nil; {
+			n, err := w.f.ReadAt(buf[:min(int64(len(buf)), to-off)], off)
+			d.Write(buf[:n])
+			off += int64(n)
+			if err != nil {
+				res.err = fmt.Errorf("blob: %s: reading back for the checksum: %w", w.path, err)
+			}
+		}
+	}
 	for m := range w.hq {
 		switch {
-		case m.header != nil && res.err == nil:
+		case m.header != nil:
+			// Start (or, after a wrong prediction, restart) the sum: the
+			// header, the kept prefix, then the rest of what is already in
+			// the file, read back.
 			d = sha256.New()
 			d.Write(m.header)
-			res.rows = m.predRows
-			// What was written before the prediction, back from the file.
-			if buf == nil {
-				buf = make([]byte, 1<<20)
+			res = hashResult{rows: m.predRows}
+			from := int64(npy.DataAlign)
+			for _, c := range kept {
+				d.Write(c.buf[c.keep:c.n])
+				from = c.off + int64(c.n)
+				w.drop(c)
 			}
-			for off := int64(npy.DataAlign); off < m.catchUp; {
-				n, err := w.f.ReadAt(buf[:min(int64(len(buf)), m.catchUp-off)], off)
-				d.Write(buf[:n])
-				off += int64(n)
-				if err != nil {
-					res.err = fmt.Errorf("blob: %s: reading back for the checksum: %w", w.path, err)
-					break
-				}
-			}
-		case m.c != nil:
-			if d != nil && res.err == nil {
+			kept, keeping = nil, false
+			readBack(from, m.catchUp)
+		case d != nil:
+			if res.err == nil {
 				d.Write(m.c.buf[m.c.keep:m.c.n])
 			}
 			w.release(m.c)
+		case keeping && keptBytes+ChunkSize <= RetainBytes && (len(kept) > 0 || m.c.off == npy.DataAlign && m.c.keep == 0):
+			// Keep the chunk; a new one takes its place in circulation.
+			m.c.kept.Store(true)
+			kept = append(kept, m.c)
+			keptBytes += ChunkSize
+			w.free <- &chunk{buf: directio.AlignedBuf(ChunkSize)}
+		default:
+			keeping = false
+			w.release(m.c)
 		}
+	}
+	for _, c := range kept {
+		w.drop(c)
 	}
 	if d != nil && res.err == nil {
 		res.sum = hex.EncodeToString(d.Sum(nil))
 	}
 	w.hdone <- res
 }
+
+// drop lets go of a kept chunk: it has left circulation (a replacement
+// was made when it was kept), release will not return it to the free list.
+func (w *Writer) drop(c *chunk) { c.refs.Add(-1) }
 
 func (w *Writer) err() error {
 	if p := w.werr.Load(); p != nil {
@@ -268,12 +306,18 @@ func (w *Writer) Predict(rows int64) error {
 	if w.predicted >= 0 || w.closed {
 		return fmt.Errorf("blob: %s: Predict called twice or after Finish", w.path)
 	}
+	w.predicted = rows
+	return w.startSum(rows)
+}
+
+// startSum sends the hash goroutine the header for rows rows, to start the
+// sum over.
+func (w *Writer) startSum(rows int64) error {
 	hdr, err := w.header(rows)
 	if err != nil {
 		return err
 	}
 	w.inUse.Wait() // everything before the current chunk is in the file
-	w.predicted = rows
 	w.hq <- msg{header: hdr, catchUp: w.cur.off + int64(w.cur.keep), predRows: rows}
 	return nil
 }
@@ -281,6 +325,10 @@ func (w *Writer) Predict(rows int64) error {
 func (w *Writer) header(rows int64) ([]byte, error) {
 	return npy.EncodeHeader(w.dtype.Descr(), false, append([]int{int(rows)}, w.frameShape...), npy.DataAlign)
 }
+
+// HashedWhileWriting reports whether Predict was called with the number of
+// rows written so far: then Finish needs no pass over the data.
+func (w *Writer) HashedWhileWriting() bool { return w.predicted >= 0 && w.predicted == w.rows }
 
 // Rows returns the number of whole rows in the blob.
 func (w *Writer) Rows() int64 { return w.rows }
@@ -296,12 +344,17 @@ func (w *Writer) Flush() error {
 }
 
 // stop flushes, stops both goroutines and closes the direct descriptor.
-func (w *Writer) stop() (hashResult, error) {
+func (w *Writer) stop(finish bool) (hashResult, error) {
 	if w.closed {
 		return hashResult{rows: -1}, errors.New("blob: writer already closed")
 	}
 	w.closed = true
 	err := w.Flush()
+	if err == nil && finish && w.pending == 0 && w.predicted != w.rows {
+		// No prediction, or a wrong one: the sum starts now, with the
+		// kept prefix and what follows read back.
+		err = w.startSum(w.rows)
+	}
 	close(w.out)
 	close(w.hq)
 	w.wg.Wait()
@@ -316,11 +369,12 @@ func (w *Writer) stop() (hashResult, error) {
 // Finish writes the header for the rows written and closes the file,
 // without waiting for it to reach the disk: call atomicfile.Sync before
 // publishing it. It fails if a partial row was written. It returns the
-// file's sha256 (hex) if Predict was called with the number of rows
-// written, else "".
+// file's sha256 (hex): computed while the data was written if Predict was
+// called with the number of rows written, else now, from the prefix kept
+// in memory (RetainBytes) and the rest read back.
 func (w *Writer) Finish() (string, error) {
 	defer w.f.Close()
-	res, err := w.stop()
+	res, err := w.stop(true)
 	if err != nil {
 		return "", err
 	}
@@ -335,7 +389,7 @@ func (w *Writer) Finish() (string, error) {
 		return "", err
 	}
 	if res.rows != w.rows {
-		return "", nil
+		return "", fmt.Errorf("blob: %s: internal error: sum over %d rows, %d written", w.path, res.rows, w.rows)
 	}
 	return res.sum, res.err
 }
@@ -345,7 +399,7 @@ func (w *Writer) Close() error {
 	if w.closed {
 		return nil
 	}
-	_, err := w.stop()
+	_, err := w.stop(false)
 	if cerr := w.f.Close(); err == nil {
 		err = cerr
 	}

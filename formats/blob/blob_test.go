@@ -53,86 +53,86 @@ func TestWriter(t *testing.T) {
 	}
 	for _, direct := range []bool{true, false} {
 		for _, c := range cases {
-			t.Run(fmt.Sprintf("%s/direct=%v", c.name, direct), func(t *testing.T) {
-				defer func(d bool) { directio.Enabled = d }(directio.Enabled)
-				directio.Enabled = direct
-				rng := rand.New(rand.NewPCG(uint64(c.rows), 7))
-				data := make([]byte, c.rows*fb)
-				for i := range data {
-					data[i] = byte(rng.Uint32())
-				}
-				path := filepath.Join(t.TempDir(), "b.npy")
-				w, err := Open(path, array.Float16, frame, 0)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if direct && !w.d.Direct() {
-					t.Logf("the filesystem of %s refuses O_DIRECT: testing the fallback only", path)
-				}
-				p, piece := data, 0
-				for {
-					if piece == c.predictAt {
-						if c.flushes && piece > 0 && w.cur.off == npy.DataAlign {
-							t.Fatal("no chunk was written before Predict: nothing to read back")
+			for _, retain := range []int{RetainBytes, 2 * ChunkSize, 0} {
+				t.Run(fmt.Sprintf("%s/direct=%v/retain=%d", c.name, direct, retain), func(t *testing.T) {
+					defer func(d bool, r int) { directio.Enabled, RetainBytes = d, r }(directio.Enabled, RetainBytes)
+					directio.Enabled, RetainBytes = direct, retain
+					rng := rand.New(rand.NewPCG(uint64(c.rows), 7))
+					data := make([]byte, c.rows*fb)
+					for i := range data {
+						data[i] = byte(rng.Uint32())
+					}
+					path := filepath.Join(t.TempDir(), "b.npy")
+					w, err := Open(path, array.Float16, frame, 0)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if direct && !w.d.Direct() {
+						t.Logf("the filesystem of %s refuses O_DIRECT: testing the fallback only", path)
+					}
+					p, piece := data, 0
+					for {
+						if piece == c.predictAt {
+							if c.flushes && piece > 0 && w.cur.off == npy.DataAlign {
+								t.Fatal("no chunk was written before Predict: nothing to read back")
+							}
+							if err := w.Predict(c.predict); err != nil {
+								t.Fatal(err)
+							}
 						}
+						if len(p) == 0 {
+							break
+						}
+						n := min(len(p), 1+rng.IntN(3*ChunkSize/40)) // up to 7.5% of a chunk
+						if rng.IntN(50) == 0 {
+							n = min(len(p), ChunkSize+rng.IntN(ChunkSize)) // spans chunks
+						}
+						if _, err := w.Write(p[:n]); err != nil {
+							t.Fatal(err)
+						}
+						p = p[n:]
+						piece++
+						if c.flushes && rng.IntN(20) == 0 {
+							if err := w.Flush(); err != nil {
+								t.Fatal(err)
+							}
+							st, _ := os.Stat(path)
+							if want := int64(npy.DataAlign + len(data) - len(p)); st.Size() != want {
+								t.Fatalf("after Flush: file has %d bytes, want %d", st.Size(), want)
+							}
+						}
+					}
+					if c.predictAt > piece && c.predictAt != 1<<30 {
+						t.Fatalf("test case never predicts (%d pieces)", piece)
+					}
+					if c.predictAt == 1<<30 {
 						if err := w.Predict(c.predict); err != nil {
 							t.Fatal(err)
 						}
 					}
-					if len(p) == 0 {
-						break
+					if w.Rows() != c.rows {
+						t.Fatalf("Rows() = %d, want %d", w.Rows(), c.rows)
 					}
-					n := min(len(p), 1+rng.IntN(3*ChunkSize/40)) // up to 7.5% of a chunk
-					if rng.IntN(50) == 0 {
-						n = min(len(p), ChunkSize+rng.IntN(ChunkSize)) // spans chunks
+					if early := c.predictAt >= 0 && c.predict == c.rows; w.HashedWhileWriting() != early {
+						t.Fatalf("HashedWhileWriting() = %v, want %v", w.HashedWhileWriting(), early)
 					}
-					if _, err := w.Write(p[:n]); err != nil {
+					got, err := w.Finish()
+					if err != nil {
 						t.Fatal(err)
 					}
-					p = p[n:]
-					piece++
-					if c.flushes && rng.IntN(20) == 0 {
-						if err := w.Flush(); err != nil {
-							t.Fatal(err)
-						}
-						st, _ := os.Stat(path)
-						if want := int64(npy.DataAlign + len(data) - len(p)); st.Size() != want {
-							t.Fatalf("after Flush: file has %d bytes, want %d", st.Size(), want)
-						}
-					}
-				}
-				if c.predictAt > piece && c.predictAt != 1<<30 {
-					t.Fatalf("test case never predicts (%d pieces)", piece)
-				}
-				if c.predictAt == 1<<30 {
-					if err := w.Predict(c.predict); err != nil {
+					file, err := os.ReadFile(path)
+					if err != nil {
 						t.Fatal(err)
 					}
-				}
-				if w.Rows() != c.rows {
-					t.Fatalf("Rows() = %d, want %d", w.Rows(), c.rows)
-				}
-				got, err := w.Finish()
-				if err != nil {
-					t.Fatal(err)
-				}
-				file, err := os.ReadFile(path)
-				if err != nil {
-					t.Fatal(err)
-				}
-				want := expected(t, frame, data, c.rows)
-				if !bytes.Equal(file, want) {
-					t.Fatalf("file differs from header + data (%d vs %d bytes)", len(file), len(want))
-				}
-				switch {
-				case c.predictAt >= 0 && c.predict == c.rows:
+					want := expected(t, frame, data, c.rows)
+					if !bytes.Equal(file, want) {
+						t.Fatalf("file differs from header + data (%d vs %d bytes)", len(file), len(want))
+					}
 					if got != sum(want) {
 						t.Fatalf("Finish sum %q, want %q", got, sum(want))
 					}
-				case got != "":
-					t.Fatalf("Finish returned sum %q without a right prediction", got)
-				}
-			})
+				})
+			}
 		}
 	}
 }
@@ -150,40 +150,44 @@ func TestResume(t *testing.T) {
 	}
 	want := expected(t, frame, data, rows)
 	for _, at := range []int64{0, 1, 292, 299_593, rows} {
-		t.Run(fmt.Sprint(at), func(t *testing.T) {
-			path := filepath.Join(t.TempDir(), "b.npy")
-			w, err := Open(path, array.Float16, frame, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			// Write more than is kept: the reopened blob drops it.
-			if _, err := w.Write(data[:min(len(data), int(at+1000)*fb)]); err != nil {
-				t.Fatal(err)
-			}
-			if err := w.Close(); err != nil {
-				t.Fatal(err)
-			}
-			if w, err = Open(path, array.Float16, frame, at); err != nil {
-				t.Fatal(err)
-			}
-			if err := w.Predict(rows); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := w.Write(data[at*fb:]); err != nil {
-				t.Fatal(err)
-			}
-			got, err := w.Finish()
-			if err != nil {
-				t.Fatal(err)
-			}
-			file, _ := os.ReadFile(path)
-			if !bytes.Equal(file, want) {
-				t.Fatalf("resumed at %d: file differs (%d vs %d bytes)", at, len(file), len(want))
-			}
-			if got != sum(want) {
-				t.Fatalf("resumed at %d: sum %q, want %q", at, got, sum(want))
-			}
-		})
+		for _, predict := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%d/predict=%v", at, predict), func(t *testing.T) {
+				path := filepath.Join(t.TempDir(), "b.npy")
+				w, err := Open(path, array.Float16, frame, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				// Write more than is kept: the reopened blob drops it.
+				if _, err := w.Write(data[:min(len(data), int(at+1000)*fb)]); err != nil {
+					t.Fatal(err)
+				}
+				if err := w.Close(); err != nil {
+					t.Fatal(err)
+				}
+				if w, err = Open(path, array.Float16, frame, at); err != nil {
+					t.Fatal(err)
+				}
+				if predict {
+					if err := w.Predict(rows); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if _, err := w.Write(data[at*fb:]); err != nil {
+					t.Fatal(err)
+				}
+				got, err := w.Finish()
+				if err != nil {
+					t.Fatal(err)
+				}
+				file, _ := os.ReadFile(path)
+				if !bytes.Equal(file, want) {
+					t.Fatalf("resumed at %d: file differs (%d vs %d bytes)", at, len(file), len(want))
+				}
+				if got != sum(want) {
+					t.Fatalf("resumed at %d: sum %q, want %q", at, got, sum(want))
+				}
+			})
+		}
 	}
 	t.Run("short file", func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "b.npy")

@@ -92,7 +92,7 @@ func (j *job) processClip(i int) *clipOut {
 		path := m.Path(j.root, id)
 		b := getBuf(0)
 		srcBufs[k] = b
-		a, info, err := formats.LoadInto(path, m.Keys, b)
+		a, info, err := formats.LoadIntoDirs(&j.dirs, path, m.Keys, b)
 		if err != nil {
 			return fail(m, "", err)
 		}

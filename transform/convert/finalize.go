@@ -69,7 +69,6 @@ func (j *job) finalize(w *writer) (*manifests.Dataset, error) {
 		Part:        j.part,
 	}
 	names := make([]string, len(o.Modalities))
-	known := map[string]string{}
 	for k, m := range o.Modalities {
 		st := w.mods[k]
 		names[k] = m.Name
@@ -82,15 +81,9 @@ func (j *job) finalize(w *writer) (*manifests.Dataset, error) {
 		if st.w.Rows() != st.rows {
 			return nil, fmt.Errorf("convert: %s: %d rows written, journal says %d", j.blobPath(k), st.w.Rows(), st.rows)
 		}
-		sum, err := st.w.Finish()
-		if err != nil {
-			return nil, err
-		}
-		if sum != "" {
-			known[m.Name+".npy"] = sum
+		if st.w.HashedWhileWriting() {
 			w.earlyHashed++
 		}
-		st.w = nil
 		fb, _ := array.ByteSize(st.frameShape, st.dtype.Size)
 		d.Modalities = append(d.Modalities, manifests.Modality{
 			Name: m.Name, File: m.Name + ".npy", DType: st.dtype.Descr(), SourceDType: strings.Join(st.descrs, ","),
@@ -100,6 +93,29 @@ func (j *job) finalize(w *writer) (*manifests.Dataset, error) {
 		d.Stats[m.Name] = manifests.Stats(st.stats)
 	}
 	report("checksum")
+	// Finish the blobs at once: those whose sum was not computed while
+	// they were written are hashed now.
+	known := map[string]string{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var firstErr error
+	for k, m := range o.Modalities {
+		bw := w.mods[k].w
+		w.mods[k].w = nil
+		wg.Go(func() {
+			sum, err := bw.Finish()
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil && firstErr == nil {
+				firstErr = err
+			}
+			known[m.Name+".npy"] = sum
+		})
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return nil, firstErr
+	}
 	if err := writeManifests(j.staging, d, names, w.rows, known, o.Workers); err != nil {
 		return nil, err
 	}

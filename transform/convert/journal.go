@@ -104,8 +104,9 @@ func readJournal(path string) (string, []journalRecord, error) {
 // journal appends records to a journal file, buffered: Flush after the
 // blobs the records describe were flushed.
 type journal struct {
-	f  *os.File
-	bw *bufio.Writer
+	f   *os.File
+	bw  *bufio.Writer
+	buf []byte
 }
 
 func createJournal(f *os.File, fingerprint string) (*journal, error) {
@@ -137,12 +138,96 @@ func truncateJournal(f *os.File, fingerprint string, recs []journalRecord) (*jou
 }
 
 func (j *journal) write(v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
+	var b []byte
+	if r, ok := v.(journalRecord); ok && r.Skip == "" && len(r.SkipSources) == 0 {
+		// The record of every converted clip: encoded by hand, a fifth of
+		// encoding/json's time on sets of thousands of small clips.
+		b = appendRecord(j.buf[:0], &r)
+		j.buf = b
+	} else {
+		var err error
+		if b, err = json.Marshal(v); err != nil {
+			return err
+		}
 	}
-	_, err = j.bw.Write(append(b, '\n'))
+	_, err := j.bw.Write(append(b, '\n'))
 	return err
+}
+
+// appendRecord appends the JSON of a converted clip's record, as
+// json.Marshal would write it (TestAppendRecord compares them).
+func appendRecord(b []byte, r *journalRecord) []byte {
+	b = append(b, `{"i":`...)
+	b = strconv.AppendInt(b, int64(r.Index), 10)
+	b = append(b, `,"clip":`...)
+	b = appendJSONString(b, r.Clip)
+	if r.Length != 0 {
+		b = append(b, `,"len":`...)
+		b = strconv.AppendInt(b, r.Length, 10)
+	}
+	if r.Trimmed != 0 {
+		b = append(b, `,"trim":`...)
+		b = strconv.AppendInt(b, r.Trimmed, 10)
+	}
+	if len(r.Mods) > 0 {
+		b = append(b, `,"m":[`...)
+		for i, m := range r.Mods {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, `{"x":`...)
+			b = appendJSONString(b, m.XXH64)
+			b = append(b, `,"p":`...)
+			b = appendJSONString(b, m.Path)
+			b = append(b, `,"s":`...)
+			b = strconv.AppendInt(b, m.Size, 10)
+			b = append(b, `,"t":`...)
+			b = strconv.AppendInt(b, m.MtimeNS, 10)
+			b = append(b, `,"r":`...)
+			b = strconv.AppendInt(b, m.Rows, 10)
+			b = append(b, `,"d":`...)
+			b = appendJSONString(b, m.DType)
+			b = append(b, `,"sd":`...)
+			b = appendJSONString(b, m.SourceDescr)
+			b = append(b, `,"fs":`...)
+			if m.FrameShape == nil {
+				b = append(b, "null"...)
+			} else {
+				b = append(b, '[')
+				for k, d := range m.FrameShape {
+					if k > 0 {
+						b = append(b, ',')
+					}
+					b = strconv.AppendInt(b, int64(d), 10)
+				}
+				b = append(b, ']')
+			}
+			b = append(b, `,"st":[`...)
+			for k, v := range m.Stats {
+				if k > 0 {
+					b = append(b, ',')
+				}
+				b = appendJSONString(b, v)
+			}
+			b = append(b, "]}"...)
+		}
+		b = append(b, ']')
+	}
+	return append(b, '}')
+}
+
+// appendJSONString appends s as a JSON string: plain ASCII directly,
+// anything else through encoding/json.
+func appendJSONString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			q, _ := json.Marshal(s)
+			return append(b, q...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
 }
 
 func (j *journal) flush() error { return j.bw.Flush() }

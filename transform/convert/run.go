@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/clipshard/clipshard/formats"
 	"github.com/clipshard/clipshard/formats/array"
 	"github.com/clipshard/clipshard/formats/blob"
 	"github.com/clipshard/clipshard/manifests"
@@ -47,6 +48,7 @@ type job struct {
 	part        *manifests.Part
 	staging     string // directory the dataset is built in
 	journalPath string
+	dirs        formats.Dirs // source folders kept open
 }
 
 // modState is what the writer knows about a modality so far.
@@ -96,6 +98,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	defer w.closeBlobs()
 	res.Resumed = w.next
+	defer j.dirs.Close()
 	pctx, pcancel := context.WithCancel(ctx)
 	defer pcancel()
 	w.pred = make(chan []int64, 1)
@@ -589,7 +592,7 @@ func (j *job) pipeline(ctx context.Context, w *writer, res *Result) error {
 	defer stop()
 
 	indices := make(chan int, 256)
-	results := make(chan *clipOut, 64)
+	results := make(chan *clipOut, 2*j.opts.Workers)
 	var wg sync.WaitGroup
 	go func() {
 		defer close(indices)
@@ -640,6 +643,10 @@ func (j *job) pipeline(ctx context.Context, w *writer, res *Result) error {
 	}
 	report("convert")
 	for w.next < n {
+		if ctx.Err() != nil {
+			w.flush()
+			return ctx.Err()
+		}
 		var c *clipOut
 		select {
 		case c = <-results:
