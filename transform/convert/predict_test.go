@@ -1,15 +1,19 @@
 package convert
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/clipshard/clipshard/formats/array"
+	"github.com/clipshard/clipshard/formats/npy"
 	"github.com/clipshard/clipshard/internal/clitest"
 	"github.com/clipshard/clipshard/manifests"
 )
@@ -143,4 +147,57 @@ func TestEarlyHash(t *testing.T) {
 		}
 		clitest.SameTree(t, clitest.Tree(t, o.Out), clitest.Tree(t, whole.Out), "resumed vs whole")
 	})
+}
+
+// TestManySmallClips converts 1000 small clips with 1, 2 and 3 workers and
+// with a budget too small for even one clip (only the clip the writer
+// needs next is admitted): the outputs are identical.
+func TestManySmallClips(t *testing.T) {
+	src := t.TempDir()
+	os.Mkdir(filepath.Join(src, "f"), 0o755)
+	var list []byte
+	for c := range 1000 {
+		id := fmt.Sprintf("c%04d", c)
+		list = append(list, id+"\n"...)
+		rows := 3 + c%5
+		a := &array.Array{DType: array.Float32, Shape: []int{rows, 4}, Data: make([]byte, rows*16)}
+		for i := range a.Data {
+			a.Data[i] = byte(c + i)
+		}
+		a.Data[3], a.Data[7] = 0x3f, 0x3f // keep values finite
+		var buf bytes.Buffer
+		if err := npy.WriteArray(&buf, a); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(src, "f", id+".npy"), buf.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(src, "clips.txt"), list, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m, _ := ParseModality("f=f/{clip}.npy")
+	var first map[string][]byte
+	for _, c := range []struct {
+		workers int
+		budget  int64
+	}{{1, 0}, {2, 0}, {3, 0}, {2, 1}, {3, 1}} {
+		o := Options{ClipList: filepath.Join(src, "clips.txt"), Modalities: []Modality{m}, Out: filepath.Join(t.TempDir(), "ds"),
+			Workers: c.workers, Budget: c.budget, AllowNonFinite: true, AllowOverflow: true,
+			Now: func() time.Time { return time.Unix(1700000000, 0) }}
+		res, err := Run(context.Background(), o)
+		if err != nil {
+			t.Fatalf("%+v: %v", c, err)
+		}
+		if res.Converted != 1000 {
+			t.Fatalf("%+v: %d clips converted", c, res.Converted)
+		}
+		checkSums(t, res.Dataset, o.Out)
+		tree := clitest.Tree(t, o.Out)
+		if first == nil {
+			first = tree
+		} else {
+			clitest.SameTree(t, first, tree, fmt.Sprintf("%+v", c))
+		}
+	}
 }
