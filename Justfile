@@ -11,6 +11,7 @@ test:
 fuzz FUZZTIME="10m":
     cd formats/npy && go test -run '^$' -fuzz '^FuzzRead$' -fuzztime {{FUZZTIME}} -fuzzminimizetime 10s
     cd formats/pickle && go test -run '^$' -fuzz '^FuzzDecode$' -fuzztime {{FUZZTIME}} -fuzzminimizetime 10s
+    cd formats/pickle && go test -run '^$' -fuzz '^FuzzFast$' -fuzztime {{FUZZTIME}} -fuzzminimizetime 10s
     cd manifests && go test -run '^$' -fuzz '^FuzzLoadDataset$' -fuzztime {{FUZZTIME}} -fuzzminimizetime 10s
     cd manifests && go test -run '^$' -fuzz '^FuzzReadClips$' -fuzztime {{FUZZTIME}} -fuzzminimizetime 10s
     cd manifests && go test -run '^$' -fuzz '^FuzzReadSums$' -fuzztime {{FUZZTIME}} -fuzzminimizetime 10s

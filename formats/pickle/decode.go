@@ -60,6 +60,29 @@ func Decode(r io.ReaderAt, size int64) (obj any, err error) {
 	if err := scan(r, size, mem); err != nil {
 		return nil, err
 	}
+	if mem != nil && useFast {
+		if obj, ok := fastDecodeSafe(mem); ok {
+			return obj, nil
+		}
+	}
+	return slowDecode(r, size, mem)
+}
+
+// useFast lets tests decode with gopickle alone.
+var useFast = true
+
+// fastDecodeSafe is fastDecode, giving up on a panic too.
+func fastDecodeSafe(data []byte) (obj any, ok bool) {
+	defer func() {
+		if recover() != nil {
+			obj, ok = nil, false
+		}
+	}()
+	return fastDecode(data)
+}
+
+// slowDecode decodes with gopickle (after scan).
+func slowDecode(r io.ReaderAt, size int64, mem []byte) (obj any, err error) {
 	pr := &posReader{r: r, size: size}
 	if mem != nil {
 		pr.buf = mem // the whole file: never refilled
