@@ -62,6 +62,7 @@ type Writer struct {
 	hdone     chan hashResult
 	predicted int64 // rows given to Predict, or -1
 	closed    bool
+	bufs      [][]byte // every chunk buffer, unmapped by stop
 }
 
 // RetainBytes is how much of a blob's data, from its start, a Writer keeps
@@ -124,7 +125,9 @@ func Open(path string, dt array.DType, frameShape []int, rows int64) (*Writer, e
 	w := &Writer{path: path, f: f, dtype: dt, frameShape: append([]int(nil), frameShape...), frameBytes: fb, rows: rows, predicted: -1}
 	w.free = make(chan *chunk, chunks)
 	for range chunks {
-		w.free <- &chunk{buf: directio.AlignedBuf(ChunkSize)}
+		c := &chunk{buf: directio.MapBuf(ChunkSize)}
+		w.bufs = append(w.bufs, c.buf)
+		w.free <- c
 	}
 	w.cur = <-w.free
 	w.cur.off = keep &^ (align - 1)
@@ -150,6 +153,9 @@ func Open(path string, dt array.DType, frameShape []int, rows int64) (*Writer, e
 
 // Write appends element bytes (buffered; see Flush); rows may span calls.
 func (w *Writer) Write(p []byte) (int, error) {
+	if w.closed {
+		return 0, fmt.Errorf("blob: %s: write after Finish or Close", w.path)
+	}
 	if err := w.err(); err != nil {
 		return 0, err
 	}
@@ -269,6 +275,8 @@ func (w *Writer) hashLoop() {
 			m.c.kept.Store(true)
 			kept = append(kept, m.c)
 			keptBytes += ChunkSize
+			// On the Go heap: huge pages cost compaction stalls when many
+			// are taken at once.
 			w.free <- &chunk{buf: directio.AlignedBuf(ChunkSize)}
 		default:
 			keeping = false
@@ -336,6 +344,9 @@ func (w *Writer) Rows() int64 { return w.rows }
 // Flush writes buffered rows to the file and waits until they are there
 // (not on stable storage: the caller fsyncs the finished file).
 func (w *Writer) Flush() error {
+	if w.cur == nil {
+		return fmt.Errorf("blob: %s: flush after Finish or Close", w.path)
+	}
 	if w.cur.n > w.cur.keep {
 		w.send(false)
 	}
@@ -359,6 +370,11 @@ func (w *Writer) stop(finish bool) (hashResult, error) {
 	close(w.hq)
 	w.wg.Wait()
 	res := <-w.hdone
+	// Both goroutines are done: no chunk is in use.
+	for _, b := range w.bufs {
+		directio.Unmap(b)
+	}
+	w.bufs, w.free, w.cur = nil, nil, nil
 	w.d.Close()
 	if err == nil {
 		err = w.err()

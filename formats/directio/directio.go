@@ -34,6 +34,25 @@ func AlignedBuf(n int) []byte {
 	return b[skip : skip+n : skip+n]
 }
 
+// MapBuf returns n bytes of anonymous memory outside the Go heap, aligned
+// to the page and, where the kernel offers transparent huge pages on
+// request, backed by them: filling a fresh 4 MiB buffer then takes two
+// page faults instead of a thousand. Release it with Unmap once nothing
+// refers to it. If mapping fails it falls back to AlignedBuf (Unmap then
+// does nothing).
+func MapBuf(n int) []byte {
+	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return AlignedBuf(n)
+	}
+	unix.Madvise(b, unix.MADV_HUGEPAGE) // advisory: fine if refused
+	return b
+}
+
+// Unmap releases a buffer from MapBuf. (For the AlignedBuf fallback,
+// Munmap refuses memory it did not map, and the GC has it.)
+func Unmap(b []byte) { unix.Munmap(b) }
+
 // File writes to f, directly where it can. It does not own f.
 type File struct {
 	f  *os.File
