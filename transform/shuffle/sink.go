@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -219,6 +220,7 @@ type sink struct {
 	shard   *shardWriter
 	bytes   int64
 	written int64
+	pool    *bufPool
 }
 
 // shardFile writes one shard file through a three-stage pipeline of 4 MiB
@@ -228,6 +230,7 @@ type sink struct {
 // where the filesystem allows (see directio): a shard is read by the
 // trainer later, usually on another node, not by this process.
 type shardFile struct {
+	pool   *bufPool
 	f      *os.File
 	d      *directio.File
 	h      hash.Hash
@@ -241,9 +244,54 @@ type shardFile struct {
 
 const shardBuf = 4 << 20
 
-func newShardFile(f *os.File, rel string, size int64) *shardFile {
+// bufPool recycles the shard files' buffers from one shard to the next: a
+// fresh 4 MiB buffer per file and shard cost a thousand page faults each.
+// Buffers of 64 KiB and more are mapped (see directio.MapBuf) and unmapped
+// by release.
+type bufPool struct {
+	mu    sync.Mutex
+	free  map[int][][]byte
+	owned [][]byte
+}
+
+func (p *bufPool) get(n int) []byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if l := p.free[n]; len(l) > 0 {
+		b := l[len(l)-1]
+		p.free[n] = l[:len(l)-1]
+		return b[:0]
+	}
+	if n < 64<<10 {
+		return directio.AlignedBuf(n)[:0]
+	}
+	b := directio.MapBuf(n)
+	p.owned = append(p.owned, b)
+	return b[:0]
+}
+
+func (p *bufPool) put(b []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.free == nil {
+		p.free = map[int][][]byte{}
+	}
+	p.free[cap(b)] = append(p.free[cap(b)], b[:0])
+}
+
+// release unmaps the pool's buffers; none may be in use.
+func (p *bufPool) release() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, b := range p.owned {
+		directio.Unmap(b)
+	}
+	p.owned, p.free = nil, nil
+}
+
+func newShardFile(f *os.File, rel string, size int64, pool *bufPool) *shardFile {
 	s := &shardFile{f: f, d: directio.New(f), h: sha256.New(), rel: rel, free: make(chan []byte, 3), full: make(chan []byte, 3),
-		hashed: make(chan []byte, 3), done: make(chan error, 1)}
+		hashed: make(chan []byte, 3), done: make(chan error, 1), pool: pool}
 	// Buffers are whole pages: every write but the last starts and ends
 	// on a page boundary.
 	n := int(min(shardBuf, (max(size, 1)+directio.Align-1)&^(directio.Align-1)))
@@ -252,9 +300,9 @@ func newShardFile(f *os.File, rel string, size int64) *shardFile {
 		bufs = 1 // the whole file fits one buffer
 	}
 	for i := 1; i < bufs; i++ {
-		s.free <- directio.AlignedBuf(n)[:0]
+		s.free <- pool.get(n)
 	}
-	s.buf = directio.AlignedBuf(n)[:0]
+	s.buf = pool.get(n)
 	go func() {
 		for b := range s.full {
 			s.h.Write(b)
@@ -294,10 +342,16 @@ func (s *shardFile) write(p []byte) error {
 // the file (not synced: the epoch commit fsyncs every file).
 func (s *shardFile) close() (string, error) {
 	if len(s.buf) > 0 {
-		s.full <- s.buf
+		s.full <- s.buf // comes back through s.free
+	} else {
+		s.pool.put(s.buf)
 	}
+	s.buf = nil
 	close(s.full)
 	err := <-s.done
+	for len(s.free) > 0 {
+		s.pool.put(<-s.free)
+	}
 	s.d.Close()
 	if cerr := s.f.Close(); err == nil {
 		err = cerr
@@ -310,7 +364,7 @@ type shardWriter struct {
 	files       []*shardFile // one per modality, then samples
 }
 
-func newSink(j *job) *sink { return &sink{j: j, epoch: -1} }
+func newSink(j *job) *sink { return &sink{j: j, epoch: -1, pool: &bufPool{}} }
 
 // put writes the sample at global position pos.
 func (s *sink) put(pos int64, rec []byte) error {
@@ -399,7 +453,7 @@ func (s *sink) openShard(rank, shard, first, n int) error {
 			return err
 		}
 		size, _ := array.ByteSize(shape, 2)
-		sf := newShardFile(f, relJoin(epochDir(s.j.epochs[s.epoch].epoch), rankDir(rank), name), size+npy.DataAlign)
+		sf := newShardFile(f, relJoin(epochDir(s.j.epochs[s.epoch].epoch), rankDir(rank), name), size+npy.DataAlign, s.pool)
 		hdr, err := npy.EncodeHeader(descr, false, shape, npy.DataAlign)
 		if err != nil {
 			return err
@@ -637,6 +691,7 @@ func (s *sink) abort() {
 	if s.entry != nil && s.tmp != "" {
 		os.RemoveAll(s.tmp)
 	}
+	s.pool.release()
 }
 
 // finish commits any planned epochs that had no samples at all.
