@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -460,6 +461,8 @@ func (j *job) external(ctx context.Context, s *sink) error {
 	byClip = nil
 
 	// Pass 2: one pile at a time, read with one read, written in order.
+	var removing sync.WaitGroup
+	defer removing.Wait()
 	buf := make([]byte, pileCap*recDisk)
 	slot := make([]int64, pileCap)
 	for p := int64(0); p < nPiles; p++ {
@@ -477,7 +480,12 @@ func (j *job) external(ctx context.Context, s *sink) error {
 			slot[pos-lo] = i
 		}
 		piles[p].Close()
-		os.Remove(piles[p].Name())
+		// Freeing a pile's pages takes a few ms: not on this goroutine.
+		removing.Add(1)
+		go func(name string) {
+			defer removing.Done()
+			os.Remove(name)
+		}(piles[p].Name())
 		for pos := lo; pos < hi; pos++ {
 			at := slot[pos-lo]*recDisk + 8
 			if err := s.put(pos, buf[at:at+j.rec]); err != nil {
