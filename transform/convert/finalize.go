@@ -93,8 +93,9 @@ func (j *job) finalize(w *writer) (*manifests.Dataset, error) {
 		d.Stats[m.Name] = manifests.Stats(st.stats)
 	}
 	report("checksum")
-	// Finish the blobs at once: those whose sum was not computed while
-	// they were written are hashed now.
+	// Finish the blobs at once (those whose sum was not computed while
+	// they were written are hashed now), while the other manifests are
+	// written.
 	known := map[string]string{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -112,11 +113,11 @@ func (j *job) finalize(w *writer) (*manifests.Dataset, error) {
 			known[m.Name+".npy"] = sum
 		})
 	}
-	wg.Wait()
-	if firstErr != nil {
-		return nil, firstErr
+	blobSums := func() (map[string]string, error) {
+		wg.Wait()
+		return known, firstErr
 	}
-	if err := writeManifests(j.staging, d, names, w.rows, known, o.Workers); err != nil {
+	if err := writeManifests(j.staging, d, names, w.rows, blobSums, o.Workers); err != nil {
 		return nil, err
 	}
 	return d, nil
@@ -124,11 +125,11 @@ func (j *job) finalize(w *writer) (*manifests.Dataset, error) {
 
 // writeManifests writes index.npy, clips.parquet, skipped.tsv (if any),
 // SHA256SUMS and, last, dataset.json into dir, filling in the modalities'
-// sha256. known holds the sha256 of files already hashed (blobs hashed
-// while they were written or copied); every other file is hashed here,
-// while it is fsynced. The blobs are hashed and synced while the other
-// manifests are being written.
-func writeManifests(dir string, d *manifests.Dataset, names []string, rows []manifests.ClipRow, known map[string]string, workers int) error {
+// sha256. blobSums returns (waiting if need be) the sha256 of the blobs
+// known already (hashed while written or copied); the other blobs and
+// files are hashed here, while they are fsynced. The blobs are finished
+// and synced while the other manifests are being written.
+func writeManifests(dir string, d *manifests.Dataset, names []string, rows []manifests.ClipRow, blobSums func() (map[string]string, error), workers int) error {
 	var blobs []string
 	for _, m := range d.Modalities {
 		blobs = append(blobs, m.File)
@@ -139,6 +140,11 @@ func writeManifests(dir string, d *manifests.Dataset, names []string, rows []man
 	}
 	blobDone := make(chan result, 1)
 	go func() {
+		known, err := blobSums()
+		if err != nil {
+			blobDone <- result{nil, err}
+			return
+		}
 		sums, err := hashAndSync(dir, blobs, known, workers)
 		blobDone <- result{sums, err}
 	}()

@@ -182,7 +182,7 @@ func Merge(ctx context.Context, o MergeOptions) (*Result, error) {
 	if len(d.Skipped) == 0 {
 		d.Skipped = nil
 	}
-	if err := writeManifests(j.staging, d, names, rows, known, o.Workers); err != nil {
+	if err := writeManifests(j.staging, d, names, rows, func() (map[string]string, error) { return known, nil }, o.Workers); err != nil {
 		return nil, err
 	}
 	if err := j.commit(); err != nil {
