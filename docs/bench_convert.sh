@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Side-by-side convert benchmark (just bench-convert):
 #   convert  vs  cat of the same source files  vs  a plain numpy/pickle script
-# on two generated sets, warm page cache, best of 3, plus peak RSS.
+# on two generated sets, warm page cache, best of 5, plus peak RSS.
 #   large: 200 clips, float32 [400, 1024] features (.npy) + motion pickles (~340 MB)
 #   small: 5000 clips, float32 [30, 64] features (.npy) + motion pickles (many small files)
 # Usage: docs/bench_convert.sh [WORKDIR]   (default /tmp/clipshard-bench; needs python3-numpy)

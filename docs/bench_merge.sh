@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Merge peak RSS against dataset size (just bench-merge): the "large" set of
 # bench_convert.sh (200 clips) and a 4x larger one (800 clips), each
-# converted in 4 parts, then merged; best of 3, peak RSS from /usr/bin/time.
+# converted in 4 parts, then merged; best of 5, peak RSS from /usr/bin/time.
 # Usage: docs/bench_merge.sh [WORKDIR]   (default /tmp/clipshard-bench; needs python3-numpy)
 set -euo pipefail
 cd "$(dirname "$0")/.."
