@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"unsafe"
 )
 
 // TestWriteAt writes pieces of whole and partial pages at aligned offsets,
@@ -45,5 +46,39 @@ func TestWriteAt(t *testing.T) {
 		if !bytes.Equal(got, want) {
 			t.Fatalf("direct=%v: file differs (%d bytes, want %d)", direct, len(got), len(want))
 		}
+	}
+}
+
+// TestRefusedWrite: a direct write the kernel refuses (here: memory not
+// aligned) falls back to the page cache for good, and the bytes land.
+func TestRefusedWrite(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "f")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	d := New(f)
+	defer d.Close()
+	if !d.Direct() {
+		t.Skipf("%s: O_DIRECT refused at open here; the fallback is covered by TestWriteAt", path)
+	}
+	raw := make([]byte, 2*Align+1)
+	p := raw[1:] // misaligned in memory: O_DIRECT fails with EINVAL
+	for i := range p {
+		p[i] = byte(i * 7)
+	}
+	if uintptr(unsafe.Pointer(&p[0]))%Align == 0 {
+		p = raw[:2*Align]
+	}
+	if err := d.WriteAt(p, 0); err != nil {
+		t.Fatal(err)
+	}
+	if d.Direct() {
+		t.Fatal("still direct after a refused write")
+	}
+	got, _ := os.ReadFile(path)
+	if !bytes.Equal(got, p) {
+		t.Fatal("file differs from what was written")
 	}
 }

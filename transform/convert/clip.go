@@ -22,6 +22,7 @@ type clipOut struct {
 	err     error // the clip cannot be used (bad input)
 	cost    int64 // budget held until written
 	bytesIn int64
+	journal []byte // the clip's journal record, encoded by the worker
 }
 
 // modOut is one modality of a clipOut.
@@ -180,7 +181,23 @@ func (j *job) processClip(i int) *clipOut {
 		mo.src.XXH64 = mo.xxh
 		out.cost += int64(len(mo.data))
 	}
+	out.journal = out.record(id)
 	return out
+}
+
+// record encodes the journal record of a converted clip (here, in the
+// worker, rather than in the writer that appends clips in order).
+func (c *clipOut) record(id string) []byte {
+	rec := journalRecord{Index: c.index, Clip: id, Length: c.length, Trimmed: c.trimmed, Mods: make([]journalMod, len(c.mods))}
+	for k := range c.mods {
+		mo := &c.mods[k]
+		rec.Mods[k] = journalMod{
+			XXH64: fmt.Sprintf("%016x", mo.xxh), Path: mo.src.Path, Size: mo.src.Size, MtimeNS: mo.src.MtimeNS,
+			Rows: mo.rows, DType: mo.dtype.Descr(), SourceDescr: mo.sourceDescr, FrameShape: mo.frameShape,
+			Stats: encodeStats(manifests.Stats(mo.stats)),
+		}
+	}
+	return appendRecord(nil, &rec)
 }
 
 func isNonFinite(f float64) bool { return math.IsNaN(f) || math.IsInf(f, 0) }

@@ -106,7 +106,7 @@ func readJournal(path string) (string, []journalRecord, error) {
 type journal struct {
 	f   *os.File
 	bw  *bufio.Writer
-	buf []byte
+	buf []byte // for records encoded here
 }
 
 func createJournal(f *os.File, fingerprint string) (*journal, error) {
@@ -150,8 +150,15 @@ func (j *journal) write(v any) error {
 			return err
 		}
 	}
-	_, err := j.bw.Write(append(b, '\n'))
-	return err
+	return j.writeRaw(b)
+}
+
+// writeRaw appends an encoded record (see appendRecord) and its newline.
+func (j *journal) writeRaw(b []byte) error {
+	if _, err := j.bw.Write(b); err != nil {
+		return err
+	}
+	return j.bw.WriteByte('\n')
 }
 
 // appendRecord appends the JSON of a converted clip's record, as

@@ -511,7 +511,6 @@ func (w *writer) write(c *clipOut) error {
 		w.next++
 		return nil
 	}
-	rec := journalRecord{Index: c.index, Clip: id, Length: c.length, Trimmed: c.trimmed, Mods: make([]journalMod, len(c.mods))}
 	row := manifests.ClipRow{Clip: id, Start: w.frames, Length: c.length, Trimmed: c.trimmed, Sources: make([]manifests.ClipSource, len(c.mods))}
 	for k := range c.mods {
 		mo := &c.mods[k]
@@ -533,13 +532,8 @@ func (w *writer) write(c *clipOut) error {
 		w.bytesOut += int64(len(mo.data))
 		w.unsynced += int64(len(mo.data))
 		row.Sources[k] = mo.src
-		rec.Mods[k] = journalMod{
-			XXH64: fmt.Sprintf("%016x", mo.xxh), Path: mo.src.Path, Size: mo.src.Size, MtimeNS: mo.src.MtimeNS,
-			Rows: mo.rows, DType: mo.dtype.Descr(), SourceDescr: mo.sourceDescr, FrameShape: mo.frameShape,
-			Stats: encodeStats(manifests.Stats(mo.stats)),
-		}
 	}
-	if err := w.journal.write(rec); err != nil {
+	if err := w.journal.writeRaw(c.journal); err != nil {
 		return err
 	}
 	if w.unsynced >= j.opts.Checkpoint {
