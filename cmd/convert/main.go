@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -195,6 +196,16 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	}
 	o.Budget = budgetMiB << 20
 	o.Checkpoint = checkpointMiB << 20
+	// Fewer garbage collections (on thousands of small clips they took a
+	// twentieth of the time): the heap may grow to five times what is
+	// live, under a soft limit of --mem + 64 MiB. GOGC and GOMEMLIMIT, if
+	// set, win.
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(400)
+	}
+	if os.Getenv("GOMEMLIMIT") == "" && o.Budget > 0 {
+		debug.SetMemoryLimit(o.Budget + 64<<20)
+	}
 	o.Tool = "clipshard convert " + ui.Version()
 	o.Now = now
 
