@@ -52,13 +52,16 @@ type Writer struct {
 	rows       int64
 	pending    int64 // bytes written since the last whole row
 
-	cur       *chunk      // being filled
-	free      chan *chunk // chunks neither being written nor hashed
-	out       chan *chunk // to the write goroutine
-	hq        chan msg    // to the hash goroutine
-	wg        sync.WaitGroup
-	werr      atomic.Pointer[error] // first write error
-	inUse     sync.WaitGroup        // chunks handed to the write goroutine, not yet written
+	cur   *chunk      // being filled
+	free  chan *chunk // chunks neither being written nor hashed
+	out   chan *chunk // to the write goroutine
+	hq    chan msg    // to the hash goroutine
+	wg    sync.WaitGroup
+	werr  atomic.Pointer[error] // first write error
+	inUse sync.WaitGroup        // chunks handed to the write goroutine, not yet written
+	// written is the file offset up to which data is in the file: the
+	// write goroutine writes chunks in order.
+	written   atomic.Int64
 	hdone     chan hashResult
 	predicted int64 // rows given to Predict, or -1
 	closed    bool
@@ -129,6 +132,7 @@ func Open(path string, dt array.DType, frameShape []int, rows int64) (*Writer, e
 		w.bufs = append(w.bufs, c.buf)
 		w.free <- c
 	}
+	w.written.Store(keep)
 	w.cur = <-w.free
 	w.cur.off = keep &^ (align - 1)
 	w.cur.n = int(keep - w.cur.off)
@@ -211,6 +215,8 @@ func (w *Writer) writeLoop() {
 		if w.err() == nil {
 			if err := w.writeChunk(c); err != nil {
 				w.werr.CompareAndSwap(nil, &err)
+			} else {
+				w.written.Store(c.off + int64(c.n))
 			}
 		}
 		w.inUse.Done()
@@ -333,6 +339,16 @@ func (w *Writer) startSum(rows int64) error {
 func (w *Writer) header(rows int64) ([]byte, error) {
 	return npy.EncodeHeader(w.dtype.Descr(), false, append([]int{int(rows)}, w.frameShape...), npy.DataAlign)
 }
+
+// End returns the file offset just past the data appended so far
+// (buffered or not).
+func (w *Writer) End() int64 { return w.cur.off + int64(w.cur.n) }
+
+// Written returns the file offset up to which the data is in the file
+// (not necessarily on stable storage), without waiting; with End, it lets
+// a caller journal appended rows once they are there instead of calling
+// Flush, which waits.
+func (w *Writer) Written() int64 { return w.written.Load() }
 
 // HashedWhileWriting reports whether Predict was called with the number of
 // rows written so far: then Finish needs no pass over the data.

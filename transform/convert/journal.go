@@ -101,12 +101,13 @@ func readJournal(path string) (string, []journalRecord, error) {
 	return hdr.Fingerprint, recs, nil
 }
 
-// journal appends records to a journal file, buffered: Flush after the
-// blobs the records describe were flushed.
+// journal appends records to a journal file, buffered: a record reaches
+// the file only once the bytes it describes are in the blobs (flush, or
+// flushPrefix for the records of an earlier checkpoint).
 type journal struct {
-	f   *os.File
-	bw  *bufio.Writer
-	buf []byte // for records encoded here
+	f       *os.File
+	pending []byte // encoded records not yet written
+	buf     []byte // for records encoded here
 }
 
 func createJournal(f *os.File, fingerprint string) (*journal, error) {
@@ -116,11 +117,11 @@ func createJournal(f *os.File, fingerprint string) (*journal, error) {
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return nil, err
 	}
-	j := &journal{f: f, bw: bufio.NewWriterSize(f, 256<<10)}
+	j := &journal{f: f}
 	if err := j.write(journalHeader{Journal: journalMagic, Fingerprint: fingerprint}); err != nil {
 		return nil, err
 	}
-	return j, j.bw.Flush()
+	return j, j.flush()
 }
 
 // truncateJournal keeps the header and the first n records of f.
@@ -134,7 +135,7 @@ func truncateJournal(f *os.File, fingerprint string, recs []journalRecord) (*jou
 			return nil, err
 		}
 	}
-	return j, j.bw.Flush()
+	return j, j.flush()
 }
 
 func (j *journal) write(v any) error {
@@ -155,11 +156,24 @@ func (j *journal) write(v any) error {
 
 // writeRaw appends an encoded record (see appendRecord) and its newline.
 func (j *journal) writeRaw(b []byte) error {
-	if _, err := j.bw.Write(b); err != nil {
-		return err
-	}
-	return j.bw.WriteByte('\n')
+	j.pending = append(append(j.pending, b...), '\n')
+	return nil
 }
+
+// size returns the bytes of records not yet written.
+func (j *journal) size() int { return len(j.pending) }
+
+// flushPrefix writes the first n bytes of the pending records.
+func (j *journal) flushPrefix(n int) error {
+	if n == 0 {
+		return nil
+	}
+	_, err := j.f.Write(j.pending[:n])
+	j.pending = j.pending[:copy(j.pending, j.pending[n:])]
+	return err
+}
+
+func (j *journal) flush() error { return j.flushPrefix(len(j.pending)) }
 
 // appendRecord appends the JSON of a converted clip's record, as
 // json.Marshal would write it (TestAppendRecord compares them).
@@ -236,5 +250,3 @@ func appendJSONString(b []byte, s string) []byte {
 	b = append(b, s...)
 	return append(b, '"')
 }
-
-func (j *journal) flush() error { return j.bw.Flush() }

@@ -293,7 +293,8 @@ type writer struct {
 	frames   int64 // clip frames written
 	trimmed  int64
 	bytesOut int64
-	unsynced int64 // bytes appended since the last flush
+	unsynced int64 // bytes appended since the last flush or checkpoint
+	marks    []journalMark
 	// pred delivers predictRows' result; predicted records that the blobs'
 	// hashers were started with it.
 	pred        chan []int64
@@ -324,7 +325,8 @@ func (w *writer) startHashers() {
 	}
 }
 
-// flush writes buffered blob rows, then the journal records describing them.
+// flush writes buffered blob rows, waits until they are in the files,
+// then writes the journal records describing them.
 func (w *writer) flush() error {
 	for _, m := range w.mods {
 		if m.w != nil {
@@ -333,8 +335,58 @@ func (w *writer) flush() error {
 			}
 		}
 	}
-	w.unsynced = 0
+	w.unsynced, w.marks = 0, nil
 	return w.journal.flush()
+}
+
+// journalMark is a checkpoint: the journal's first cut bytes describe
+// rows that end, in each blob, at ends[k].
+type journalMark struct {
+	ends []int64
+	cut  int
+}
+
+// checkpoint makes the journal records written so far due once their rows
+// are in the blobs, without waiting for them (Flush waits on the disk, and
+// the writer is the pipeline's one serial stage): settle writes them
+// after a later clip, once the blobs' write goroutines got there.
+func (w *writer) checkpoint() error {
+	m := journalMark{cut: w.journal.size()}
+	for _, st := range w.mods {
+		m.ends = append(m.ends, st.w.End())
+	}
+	w.marks = append(w.marks, m)
+	w.unsynced = 0
+	return w.settle()
+}
+
+// settle writes the journal records of the checkpoints whose rows are in
+// the blobs.
+func (w *writer) settle() error {
+	inFiles := func(m journalMark) bool {
+		for k, st := range w.mods {
+			if st.w.Written() < m.ends[k] {
+				return false
+			}
+		}
+		return true
+	}
+	done := 0
+	for done < len(w.marks) && inFiles(w.marks[done]) {
+		done++
+	}
+	if done == 0 {
+		return nil
+	}
+	cut := w.marks[done-1].cut
+	if err := w.journal.flushPrefix(cut); err != nil {
+		return err
+	}
+	w.marks = w.marks[:copy(w.marks, w.marks[done:])]
+	for i := range w.marks {
+		w.marks[i].cut -= cut
+	}
+	return nil
 }
 
 func (w *writer) closeBlobs() {
@@ -536,8 +588,18 @@ func (w *writer) write(c *clipOut) error {
 	if err := w.journal.writeRaw(c.journal); err != nil {
 		return err
 	}
-	if w.unsynced >= j.opts.Checkpoint {
+	switch {
+	case j.opts.Checkpoint == 0:
+		// Every clip on file and journaled before the next one.
 		if err := w.flush(); err != nil {
+			return err
+		}
+	case w.unsynced >= j.opts.Checkpoint:
+		if err := w.checkpoint(); err != nil {
+			return err
+		}
+	case len(w.marks) > 0:
+		if err := w.settle(); err != nil {
 			return err
 		}
 	}

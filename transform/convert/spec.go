@@ -112,10 +112,11 @@ type Options struct {
 
 	Workers int   // decode/convert goroutines; default GOMAXPROCS
 	Budget  int64 // bytes of decoded results in flight; default 256 MiB
-	// Checkpoint is how many converted bytes may sit in write buffers
-	// before the blobs and then the journal are flushed: a kill loses at
-	// most that much finished work. 0 flushes after every clip; negative
-	// means the default, 16 MiB.
+	// Checkpoint is how many converted bytes are appended between journal
+	// checkpoints; a checkpoint's records are journaled once its rows are
+	// in the blob files (without waiting for them), so a kill loses at
+	// most about two checkpoints of finished work. 0 writes and journals
+	// every clip before the next one; negative means the default, 16 MiB.
 	Checkpoint int64
 
 	// Progress, if set, is called from the writing goroutine after each clip
