@@ -133,7 +133,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	fs.BoolVar(&o.AllowOverflow, "allow-overflow", false, "accept finite values that become ±Inf in float16 (counted in stats)")
 	fs.IntVar(&o.Workers, "workers", 0, "decode/convert goroutines (default: GOMAXPROCS)")
 	fs.Int64Var(&budgetMiB, "mem", 256, "MiB of converted clips held waiting to be written")
-	fs.Int64Var(&checkpointMiB, "checkpoint", 16, "flush finished clips to disk every `MiB` (0: every clip); a kill loses at most that much work")
+	fs.Int64Var(&checkpointMiB, "checkpoint", 16, "journal finished clips every `MiB` of output, once their rows are on file (0: every clip, waiting for it); a kill loses about twice that much work")
 	fs.StringVar(&onError, "on-error", "fail", "`fail` on the first bad clip, or skip it (listed in skipped.tsv)")
 	fs.BoolVar(&o.Force, "force", false, "rebuild even if the dataset is up to date")
 	fs.BoolVar(&quiet, "quiet", false, "no progress on stderr")
