@@ -711,7 +711,7 @@ func (j *job) pipeline(ctx context.Context, w *writer, res *Result) error {
 			return ctx.Err()
 		}
 		pending[c.index] = c
-		for {
+		for ctx.Err() == nil {
 			c, ok := pending[w.next]
 			if !ok {
 				break
