@@ -215,7 +215,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		if bar == nil {
 			bar = ui.New("convert", "clips", int64(p.ClipsTotal), quiet)
 		}
-		bar.Update(int64(p.Clips), fmt.Sprintf("%s in, %s out", ui.Bytes(p.BytesIn), ui.Bytes(p.BytesOut)))
+		bar.Update(int64(p.Clips), func() string { return ui.Bytes(p.BytesIn) + " in, " + ui.Bytes(p.BytesOut) + " out" })
 		crash(p)
 	}
 	res, err := convert.Run(ctx, o)
@@ -235,7 +235,7 @@ func runMerge(ctx context.Context, mo convert.MergeOptions, quiet, jsonOut bool,
 		if bar == nil {
 			bar = ui.New("merge", "MB", 0, quiet)
 		}
-		bar.Update(p.BytesOut>>20, "")
+		bar.Update(p.BytesOut>>20, nil)
 	}
 	res, err := convert.Merge(ctx, mo)
 	if bar != nil {

@@ -139,7 +139,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		if bar == nil {
 			bar = ui.New("shuffle", "samples", p.Total, quiet)
 		}
-		bar.Update(p.Done, p.Phase+", "+ui.Bytes(p.BytesWritten)+" written")
+		bar.Update(p.Done, func() string { return p.Phase + ", " + ui.Bytes(p.BytesWritten) + " written" })
 		if killAt > 0 && p.Phase == "write" && p.Done >= killAt { // fault injection for the crash tests
 			syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			select {}

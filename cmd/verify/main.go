@@ -80,7 +80,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		if bar == nil {
 			bar = ui.New("verify", "MB", total>>20, quiet)
 		}
-		bar.Update(done>>20, "")
+		bar.Update(done>>20, nil)
 	}
 	r, err := verify(dir, o)
 	if bar != nil {

@@ -26,7 +26,7 @@ type Progress struct {
 	start   time.Time
 	total   int64
 	done    int64
-	detail  string
+	detail  func() string
 	quiet   bool
 	printed bool
 }
@@ -59,21 +59,38 @@ func New(name, unit string, total int64, quiet bool) *Progress {
 	return p
 }
 
-// Update sets the units done and a detail text ("1.2 GB in, 850 MB/s").
-func (p *Progress) Update(done int64, detail string) {
+// Update sets the units done. detail (may be nil) gives the text shown
+// after them ("1.2 GB in, 850 MB out"); it is called only when a line or
+// the bar is drawn, so that callers can report every item cheaply.
+func (p *Progress) Update(done int64, detail func() string) {
 	if p.quiet {
 		return
 	}
 	p.done, p.detail = done, detail
+	now := time.Now()
 	if p.bar != nil {
-		p.bar.Describe(p.name + " " + detail)
+		if now.Sub(p.last) >= barDescribe {
+			p.last = now
+			p.bar.Describe(p.name + " " + p.detailText())
+		}
 		p.bar.Set64(done)
 		return
 	}
-	if now := time.Now(); now.Sub(p.last) >= p.every {
+	if now.Sub(p.last) >= p.every {
 		p.last = now
 		p.line()
 	}
+}
+
+// barDescribe is how often the bar's text is refreshed (the bar itself
+// throttles its drawing to the same interval).
+const barDescribe = 100 * time.Millisecond
+
+func (p *Progress) detailText() string {
+	if p.detail == nil {
+		return ""
+	}
+	return p.detail()
 }
 
 func (p *Progress) line() {
@@ -86,9 +103,9 @@ func (p *Progress) line() {
 			eta = ", ETA " + rem.Round(time.Second).String()
 		}
 	}
-	detail := ""
-	if p.detail != "" {
-		detail = ", " + p.detail
+	detail := p.detailText()
+	if detail != "" {
+		detail = ", " + detail
 	}
 	fmt.Fprintf(p.w, "%s: %d/%d %s%s%s%s\n", p.name, p.done, p.total, p.unit, pct, detail, eta)
 	p.printed = true

@@ -1,0 +1,45 @@
+package ui
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestProgressPlain: without a terminal, a line at most every interval,
+// with the detail text asked for only when a line is printed, and a last
+// line at Finish; quiet prints nothing and never asks.
+func TestProgressPlain(t *testing.T) {
+	var out bytes.Buffer
+	p := New("convert", "clips", 1000, false)
+	p.w, p.every = &out, 20*time.Millisecond
+	asked := 0
+	detail := func() string { asked++; return "1 MB in" }
+	for i := range 1000 {
+		p.Update(int64(i+1), detail)
+		if i%100 == 0 {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	p.Finish()
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) < 2 || len(lines) > 10 {
+		t.Fatalf("%d lines for 1000 updates over ~50 ms at 20 ms:\n%s", len(lines), out.String())
+	}
+	if asked != len(lines) {
+		t.Fatalf("detail asked %d times for %d lines", asked, len(lines))
+	}
+	if last := lines[len(lines)-1]; !strings.HasPrefix(last, "convert: 1000/1000 clips (100.0%), 1 MB in") {
+		t.Fatalf("last line %q", last)
+	}
+
+	out.Reset()
+	q := New("convert", "clips", 10, true)
+	q.w, q.every = &out, 0
+	q.Update(5, func() string { t.Fatal("quiet progress asked for its detail"); return "" })
+	q.Finish()
+	if out.Len() != 0 {
+		t.Fatalf("quiet progress printed %q", out.String())
+	}
+}
