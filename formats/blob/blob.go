@@ -229,7 +229,7 @@ func (w *Writer) writeLoop() {
 func (w *Writer) writeChunk(c *chunk) error {
 	start := c.keep &^ (align - 1)
 	if err := w.d.WriteAt(c.buf[start:c.n], c.off+int64(start)); err != nil {
-		return fmt.Errorf("blob: %s: %w", w.path, err)
+		return err // an *fs.PathError: "write PATH: no space left on device"
 	}
 	return nil
 }

@@ -574,7 +574,7 @@ func (w *writer) write(c *clipOut) error {
 			}
 		}
 		if _, err := st.w.Write(mo.data); err != nil {
-			return fmt.Errorf("writing %s: %w", j.blobPath(k), err)
+			return fmt.Errorf("writing modality %q: %w", j.opts.Modalities[k].Name, err)
 		}
 		st.rows += mo.rows
 		st.stats.Add(mo.stats)
