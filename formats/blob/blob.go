@@ -142,6 +142,9 @@ func Open(path string, dt array.DType, frameShape []int, rows int64) (*Writer, e
 		_, err = f.ReadAt(w.cur.buf[:w.cur.n], w.cur.off)
 	}
 	if err != nil {
+		for _, b := range w.bufs {
+			directio.Unmap(b)
+		}
 		f.Close()
 		return nil, err
 	}
