@@ -389,3 +389,29 @@ func TestPartsAndMerge(t *testing.T) {
 		t.Errorf("auto without variables: %d %q", r.code, r.stderr)
 	}
 }
+
+// TestResumeRechecksSources: a source changed between a killed run and its
+// resume is converted again, not taken over from the journal; here the
+// changed clip now holds a NaN, so the resume fails on it, naming it.
+func TestResumeRechecksSources(t *testing.T) {
+	src := copyDemo(t)
+	out := filepath.Join(t.TempDir(), "ds")
+	r := runConvert(t, []string{"CLIPSHARD_KILL_AFTER_CLIPS=6"}, demoArgs(src, out, "--checkpoint", "0")...)
+	if r.code != -1 {
+		t.Fatalf("not killed: exit %d %s", r.code, r.stderr)
+	}
+	bad, err := os.ReadFile(filepath.Join("..", "..", "testdata", "convert", "nan_emotion.npy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "emotion", "clip003.npy"), bad, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r = runConvert(t, nil, demoArgs(src, out)...)
+	if r.code != 1 || !strings.Contains(r.stderr, `clip "clip003"`) || !strings.Contains(r.stderr, "NaN") {
+		t.Fatalf("resume over a changed source: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if _, err := os.Stat(filepath.Join(out, "dataset.json")); err == nil {
+		t.Fatal("dataset.json written")
+	}
+}

@@ -465,11 +465,23 @@ func (j *job) verifyRecords(recs []journalRecord) []journalRecord {
 		if i >= len(j.clips) || rec.Clip != j.clips[i] {
 			return recs[:i]
 		}
+		// A clip is taken over only if its sources are as they were when
+		// it was converted (or skipped): same size and mtime.
 		if rec.Skip != "" {
+			for _, ss := range rec.SkipSources {
+				if manifests.Stamp(ss.Path) != ss {
+					return recs[:i]
+				}
+			}
 			continue
 		}
 		if len(rec.Mods) != len(j.opts.Modalities) {
 			return recs[:i]
+		}
+		for _, m := range rec.Mods {
+			if manifests.Stamp(m.Path) != (manifests.SourceStamp{Path: m.Path, Size: m.Size, MtimeNS: m.MtimeNS}) {
+				return recs[:i]
+			}
 		}
 		for k, m := range rec.Mods {
 			dt, _, err := array.ParseDescr(m.DType)
