@@ -59,53 +59,45 @@ def land(name, arr):
     np.copyto(buf[: arr.shape[0]], arr)
 
 
-# (a) shards in order
-if mode == "cold":
-    drop(glob.glob(os.path.join(edir, "epoch-0000", "*", "*.npy")))
-t = time.perf_counter()
-got = 0
-for b in shards.batches(B):
-    got += len(b["samples"])
-    land("feat", b["feat"])
-    land("motion", b["motion"])
-ta = time.perf_counter() - t
-assert got == n
 
-# (a') shards in order, read=True
-if mode == "cold":
-    drop(glob.glob(os.path.join(edir, "epoch-0000", "*", "*.npy")))
-t = time.perf_counter()
-for b in shards.batches(B, read=True):
-    land("feat", b["feat"])
-    land("motion", b["motion"])
-ta2 = time.perf_counter() - t
 
-# (b) random gather from the dataset blobs
-feat = np.load(os.path.join(ds, "feat.npy"), mmap_mode="r")
-motion = np.load(os.path.join(ds, "motion.npy"), mmap_mode="r")
-if mode == "cold":
-    drop([os.path.join(ds, "feat.npy"), os.path.join(ds, "motion.npy")])
+def read_shards(read):
+    """(a)/(a'): rank 0's epoch in order; returns the seconds taken."""
+    if mode == "cold":
+        drop(glob.glob(os.path.join(edir, "epoch-0000", "*", "*.npy")))
+    t = time.perf_counter()
+    got = 0
+    for b in shards.batches(B, read=read):
+        got += len(b["samples"])
+        land("feat", b["feat"])
+        land("motion", b["motion"])
+    assert got == n
+    return time.perf_counter() - t
+
+
 rows = (index[samples[:, 0], 0] + samples[:, 1])[:, None] + np.arange(W)[None, :]
-t = time.perf_counter()
-for i in range(0, n, B):
-    r = rows[i : i + B]
-    land("feat", feat[r.ravel()].reshape(len(r), W, -1))
-    land("motion", motion[r.ravel()].reshape(len(r), W, -1))
-tb = time.perf_counter() - t
 
-# (b') the same gather without read-around
-feat = np.load(os.path.join(ds, "feat.npy"), mmap_mode="r")
-motion = np.load(os.path.join(ds, "motion.npy"), mmap_mode="r")
-for a in (feat, motion):
-    a._mmap.madvise(mmap.MADV_RANDOM)
-if mode == "cold":
-    drop([os.path.join(ds, "feat.npy"), os.path.join(ds, "motion.npy")])
-t = time.perf_counter()
-for i in range(0, n, B):
-    r = rows[i : i + B]
-    land("feat", feat[r.ravel()].reshape(len(r), W, -1))
-    land("motion", motion[r.ravel()].reshape(len(r), W, -1))
-tb2 = time.perf_counter() - t
+
+def gather(advice):
+    """(b)/(b'): the same windows gathered from the dataset blobs, one
+    fancy index per batch, with madvise(advice) on the maps if given."""
+    blobs = [os.path.join(ds, "feat.npy"), os.path.join(ds, "motion.npy")]
+    feat, motion = (np.load(p, mmap_mode="r") for p in blobs)
+    if advice is not None:
+        for a in (feat, motion):
+            a._mmap.madvise(advice)
+    if mode == "cold":
+        drop(blobs)
+    t = time.perf_counter()
+    for i in range(0, n, B):
+        r = rows[i : i + B]
+        land("feat", feat[r.ravel()].reshape(len(r), W, -1))
+        land("motion", motion[r.ravel()].reshape(len(r), W, -1))
+    return time.perf_counter() - t
+
+
+ta, ta2 = read_shards(False), read_shards(True)
+tb, tb2 = gather(None), gather(mmap.MADV_RANDOM)
 
 # (c) per sample from the sources
 k = min(n, 600)

@@ -22,13 +22,7 @@ import (
 
 var bin string
 
-func TestMain(m *testing.M) {
-	var cleanup func()
-	bin, cleanup = clitest.Build("convert")
-	code := m.Run()
-	cleanup()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { clitest.Main(m, "convert", &bin) }
 
 var demoMods = []string{
 	"-m", "motion=motion/{clip}.pkl:exp+pose",

@@ -23,13 +23,7 @@ import (
 
 var bin string
 
-func TestMain(m *testing.M) {
-	var cleanup func()
-	bin, cleanup = clitest.Build("shuffle")
-	code := m.Run()
-	cleanup()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { clitest.Main(m, "shuffle", &bin) }
 
 var (
 	dsOnce sync.Once

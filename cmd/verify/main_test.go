@@ -20,13 +20,7 @@ import (
 
 var bin string
 
-func TestMain(m *testing.M) {
-	var cleanup func()
-	bin, cleanup = clitest.Build("verify")
-	code := m.Run()
-	cleanup()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { clitest.Main(m, "verify", &bin) }
 
 // demoDataset converts a copy of testdata/demo and returns (sources, dataset).
 func demoDataset(t *testing.T) (string, string) {

@@ -60,16 +60,13 @@ func Decode(r io.ReaderAt, size int64) (obj any, err error) {
 	if err := scan(r, size, mem); err != nil {
 		return nil, err
 	}
-	if mem != nil && useFast {
+	if mem != nil {
 		if obj, ok := fastDecodeSafe(mem); ok {
 			return obj, nil
 		}
 	}
 	return slowDecode(r, size, mem)
 }
-
-// useFast lets tests decode with gopickle alone.
-var useFast = true
 
 // fastDecodeSafe is fastDecode, giving up on a panic too.
 func fastDecodeSafe(data []byte) (obj any, ok bool) {

@@ -61,32 +61,40 @@ func (d *fastDecoder) take(n int) ([]byte, bool) {
 	return b, true
 }
 
-func (d *fastDecoder) u8() (int, bool) {
-	b, ok := d.take(1)
+// uint reads a little-endian unsigned integer of w bytes (1, 2, 4 or 8).
+// Values past MaxInt32 give up: no numpy pickle of a size decoded here
+// has them.
+func (d *fastDecoder) uint(w int) (int, bool) {
+	b, ok := d.take(w)
 	if !ok {
 		return 0, false
 	}
-	return int(b[0]), true
-}
-
-func (d *fastDecoder) u32() (int, bool) {
-	b, ok := d.take(4)
-	if !ok {
-		return 0, false
+	var v uint64
+	for i := w - 1; i >= 0; i-- {
+		v = v<<8 | uint64(b[i])
 	}
-	return int(binary.LittleEndian.Uint32(b)), true
-}
-
-func (d *fastDecoder) u64() (int, bool) {
-	b, ok := d.take(8)
-	if !ok {
-		return 0, false
-	}
-	v := binary.LittleEndian.Uint64(b)
 	if v > math.MaxInt32 {
 		return 0, false
 	}
 	return int(v), true
+}
+
+// counted reads a length of w bytes, then that many bytes.
+func (d *fastDecoder) counted(w int) ([]byte, bool) {
+	n, ok := d.uint(w)
+	if !ok {
+		return nil, false
+	}
+	return d.take(n)
+}
+
+// argWidth is the width of the integer (a value, a length or a memo
+// index) that follows the opcodes taking one.
+var argWidth = [256]int{
+	'K': 1, 'M': 2, // BININT1, BININT2 (the value itself)
+	0x8c: 1, 'X': 4, 0x8d: 8, // SHORT_BINUNICODE, BINUNICODE, BINUNICODE8
+	'C': 1, 'B': 4, 0x8e: 8, 0x96: 8, // SHORT_BINBYTES, BINBYTES, BINBYTES8, BYTEARRAY8
+	'q': 1, 'r': 4, 'h': 1, 'j': 4, // BINPUT, LONG_BINPUT, BINGET, LONG_BINGET
 }
 
 func (d *fastDecoder) push(v any) { d.stack = append(d.stack, v) }
@@ -169,20 +177,20 @@ func (d *fastDecoder) line() (string, bool) {
 func (d *fastDecoder) run() (any, bool) {
 	d.frameEnd = -1
 	for {
-		op, ok := d.u8()
+		op, ok := d.uint(1)
 		if !ok {
 			return nil, false
 		}
 		switch op {
 		case 0x80: // PROTO
-			if p, ok := d.u8(); !ok || p > 5 {
+			if p, ok := d.uint(1); !ok || p > 5 {
 				return nil, false
 			}
 		case 0x95: // FRAME
 			if d.frameEnd >= 0 && d.pos < d.frameEnd {
 				return nil, false
 			}
-			n, ok := d.u64()
+			n, ok := d.uint(8)
 			if !ok || n > len(d.data)-d.pos {
 				return nil, false
 			}
@@ -218,18 +226,12 @@ func (d *fastDecoder) run() (any, bool) {
 			d.push(true)
 		case 0x89:
 			d.push(false)
-		case 'K': // BININT1
-			v, ok := d.u8()
+		case 'K', 'M': // BININT1, BININT2
+			v, ok := d.uint(argWidth[op])
 			if !ok {
 				return nil, false
 			}
 			d.push(v)
-		case 'M': // BININT2
-			b, ok := d.take(2)
-			if !ok {
-				return nil, false
-			}
-			d.push(int(binary.LittleEndian.Uint16(b)))
 		case 'J': // BININT
 			b, ok := d.take(4)
 			if !ok {
@@ -243,37 +245,13 @@ func (d *fastDecoder) run() (any, bool) {
 			}
 			d.push(math.Float64frombits(binary.BigEndian.Uint64(b)))
 		case 0x8c, 'X', 0x8d: // SHORT_BINUNICODE, BINUNICODE, BINUNICODE8
-			var n int
-			switch op {
-			case 0x8c:
-				n, ok = d.u8()
-			case 'X':
-				n, ok = d.u32()
-			default:
-				n, ok = d.u64()
-			}
-			if !ok {
-				return nil, false
-			}
-			b, ok := d.take(n)
+			b, ok := d.counted(argWidth[op])
 			if !ok {
 				return nil, false
 			}
 			d.push(string(b))
 		case 'C', 'B', 0x8e, 0x96: // SHORT_BINBYTES, BINBYTES, BINBYTES8, BYTEARRAY8
-			var n int
-			switch op {
-			case 'C':
-				n, ok = d.u8()
-			case 'B':
-				n, ok = d.u32()
-			default:
-				n, ok = d.u64()
-			}
-			if !ok {
-				return nil, false
-			}
-			b, ok := d.take(n)
+			b, ok := d.counted(argWidth[op])
 			if !ok {
 				return nil, false
 			}
@@ -288,22 +266,12 @@ func (d *fastDecoder) run() (any, bool) {
 				return nil, false
 			}
 		case 'q', 'r': // BINPUT, LONG_BINPUT
-			var i int
-			if op == 'q' {
-				i, ok = d.u8()
-			} else {
-				i, ok = d.u32()
-			}
+			i, ok := d.uint(argWidth[op])
 			if !ok || !d.put(i) {
 				return nil, false
 			}
 		case 'h', 'j': // BINGET, LONG_BINGET
-			var i int
-			if op == 'h' {
-				i, ok = d.u8()
-			} else {
-				i, ok = d.u32()
-			}
+			i, ok := d.uint(argWidth[op])
 			if !ok {
 				return nil, false
 			}

@@ -11,9 +11,10 @@ import (
 	"github.com/nlpodyssey/gopickle/types"
 )
 
-func pickleFixtures(tb testing.TB) map[string][]byte {
+// fixtureFiles returns the pickle fixtures made by testdata/formats/gen.py
+// (also the fuzz seeds, through SeedFiles in export_test.go).
+func fixtureFiles(tb testing.TB) map[string][]byte {
 	paths, _ := filepath.Glob(filepath.Join("..", "..", "testdata", "formats", "pickle", "*.pkl"))
-	more, _ := filepath.Glob(filepath.Join("testdata", "fuzz", "*", "*"))
 	if len(paths) == 0 {
 		tb.Fatal("no pickle fixtures")
 	}
@@ -25,7 +26,6 @@ func pickleFixtures(tb testing.TB) map[string][]byte {
 		}
 		out[p] = b
 	}
-	_ = more // corpus files are in the go test fuzz format, seeded by FuzzDecode
 	return out
 }
 
@@ -97,7 +97,7 @@ func sameSlice(a, b []any) bool {
 // nested containers, hostile files).
 func TestFastMatchesGopickle(t *testing.T) {
 	fast := 0
-	files := pickleFixtures(t)
+	files := fixtureFiles(t)
 	for name, b := range files {
 		if sameAsGopickle(t, name, b) {
 			fast++
@@ -112,7 +112,7 @@ func TestFastMatchesGopickle(t *testing.T) {
 // FuzzFast: on any input that passes the scan, the fast path either gives
 // up or builds exactly what gopickle builds; it never panics.
 func FuzzFast(f *testing.F) {
-	for _, b := range pickleFixtures(f) {
+	for _, b := range fixtureFiles(f) {
 		f.Add(b)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {

@@ -2,29 +2,11 @@ package pickle_test
 
 import (
 	"bytes"
-	"os"
-	"path/filepath"
 	"runtime"
 	"testing"
 
 	"github.com/clipshard/clipshard/formats/pickle"
 )
-
-func seedFiles(tb testing.TB) map[string][]byte {
-	paths, _ := filepath.Glob(filepath.Join("..", "..", "testdata", "formats", "pickle", "*.pkl"))
-	if len(paths) == 0 {
-		tb.Fatal("no pickle fixtures")
-	}
-	out := make(map[string][]byte)
-	for _, p := range paths {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		out[p] = b
-	}
-	return out
-}
 
 func totalAlloc() uint64 {
 	var s runtime.MemStats
@@ -43,7 +25,7 @@ func allocBound(n int) uint64 { return uint64(256*n) + 1<<20 }
 // panic may escape, and allocation stays within a small multiple of the
 // input size.
 func FuzzDecode(f *testing.F) {
-	for _, b := range seedFiles(f) {
+	for _, b := range pickle.SeedFiles(f) {
 		f.Add(b, "exp")
 	}
 	f.Add([]byte("\x80\x04\x8e\x00\x00\x00\x00\x00\x00\x04\x00xx."), "")

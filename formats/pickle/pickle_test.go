@@ -14,7 +14,7 @@ import (
 // TestAllocationBounded decodes every fixture, good and hostile, and checks
 // that none allocates more than a small multiple of its size.
 func TestAllocationBounded(t *testing.T) {
-	for path, b := range seedFiles(t) {
+	for path, b := range pickle.SeedFiles(t) {
 		before := totalAlloc()
 		pickle.Decode(bytes.NewReader(b), int64(len(b)))
 		if got := totalAlloc() - before; got > allocBound(len(b)) {
@@ -24,7 +24,7 @@ func TestAllocationBounded(t *testing.T) {
 }
 
 func TestRefusalsAreTyped(t *testing.T) {
-	for name, b := range seedFiles(t) {
+	for name, b := range pickle.SeedFiles(t) {
 		_, err := pickle.Decode(bytes.NewReader(b), int64(len(b)))
 		switch {
 		case strings.Contains(name, "evil_"), strings.Contains(name, "persid"):
@@ -43,7 +43,7 @@ func TestRefusalsAreTyped(t *testing.T) {
 // straight into the buffer the array keeps: decoding allocates the payload
 // once, not twice.
 func TestPayloadNotCopied(t *testing.T) {
-	for name, b := range seedFiles(t) {
+	for name, b := range pickle.SeedFiles(t) {
 		if !strings.Contains(name, "_big.pkl") {
 			continue
 		}
@@ -127,7 +127,7 @@ func TestNoAliasing(t *testing.T) {
 		live, copy []byte
 	}
 	var all []kept
-	files := seedFiles(t)
+	files := pickle.SeedFiles(t)
 	for name, b := range files {
 		obj, err := pickle.Decode(bytes.NewReader(b), int64(len(b)))
 		if err != nil {

@@ -28,6 +28,16 @@ func Build(name string) (string, func()) {
 	return bin, func() { os.RemoveAll(dir) }
 }
 
+// Main is a test package's TestMain: it builds the command name into *bin
+// (see Build), runs the tests and removes the build.
+func Main(m *testing.M, name string, bin *string) {
+	var cleanup func()
+	*bin, cleanup = Build(name)
+	code := m.Run()
+	cleanup()
+	os.Exit(code)
+}
+
 // Result is how a run ended. Code is -1 when the process was killed.
 type Result struct {
 	Code           int

@@ -1,0 +1,4 @@
+package pickle
+
+// SeedFiles gives the external tests the fixture files.
+var SeedFiles = fixtureFiles
