@@ -74,8 +74,8 @@ func largeArgs(src, out string, extra ...string) []string {
 func TestKillLargeClips(t *testing.T) {
 	src := largeSet(t, 30)
 	ref := filepath.Join(t.TempDir(), "ref")
-	if r := runConvert(t, nil, largeArgs(src, ref)...); r.code != 0 {
-		t.Fatal(r.stderr)
+	if r := runConvert(t, nil, largeArgs(src, ref)...); r.Code != 0 {
+		t.Fatal(r.Stderr)
 	}
 	rep, err := manifests.VerifyDataset(ref, manifests.VerifyOptions{Deep: true})
 	if err != nil || !rep.OK() {
@@ -95,12 +95,12 @@ func TestKillLargeClips(t *testing.T) {
 		t.Run(c.kill+"/checkpoint="+c.checkpoint, func(t *testing.T) {
 			out := filepath.Join(t.TempDir(), "ds")
 			r := runConvert(t, []string{c.kill}, largeArgs(src, out, "--checkpoint", c.checkpoint)...)
-			if r.code != -1 {
-				t.Fatalf("not killed: exit %d %s", r.code, r.stderr)
+			if r.Code != -1 {
+				t.Fatalf("not killed: exit %d %s", r.Code, r.Stderr)
 			}
 			r = runConvert(t, nil, largeArgs(src, out)...)
-			if r.code != 0 {
-				t.Fatalf("resume: exit %d: %s", r.code, r.stderr)
+			if r.Code != 0 {
+				t.Fatalf("resume: exit %d: %s", r.Code, r.Stderr)
 			}
 			sameTree(t, want, snapshot(t, out), "resumed")
 		})

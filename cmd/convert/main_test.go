@@ -38,15 +38,9 @@ func copyDemo(t *testing.T) string {
 	return dst
 }
 
-type result struct {
-	code           int
-	stdout, stderr string
-}
-
-func runConvert(t *testing.T, env []string, args ...string) result {
+func runConvert(t *testing.T, env []string, args ...string) clitest.Result {
 	t.Helper()
-	r := clitest.Run(t, bin, env, args...)
-	return result{r.Code, r.Stdout, r.Stderr}
+	return clitest.Run(t, bin, env, args...)
 }
 
 func demoArgs(src, out string, extra ...string) []string {
@@ -62,11 +56,11 @@ func TestDemoMatchesNumpy(t *testing.T) {
 	src := copyDemo(t)
 	out := filepath.Join(t.TempDir(), "ds")
 	r := runConvert(t, nil, demoArgs(src, out)...)
-	if r.code != 0 {
-		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	if r.Code != 0 {
+		t.Fatalf("exit %d: %s", r.Code, r.Stderr)
 	}
-	if !strings.Contains(r.stdout, "converted 12 clips") {
-		t.Fatalf("summary: %s", r.stdout)
+	if !strings.Contains(r.Stdout, "converted 12 clips") {
+		t.Fatalf("summary: %s", r.Stdout)
 	}
 	numpytest.Run(t, filepath.Join("..", "..", "testdata", "check_dataset.py"), out, filepath.Join(src, "clips.txt"), src)
 	cmd := exec.Command("sha256sum", "--strict", "-c", "SHA256SUMS")
@@ -87,8 +81,8 @@ func TestWorkersSameBytes(t *testing.T) {
 	for _, w := range []string{"1", "2", "8"} {
 		out := filepath.Join(t.TempDir(), "ds")
 		r := runConvert(t, nil, demoArgs(src, out, "--workers", w, "--mem", "1")...)
-		if r.code != 0 {
-			t.Fatalf("workers %s: exit %d: %s", w, r.code, r.stderr)
+		if r.Code != 0 {
+			t.Fatalf("workers %s: exit %d: %s", w, r.Code, r.Stderr)
 		}
 		snap := snapshot(t, out)
 		if first == nil {
@@ -102,14 +96,14 @@ func TestWorkersSameBytes(t *testing.T) {
 func TestNoOpThenRebuild(t *testing.T) {
 	src := copyDemo(t)
 	out := filepath.Join(t.TempDir(), "ds")
-	if r := runConvert(t, nil, demoArgs(src, out)...); r.code != 0 {
-		t.Fatal(r.stderr)
+	if r := runConvert(t, nil, demoArgs(src, out)...); r.Code != 0 {
+		t.Fatal(r.Stderr)
 	}
 	st1, _ := os.Stat(filepath.Join(out, "dataset.json"))
 	time.Sleep(10 * time.Millisecond)
 	r := runConvert(t, nil, demoArgs(src, out)...)
-	if r.code != 0 || !strings.Contains(r.stdout, "up to date") {
-		t.Fatalf("re-run: exit %d, %q", r.code, r.stdout)
+	if r.Code != 0 || !strings.Contains(r.Stdout, "up to date") {
+		t.Fatalf("re-run: exit %d, %q", r.Code, r.Stdout)
 	}
 	st2, _ := os.Stat(filepath.Join(out, "dataset.json"))
 	if !st2.ModTime().Equal(st1.ModTime()) {
@@ -119,13 +113,13 @@ func TestNoOpThenRebuild(t *testing.T) {
 	future := time.Now().Add(time.Hour)
 	os.Chtimes(filepath.Join(src, "emotion", "clip005.npy"), future, future)
 	r = runConvert(t, nil, demoArgs(src, out)...)
-	if r.code != 0 || !strings.Contains(r.stdout, "converted 12 clips") {
-		t.Fatalf("after touch: exit %d, %q %s", r.code, r.stdout, r.stderr)
+	if r.Code != 0 || !strings.Contains(r.Stdout, "converted 12 clips") {
+		t.Fatalf("after touch: exit %d, %q %s", r.Code, r.Stdout, r.Stderr)
 	}
 	// --force rebuilds too.
 	r = runConvert(t, nil, demoArgs(src, out, "--force")...)
-	if r.code != 0 || !strings.Contains(r.stdout, "converted 12 clips") {
-		t.Fatalf("--force: exit %d, %q", r.code, r.stdout)
+	if r.Code != 0 || !strings.Contains(r.Stdout, "converted 12 clips") {
+		t.Fatalf("--force: exit %d, %q", r.Code, r.Stdout)
 	}
 	entries, _ := os.ReadDir(filepath.Dir(out))
 	if len(entries) != 1 {
@@ -136,8 +130,8 @@ func TestNoOpThenRebuild(t *testing.T) {
 func TestKillAndResume(t *testing.T) {
 	src := copyDemo(t)
 	ref := filepath.Join(t.TempDir(), "ref")
-	if r := runConvert(t, nil, demoArgs(src, ref)...); r.code != 0 {
-		t.Fatal(r.stderr)
+	if r := runConvert(t, nil, demoArgs(src, ref)...); r.Code != 0 {
+		t.Fatal(r.Stderr)
 	}
 	want := snapshot(t, ref)
 	for kill, resumed := range map[string]int{
@@ -147,18 +141,18 @@ func TestKillAndResume(t *testing.T) {
 		t.Run(kill, func(t *testing.T) {
 			out := filepath.Join(t.TempDir(), "ds")
 			r := runConvert(t, []string{kill}, demoArgs(src, out, "--workers", "2", "--checkpoint", "0")...)
-			if r.code != -1 {
-				t.Fatalf("not killed: exit %d %s", r.code, r.stderr)
+			if r.Code != -1 {
+				t.Fatalf("not killed: exit %d %s", r.Code, r.Stderr)
 			}
 			if _, err := os.Stat(filepath.Join(out, "dataset.json")); err == nil {
 				t.Fatal("dataset.json exists after a kill")
 			}
 			r = runConvert(t, nil, demoArgs(src, out)...)
-			if r.code != 0 {
-				t.Fatalf("resume: exit %d: %s", r.code, r.stderr)
+			if r.Code != 0 {
+				t.Fatalf("resume: exit %d: %s", r.Code, r.Stderr)
 			}
-			if !strings.Contains(r.stdout, fmt.Sprintf("resumed: %d clips", resumed)) {
-				t.Errorf("resume did not take over %d clips: %q", resumed, r.stdout)
+			if !strings.Contains(r.Stdout, fmt.Sprintf("resumed: %d clips", resumed)) {
+				t.Errorf("resume did not take over %d clips: %q", resumed, r.Stdout)
 			}
 			sameTree(t, want, snapshot(t, out), "resumed")
 			if entries, _ := os.ReadDir(filepath.Dir(out)); len(entries) != 1 {
@@ -168,13 +162,13 @@ func TestKillAndResume(t *testing.T) {
 	}
 	// A kill while replacing an older dataset leaves the old one intact.
 	out := filepath.Join(t.TempDir(), "ds")
-	if r := runConvert(t, nil, demoArgs(src, out)...); r.code != 0 {
-		t.Fatal(r.stderr)
+	if r := runConvert(t, nil, demoArgs(src, out)...); r.Code != 0 {
+		t.Fatal(r.Stderr)
 	}
 	old := snapshot(t, out)
 	r := runConvert(t, []string{"CLIPSHARD_KILL_AFTER_CLIPS=3"}, demoArgs(src, out, "--force")...)
-	if r.code != -1 {
-		t.Fatalf("not killed: %d", r.code)
+	if r.Code != -1 {
+		t.Fatalf("not killed: %d", r.Code)
 	}
 	sameTree(t, old, snapshot(t, out), "previous dataset after a killed --force")
 }
@@ -215,28 +209,28 @@ func TestBadInput(t *testing.T) {
 			}
 			out := filepath.Join(t.TempDir(), "ds")
 			r := runConvert(t, nil, demoArgs(src, out, c.extra...)...)
-			if r.code != 1 {
-				t.Fatalf("exit %d, want 1; stderr %q", r.code, r.stderr)
+			if r.Code != 1 {
+				t.Fatalf("exit %d, want 1; stderr %q", r.Code, r.Stderr)
 			}
-			lines := strings.Split(strings.TrimSpace(r.stderr), "\n")
+			lines := strings.Split(strings.TrimSpace(r.Stderr), "\n")
 			if len(lines) != 1 {
-				t.Fatalf("stderr has %d lines: %q", len(lines), r.stderr)
+				t.Fatalf("stderr has %d lines: %q", len(lines), r.Stderr)
 			}
 			for _, w := range c.want {
 				if !strings.Contains(lines[0], w) {
 					t.Errorf("stderr %q lacks %q", lines[0], w)
 				}
 			}
-			if strings.Contains(r.stderr, "panic") || strings.Contains(r.stderr, "goroutine") {
-				t.Fatalf("stack trace: %s", r.stderr)
+			if strings.Contains(r.Stderr, "panic") || strings.Contains(r.Stderr, "goroutine") {
+				t.Fatalf("stack trace: %s", r.Stderr)
 			}
 			if _, err := os.Stat(out); err == nil {
 				t.Fatal("output directory exists after a failed run")
 			}
 			// --on-error skip converts the rest and lists the clip.
 			r = runConvert(t, nil, demoArgs(src, out, append(c.extra, "--on-error", "skip")...)...)
-			if r.code != 0 || !strings.Contains(r.stdout, "skipped 1 clips") || !strings.Contains(r.stdout, "clip003") {
-				t.Fatalf("skip: exit %d %q %q", r.code, r.stdout, r.stderr)
+			if r.Code != 0 || !strings.Contains(r.Stdout, "skipped 1 clips") || !strings.Contains(r.Stdout, "clip003") {
+				t.Fatalf("skip: exit %d %q %q", r.Code, r.Stdout, r.Stderr)
 			}
 			tsv, err := os.ReadFile(filepath.Join(out, "skipped.tsv"))
 			if err != nil || !strings.Contains(string(tsv), "clip003\t") {
@@ -261,8 +255,8 @@ func TestAllowFlags(t *testing.T) {
 			os.WriteFile(filepath.Join(src, "emotion", "clip003.npy"), b, 0o644)
 			out := filepath.Join(t.TempDir(), "ds")
 			r := runConvert(t, nil, demoArgs(src, out, c.flag)...)
-			if r.code != 0 {
-				t.Fatalf("exit %d: %s", r.code, r.stderr)
+			if r.Code != 0 {
+				t.Fatalf("exit %d: %s", r.Code, r.Stderr)
 			}
 			js, _ := os.ReadFile(filepath.Join(out, "dataset.json"))
 			if !strings.Contains(string(js), c.stat) {
@@ -294,16 +288,16 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"--bogus"}, 2, "flag provided but not defined"},
 	} {
 		r := runConvert(t, nil, c.args...)
-		if r.code != c.code || !strings.Contains(r.stderr, c.want) {
-			t.Errorf("%v: exit %d, stderr %q; want %d and %q", c.args, r.code, r.stderr, c.code, c.want)
+		if r.Code != c.code || !strings.Contains(r.Stderr, c.want) {
+			t.Errorf("%v: exit %d, stderr %q; want %d and %q", c.args, r.Code, r.Stderr, c.code, c.want)
 		}
 	}
 	if b, _ := os.ReadFile(filepath.Join(notDataset, "precious.txt")); string(b) != "keep me" {
 		t.Fatal("non-dataset --out was touched")
 	}
 	r := runConvert(t, nil, "--help")
-	if r.code != 0 || !strings.Contains(r.stderr, "Example:") || !strings.Contains(r.stderr, "Exit status") {
-		t.Fatalf("--help: %d %q", r.code, r.stderr)
+	if r.Code != 0 || !strings.Contains(r.Stderr, "Example:") || !strings.Contains(r.Stderr, "Exit status") {
+		t.Fatalf("--help: %d %q", r.Code, r.Stderr)
 	}
 }
 
@@ -313,8 +307,8 @@ func TestUsageErrors(t *testing.T) {
 func TestPartsAndMerge(t *testing.T) {
 	src := copyDemo(t)
 	single := filepath.Join(t.TempDir(), "single")
-	if r := runConvert(t, nil, demoArgs(src, single)...); r.code != 0 {
-		t.Fatal(r.stderr)
+	if r := runConvert(t, nil, demoArgs(src, single)...); r.Code != 0 {
+		t.Fatal(r.Stderr)
 	}
 	partsDir := t.TempDir()
 	outTmpl := filepath.Join(partsDir, "part-{part}")
@@ -326,7 +320,7 @@ func TestPartsAndMerge(t *testing.T) {
 	}
 	args := [][]string{{"--part", "0/4"}, {"--part", "auto"}, {"--part", "auto"}, {"--part", "auto", "--parts", "4"}}
 	var wg sync.WaitGroup
-	res := make([]result, 4)
+	res := make([]clitest.Result, 4)
 	for i := range envs {
 		wg.Add(1)
 		go func() {
@@ -336,8 +330,8 @@ func TestPartsAndMerge(t *testing.T) {
 	}
 	wg.Wait()
 	for i, r := range res {
-		if r.code != 0 {
-			t.Fatalf("part task %d: %d %s", i, r.code, r.stderr)
+		if r.Code != 0 {
+			t.Fatalf("part task %d: %d %s", i, r.Code, r.Stderr)
 		}
 	}
 	parts, _ := filepath.Glob(filepath.Join(partsDir, "part-*"))
@@ -346,8 +340,8 @@ func TestPartsAndMerge(t *testing.T) {
 	}
 	merged := filepath.Join(t.TempDir(), "merged")
 	r := runConvert(t, nil, append([]string{"--merge"}, append(parts, "--out", merged)...)...)
-	if r.code != 0 || !strings.Contains(r.stdout, "merged 4 parts") {
-		t.Fatalf("merge: %d %s %s", r.code, r.stdout, r.stderr)
+	if r.Code != 0 || !strings.Contains(r.Stdout, "merged 4 parts") {
+		t.Fatalf("merge: %d %s %s", r.Code, r.Stdout, r.Stderr)
 	}
 	sameTree(t, snapshot(t, single), snapshot(t, merged), "merge of 4 parts vs one process")
 	rep, err := manifests.VerifyDataset(merged, manifests.VerifyOptions{Deep: true, Sources: true})
@@ -364,23 +358,23 @@ func TestPartsAndMerge(t *testing.T) {
 		{[]string{single}, "is not a part"},
 	} {
 		r := runConvert(t, nil, append([]string{"--merge"}, append(c.parts, "--out", filepath.Join(t.TempDir(), "m"))...)...)
-		if r.code != 1 || !strings.Contains(r.stderr, c.want) {
-			t.Errorf("%v: %d %q, want %q", c.parts, r.code, r.stderr, c.want)
+		if r.Code != 1 || !strings.Contains(r.Stderr, c.want) {
+			t.Errorf("%v: %d %q, want %q", c.parts, r.Code, r.Stderr, c.want)
 		}
 	}
 	other := copyDemo(t)
 	os.WriteFile(filepath.Join(other, "clips.txt"), []byte("clip000\nclip001\nclip002\nclip003\n"), 0o644)
 	otherPart := filepath.Join(t.TempDir(), "other")
-	if r := runConvert(t, nil, demoArgs(other, otherPart, "--part", "2/4")...); r.code != 0 {
-		t.Fatal(r.stderr)
+	if r := runConvert(t, nil, demoArgs(other, otherPart, "--part", "2/4")...); r.Code != 0 {
+		t.Fatal(r.Stderr)
 	}
 	r = runConvert(t, nil, append([]string{"--merge", parts[0], parts[1], otherPart, parts[3]}, "--out", filepath.Join(t.TempDir(), "m"))...)
-	if r.code != 1 || !strings.Contains(r.stderr, "part of another job") {
-		t.Errorf("other job: %d %q", r.code, r.stderr)
+	if r.Code != 1 || !strings.Contains(r.Stderr, "part of another job") {
+		t.Errorf("other job: %d %q", r.Code, r.Stderr)
 	}
 	r = runConvert(t, nil, demoArgs(src, filepath.Join(t.TempDir(), "x"), "--part", "auto")...)
-	if r.code != 2 || !strings.Contains(r.stderr, "SLURM_ARRAY_TASK_ID") {
-		t.Errorf("auto without variables: %d %q", r.code, r.stderr)
+	if r.Code != 2 || !strings.Contains(r.Stderr, "SLURM_ARRAY_TASK_ID") {
+		t.Errorf("auto without variables: %d %q", r.Code, r.Stderr)
 	}
 }
 
@@ -391,8 +385,8 @@ func TestResumeRechecksSources(t *testing.T) {
 	src := copyDemo(t)
 	out := filepath.Join(t.TempDir(), "ds")
 	r := runConvert(t, []string{"CLIPSHARD_KILL_AFTER_CLIPS=6"}, demoArgs(src, out, "--checkpoint", "0")...)
-	if r.code != -1 {
-		t.Fatalf("not killed: exit %d %s", r.code, r.stderr)
+	if r.Code != -1 {
+		t.Fatalf("not killed: exit %d %s", r.Code, r.Stderr)
 	}
 	bad, err := os.ReadFile(filepath.Join("..", "..", "testdata", "convert", "nan_emotion.npy"))
 	if err != nil {
@@ -402,8 +396,8 @@ func TestResumeRechecksSources(t *testing.T) {
 		t.Fatal(err)
 	}
 	r = runConvert(t, nil, demoArgs(src, out)...)
-	if r.code != 1 || !strings.Contains(r.stderr, `clip "clip003"`) || !strings.Contains(r.stderr, "NaN") {
-		t.Fatalf("resume over a changed source: exit %d, stderr %q", r.code, r.stderr)
+	if r.Code != 1 || !strings.Contains(r.Stderr, `clip "clip003"`) || !strings.Contains(r.Stderr, "NaN") {
+		t.Fatalf("resume over a changed source: exit %d, stderr %q", r.Code, r.Stderr)
 	}
 	if _, err := os.Stat(filepath.Join(out, "dataset.json")); err == nil {
 		t.Fatal("dataset.json written")

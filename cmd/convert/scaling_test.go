@@ -83,8 +83,8 @@ func TestSlurmScripts(t *testing.T) {
 	runScript(t, filepath.Join(scripts, "merge.sbatch"), path, "PARTS="+parts, "DATASET="+dataset)
 
 	single := filepath.Join(work, "single")
-	if r := runConvert(t, nil, demoArgs(data, single)...); r.code != 0 {
-		t.Fatal(r.stderr)
+	if r := runConvert(t, nil, demoArgs(data, single)...); r.Code != 0 {
+		t.Fatal(r.Stderr)
 	}
 	sameTree(t, snapshot(t, single), snapshot(t, dataset), "Slurm parts + merge vs one process")
 
@@ -156,12 +156,12 @@ func TestKubernetesIndexedJob(t *testing.T) {
 		t.Fatalf("%d parts, want %d", len(partDirs), n)
 	}
 	merged := filepath.Join(t.TempDir(), "dataset")
-	if r := runConvert(t, nil, append(append([]string{"--merge"}, partDirs...), "--out", merged)...); r.code != 0 {
-		t.Fatal(r.stderr)
+	if r := runConvert(t, nil, append(append([]string{"--merge"}, partDirs...), "--out", merged)...); r.Code != 0 {
+		t.Fatal(r.Stderr)
 	}
 	single := filepath.Join(t.TempDir(), "single")
-	if r := runConvert(t, nil, demoArgs(data, single)...); r.code != 0 {
-		t.Fatal(r.stderr)
+	if r := runConvert(t, nil, demoArgs(data, single)...); r.Code != 0 {
+		t.Fatal(r.Stderr)
 	}
 	sameTree(t, snapshot(t, single), snapshot(t, merged), "Indexed Job parts + merge vs one process")
 }

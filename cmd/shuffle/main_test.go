@@ -55,15 +55,9 @@ func demoDataset(t *testing.T) string {
 	return dsDir
 }
 
-type result struct {
-	code           int
-	stdout, stderr string
-}
-
-func shuffleRun(t *testing.T, env []string, args ...string) result {
+func shuffleRun(t *testing.T, env []string, args ...string) clitest.Result {
 	t.Helper()
-	r := clitest.Run(t, bin, env, append([]string{"--quiet"}, args...)...)
-	return result{r.Code, r.Stdout, r.Stderr}
+	return clitest.Run(t, bin, env, append([]string{"--quiet"}, args...)...)
 }
 
 func tree(t *testing.T, dir string) map[string][]byte { return clitest.Tree(t, dir) }
@@ -93,12 +87,12 @@ func TestPathsAgree(t *testing.T) {
 			mem := filepath.Join(t.TempDir(), "mem")
 			ext := filepath.Join(t.TempDir(), "ext")
 			r := shuffleRun(t, nil, base(ds, mem, append(cfg, "--mem", "1GiB")...)...)
-			if r.code != 0 || !strings.Contains(r.stdout, "in-memory") {
-				t.Fatalf("in-memory: %d %s %s", r.code, r.stdout, r.stderr)
+			if r.Code != 0 || !strings.Contains(r.Stdout, "in-memory") {
+				t.Fatalf("in-memory: %d %s %s", r.Code, r.Stdout, r.Stderr)
 			}
 			r = shuffleRun(t, nil, base(ds, ext, append(cfg, "--mem", "64KiB")...)...)
-			if r.code != 0 || !strings.Contains(r.stdout, "external") {
-				t.Fatalf("external: %d %s %s", r.code, r.stdout, r.stderr)
+			if r.Code != 0 || !strings.Contains(r.Stdout, "external") {
+				t.Fatalf("external: %d %s %s", r.Code, r.Stdout, r.Stderr)
 			}
 			sameTree(t, tree(t, mem), tree(t, ext), "in-memory vs external")
 			out := numpytest.Run(t, filepath.Join("..", "..", "testdata", "check_epochs.py"), ext)
@@ -121,18 +115,18 @@ func TestPathsAgree(t *testing.T) {
 func TestRerunAndEpochRanges(t *testing.T) {
 	ds := demoDataset(t)
 	whole := filepath.Join(t.TempDir(), "whole")
-	if r := shuffleRun(t, nil, base(ds, whole, "--epochs", "3")...); r.code != 0 {
-		t.Fatal(r.stderr)
+	if r := shuffleRun(t, nil, base(ds, whole, "--epochs", "3")...); r.Code != 0 {
+		t.Fatal(r.Stderr)
 	}
 	r := shuffleRun(t, nil, base(ds, whole, "--epochs", "3")...)
-	if r.code != 0 || !strings.Contains(r.stdout, "up to date") {
-		t.Fatalf("re-run: %d %q", r.code, r.stdout)
+	if r.Code != 0 || !strings.Contains(r.Stdout, "up to date") {
+		t.Fatalf("re-run: %d %q", r.Code, r.Stdout)
 	}
 	// Epoch by epoch, as a rolling job would, gives the same bytes.
 	parts := filepath.Join(t.TempDir(), "parts")
 	for _, rg := range []string{"0:1", "1:3"} {
-		if r := shuffleRun(t, nil, base(ds, parts, "--epoch-range", rg)...); r.code != 0 {
-			t.Fatalf("%s: %s", rg, r.stderr)
+		if r := shuffleRun(t, nil, base(ds, parts, "--epoch-range", rg)...); r.Code != 0 {
+			t.Fatalf("%s: %s", rg, r.Stderr)
 		}
 	}
 	sameTree(t, tree(t, whole), tree(t, parts), "--epochs 3 vs ranges 0:1 + 1:3")
@@ -140,7 +134,7 @@ func TestRerunAndEpochRanges(t *testing.T) {
 	// end with the same bytes as one run.
 	shared := filepath.Join(t.TempDir(), "shared")
 	var wg sync.WaitGroup
-	results := make([]result, 2)
+	results := make([]clitest.Result, 2)
 	for i, rg := range []string{"0:2", "2:3"} {
 		wg.Add(1)
 		go func() {
@@ -150,18 +144,18 @@ func TestRerunAndEpochRanges(t *testing.T) {
 	}
 	wg.Wait()
 	for _, r := range results {
-		if r.code != 0 {
-			t.Fatalf("concurrent task: %d %s", r.code, r.stderr)
+		if r.Code != 0 {
+			t.Fatalf("concurrent task: %d %s", r.Code, r.Stderr)
 		}
 	}
 	sameTree(t, tree(t, whole), tree(t, shared), "--epochs 3 vs two concurrent tasks")
 	// Other options into the same directory are refused without --force.
 	r = shuffleRun(t, nil, base(ds, whole, "--epochs", "3", "--seed", "8")...)
-	if r.code != 2 || !strings.Contains(r.stderr, "--force") {
-		t.Fatalf("other seed: %d %q", r.code, r.stderr)
+	if r.Code != 2 || !strings.Contains(r.Stderr, "--force") {
+		t.Fatalf("other seed: %d %q", r.Code, r.Stderr)
 	}
-	if r = shuffleRun(t, nil, base(ds, whole, "--epochs", "3", "--seed", "8", "--force")...); r.code != 0 {
-		t.Fatalf("--force: %d %s", r.code, r.stderr)
+	if r = shuffleRun(t, nil, base(ds, whole, "--epochs", "3", "--seed", "8", "--force")...); r.Code != 0 {
+		t.Fatalf("--force: %d %s", r.Code, r.Stderr)
 	}
 	// A rebuilt dataset makes the epochs stale: they are replaced.
 	ds2 := filepath.Join(t.TempDir(), "ds2")
@@ -169,12 +163,12 @@ func TestRerunAndEpochRanges(t *testing.T) {
 	b, _ := os.ReadFile(filepath.Join(ds2, "dataset.json"))
 	os.WriteFile(filepath.Join(ds2, "dataset.json"), bytes.Replace(b, []byte(`"created": "`), []byte(`"created": "x`), 1), 0o644)
 	stale := filepath.Join(t.TempDir(), "stale")
-	if r := shuffleRun(t, nil, base(ds, stale, "--epochs", "2")...); r.code != 0 {
-		t.Fatal(r.stderr)
+	if r := shuffleRun(t, nil, base(ds, stale, "--epochs", "2")...); r.Code != 0 {
+		t.Fatal(r.Stderr)
 	}
 	r = shuffleRun(t, nil, base(ds2, stale, "--epoch-range", "1:2")...)
-	if r.code != 0 || !strings.Contains(r.stdout, "replaced 2 stale epochs") {
-		t.Fatalf("rebuilt dataset: %d %q %q", r.code, r.stdout, r.stderr)
+	if r.Code != 0 || !strings.Contains(r.Stdout, "replaced 2 stale epochs") {
+		t.Fatalf("rebuilt dataset: %d %q %q", r.Code, r.Stdout, r.Stderr)
 	}
 	if _, err := os.Stat(filepath.Join(stale, "epoch-0000")); err == nil {
 		t.Fatal("stale epoch 0 is still there")
@@ -184,8 +178,8 @@ func TestRerunAndEpochRanges(t *testing.T) {
 func TestKillAndResume(t *testing.T) {
 	ds := demoDataset(t)
 	ref := filepath.Join(t.TempDir(), "ref")
-	if r := shuffleRun(t, nil, base(ds, ref, "--epochs", "3", "--world-size", "2")...); r.code != 0 {
-		t.Fatal(r.stderr)
+	if r := shuffleRun(t, nil, base(ds, ref, "--epochs", "3", "--world-size", "2")...); r.Code != 0 {
+		t.Fatal(r.Stderr)
 	}
 	want := tree(t, ref)
 	// Progress is reported at every shard (5 samples here): kill in the
@@ -194,18 +188,18 @@ func TestKillAndResume(t *testing.T) {
 		for _, after := range []string{"5", "40", "80"} {
 			out := filepath.Join(t.TempDir(), "ep")
 			r := shuffleRun(t, []string{"CLIPSHARD_KILL_AFTER_SAMPLES=" + after}, base(ds, out, "--epochs", "3", "--world-size", "2", "--mem", mem)...)
-			if r.code != -1 {
-				t.Fatalf("mem %s after %s: not killed: exit %d %s", mem, after, r.code, r.stderr)
+			if r.Code != -1 {
+				t.Fatalf("mem %s after %s: not killed: exit %d %s", mem, after, r.Code, r.Stderr)
 			}
 			if _, err := os.Stat(filepath.Join(out, "epochs.json")); err == nil && after == "5" {
 				t.Fatal("epochs.json exists before the first epoch was committed")
 			}
 			r = shuffleRun(t, nil, base(ds, out, "--epochs", "3", "--world-size", "2", "--mem", mem)...)
-			if r.code != 0 {
-				t.Fatalf("resume: %d %s", r.code, r.stderr)
+			if r.Code != 0 {
+				t.Fatalf("resume: %d %s", r.Code, r.Stderr)
 			}
-			if after != "5" && !strings.Contains(r.stdout, "already done: epochs [0") {
-				t.Errorf("mem %s after %s: resume redid committed epochs: %q", mem, after, r.stdout)
+			if after != "5" && !strings.Contains(r.Stdout, "already done: epochs [0") {
+				t.Errorf("mem %s after %s: resume redid committed epochs: %q", mem, after, r.Stdout)
 			}
 			sameTree(t, want, tree(t, out), "resumed with --mem "+mem+" after "+after)
 		}
@@ -227,12 +221,12 @@ func TestEpochClaimed(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := shuffleRun(t, nil, base(ds, out, "--epochs", "2")...)
-	if r.code != 2 || !strings.Contains(r.stderr, "epoch 1 is being written by another shuffle") {
-		t.Fatalf("%d %q", r.code, r.stderr)
+	if r.Code != 2 || !strings.Contains(r.Stderr, "epoch 1 is being written by another shuffle") {
+		t.Fatalf("%d %q", r.Code, r.Stderr)
 	}
 	unix.Flock(int(f.Fd()), unix.LOCK_UN)
-	if r := shuffleRun(t, nil, base(ds, out, "--epochs", "2")...); r.code != 0 {
-		t.Fatalf("after release: %d %s", r.code, r.stderr)
+	if r := shuffleRun(t, nil, base(ds, out, "--epochs", "2")...); r.Code != 0 {
+		t.Fatalf("after release: %d %s", r.Code, r.Stderr)
 	}
 	if _, err := os.Stat(filepath.Join(out, ".lock-epoch-0001")); err == nil {
 		t.Fatal("lock file left behind")
@@ -253,8 +247,8 @@ func TestUsage(t *testing.T) {
 		{[]string{"--dataset", t.TempDir(), "--out", t.TempDir() + "/x", "--epochs", "1", "--window", "5"}, 1, "dataset.json"},
 	} {
 		r := shuffleRun(t, nil, c.args...)
-		if r.code != c.code || !strings.Contains(r.stderr, c.want) || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
-			t.Errorf("%v: exit %d %q, want %d and %q", c.args, r.code, r.stderr, c.code, c.want)
+		if r.Code != c.code || !strings.Contains(r.Stderr, c.want) || strings.Count(strings.TrimSpace(r.Stderr), "\n") != 0 {
+			t.Errorf("%v: exit %d %q, want %d and %q", c.args, r.Code, r.Stderr, c.code, c.want)
 		}
 	}
 }

@@ -42,15 +42,9 @@ func demoDataset(t *testing.T) (string, string) {
 	return src, out
 }
 
-type result struct {
-	code           int
-	stdout, stderr string
-}
-
-func verify(t *testing.T, args ...string) result {
+func verify(t *testing.T, args ...string) clitest.Result {
 	t.Helper()
-	r := clitest.Run(t, bin, nil, append([]string{"--quiet"}, args...)...)
-	return result{r.Code, r.Stdout, r.Stderr}
+	return clitest.Run(t, bin, nil, append([]string{"--quiet"}, args...)...)
 }
 
 // clipRange returns the byte range of clip i in a modality's blob.
@@ -87,13 +81,13 @@ func TestIntact(t *testing.T) {
 	_, dir := demoDataset(t)
 	for _, args := range [][]string{{dir}, {"--deep", dir}, {"--deep", "--sources", dir}} {
 		r := verify(t, args...)
-		if r.code != 0 || !strings.Contains(r.stdout, "ok: ") {
-			t.Fatalf("%v: exit %d: %s %s", args, r.code, r.stdout, r.stderr)
+		if r.Code != 0 || !strings.Contains(r.Stdout, "ok: ") {
+			t.Fatalf("%v: exit %d: %s %s", args, r.Code, r.Stdout, r.Stderr)
 		}
 	}
 	r := verify(t, "--json", "--deep", dir)
 	var rep manifests.Report
-	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil || rep.Files != 6 || rep.Clips != 12 || len(rep.Problems) != 0 {
+	if err := json.Unmarshal([]byte(r.Stdout), &rep); err != nil || rep.Files != 6 || rep.Clips != 12 || len(rep.Problems) != 0 {
 		t.Fatalf("json: %v %+v", err, rep)
 	}
 }
@@ -178,31 +172,31 @@ func TestCorruption(t *testing.T) {
 			src, dir := demoDataset(t)
 			c.mutate(t, src, dir)
 			r := verify(t, append(c.args, dir)...)
-			out := r.stdout + r.stderr
-			if r.code != c.code {
-				t.Fatalf("exit %d, want %d: %s", r.code, c.code, out)
+			out := r.Stdout + r.Stderr
+			if r.Code != c.code {
+				t.Fatalf("exit %d, want %d: %s", r.Code, c.code, out)
 			}
 			for _, w := range c.want {
 				if !strings.Contains(out, w) {
 					t.Errorf("output lacks %q:\n%s", w, out)
 				}
 			}
-			if c.code == 2 && strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
-				t.Errorf("want one line on stderr: %q", r.stderr)
+			if c.code == 2 && strings.Count(strings.TrimSpace(r.Stderr), "\n") != 0 {
+				t.Errorf("want one line on stderr: %q", r.Stderr)
 			}
 		})
 	}
 }
 
 func TestUsage(t *testing.T) {
-	if r := verify(t); r.code != 2 {
-		t.Fatalf("no args: %d", r.code)
+	if r := verify(t); r.Code != 2 {
+		t.Fatalf("no args: %d", r.Code)
 	}
-	if r := verify(t, t.TempDir()); r.code != 2 || !strings.Contains(r.stderr, "no dataset.json") {
-		t.Fatalf("empty dir: %d %q", r.code, r.stderr)
+	if r := verify(t, t.TempDir()); r.Code != 2 || !strings.Contains(r.Stderr, "no dataset.json") {
+		t.Fatalf("empty dir: %d %q", r.Code, r.Stderr)
 	}
-	if r := verify(t, "--help"); r.code != 0 || !strings.Contains(r.stderr, "Exit status") {
-		t.Fatalf("--help: %d", r.code)
+	if r := verify(t, "--help"); r.Code != 0 || !strings.Contains(r.Stderr, "Exit status") {
+		t.Fatalf("--help: %d", r.Code)
 	}
 }
 
@@ -235,8 +229,8 @@ func rewriteSums(t *testing.T, dir string, files ...string) {
 func TestEpochCorruption(t *testing.T) {
 	_, ds := demoDataset(t)
 	ep := shuffleDemo(t, ds, 7)
-	if r := verify(t, "--deep", ep); r.code != 0 || !strings.Contains(r.stdout, "samples)") {
-		t.Fatalf("intact: %d %s", r.code, r.stdout)
+	if r := verify(t, "--deep", ep); r.Code != 0 || !strings.Contains(r.Stdout, "samples)") {
+		t.Fatalf("intact: %d %s", r.Code, r.Stdout)
 	}
 	shard := "epoch-0001/rank-01/shard-00000"
 	swap := func(t *testing.T, dir string) {
@@ -255,8 +249,8 @@ func TestEpochCorruption(t *testing.T) {
 		dir := shuffleDemo(t, ds, 7)
 		swap(t, dir)
 		r := verify(t, dir)
-		if r.code != 1 || !strings.Contains(r.stdout, shard+".samples.npy: sha256 mismatch") {
-			t.Fatalf("%d %s", r.code, r.stdout)
+		if r.Code != 1 || !strings.Contains(r.Stdout, shard+".samples.npy: sha256 mismatch") {
+			t.Fatalf("%d %s", r.Code, r.Stdout)
 		}
 	})
 	t.Run("swapped samples, --deep names the sample", func(t *testing.T) {
@@ -267,12 +261,12 @@ func TestEpochCorruption(t *testing.T) {
 			files = append(files, shard+"."+what+".npy")
 		}
 		rewriteSums(t, dir, files...)
-		if r := verify(t, dir); r.code != 0 {
-			t.Fatalf("default should pass with sums rewritten: %s", r.stdout)
+		if r := verify(t, dir); r.Code != 0 {
+			t.Fatalf("default should pass with sums rewritten: %s", r.Stdout)
 		}
 		r := verify(t, "--deep", dir)
-		if r.code != 1 || !strings.Contains(r.stdout, shard+".samples.npy: clip") || !strings.Contains(r.stdout, "sample 0 is") {
-			t.Fatalf("%d %s", r.code, r.stdout)
+		if r.Code != 1 || !strings.Contains(r.Stdout, shard+".samples.npy: clip") || !strings.Contains(r.Stdout, "sample 0 is") {
+			t.Fatalf("%d %s", r.Code, r.Stdout)
 		}
 	})
 	t.Run("shard from another seed, --deep", func(t *testing.T) {
@@ -290,19 +284,19 @@ func TestEpochCorruption(t *testing.T) {
 		}
 		rewriteSums(t, dir, files...)
 		r := verify(t, "--deep", dir)
-		if r.code != 1 || !strings.Contains(r.stdout, "epoch-0000/rank-00/shard-00000.samples.npy") || !strings.Contains(r.stdout, "seed 7 says") {
-			t.Fatalf("%d %s", r.code, r.stdout)
+		if r.Code != 1 || !strings.Contains(r.Stdout, "epoch-0000/rank-00/shard-00000.samples.npy") || !strings.Contains(r.Stdout, "seed 7 says") {
+			t.Fatalf("%d %s", r.Code, r.Stdout)
 		}
 	})
 	t.Run("missing shard and unreadable manifest", func(t *testing.T) {
 		dir := shuffleDemo(t, ds, 7)
 		os.Remove(filepath.Join(dir, shard+".whisper.npy"))
-		if r := verify(t, dir); r.code != 1 || !strings.Contains(r.stdout, shard+".whisper.npy: missing") {
-			t.Fatalf("%d %s", r.code, r.stdout)
+		if r := verify(t, dir); r.Code != 1 || !strings.Contains(r.Stdout, shard+".whisper.npy: missing") {
+			t.Fatalf("%d %s", r.Code, r.Stdout)
 		}
 		os.WriteFile(filepath.Join(dir, "epochs.json"), []byte("{"), 0o644)
-		if r := verify(t, dir); r.code != 2 {
-			t.Fatalf("unreadable: %d %s %s", r.code, r.stdout, r.stderr)
+		if r := verify(t, dir); r.Code != 2 {
+			t.Fatalf("unreadable: %d %s %s", r.Code, r.Stdout, r.Stderr)
 		}
 	})
 }
