@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Side-by-side shuffle benchmark (just bench-shuffle), on a ~330 MB dataset
 # (200 clips, float32 [800, 1024] features + motion pickles, converted):
-#   1. shuffle one epoch through the external two-pass path (--mem 64MiB)
-#      vs cp of the epoch's bytes; peak RSS
+#   1. shuffle one epoch through the external two-pass path (--mem 64MiB),
+#      durable (default) and --no-fsync, vs cp of the epoch's bytes without
+#      and with fsync; peak RSS
 #   2. the training-read simulation, cold and warm (docs/bench_read.py)
 # Usage: docs/bench_shuffle.sh [WORKDIR]   (default /tmp/clipshard-bench; needs python3-numpy)
 set -euo pipefail
@@ -23,14 +24,20 @@ args=(--dataset "$W/shuf-ds" --window 15 --epochs 1 --seed 1 --shard-samples 102
 # Every run writes a new output (FRESH: the previous one is removed first,
 # untimed), for shuffle and cp alike.
 FRESH="$W/shuf-ep" best shuffle-external "$W/shuffle" "${args[@]}" --out "$W/shuf-ep" --mem 64MiB
+# the same without waiting for the disk (no fsync, page cache), as cp
+FRESH="$W/shuf-ep-nf" best shuffle-ext-no-fsync "$W/shuffle" "${args[@]}" --out "$W/shuf-ep-nf" --mem 64MiB --no-fsync
 FRESH="$W/shuf-ep-mem" best shuffle-in-memory "$W/shuffle" "${args[@]}" --out "$W/shuf-ep-mem" --mem 4GiB
 cmp -s <(cd "$W/shuf-ep" && cat SHA256SUMS | grep -v epochs.json) <(cd "$W/shuf-ep-mem" && cat SHA256SUMS | grep -v epochs.json) \
-  && echo "  external == in-memory (SHA256SUMS)"
+  && cmp -s <(cd "$W/shuf-ep" && cat SHA256SUMS | grep -v epochs.json) <(cd "$W/shuf-ep-nf" && cat SHA256SUMS | grep -v epochs.json) \
+  && echo "  external == in-memory == external --no-fsync (SHA256SUMS)"
+rm -rf "$W/shuf-ep-nf"
+# cp reads a warm source, as shuffle does after its first run
+cat "$W/shuf-ep/epoch-0000"/rank-00/* > /dev/null
 FRESH="$W/cp-ep" best cp-epoch cp -r "$W/shuf-ep/epoch-0000" "$W/cp-ep"
 # cp made as durable as shuffle's output (shuffle fsyncs each epoch)
 FRESH="$W/cp-ep" best cp-epoch+fsync sh -c "cp -r '$W/shuf-ep/epoch-0000' '$W/cp-ep' && sync -f '$W/cp-ep'/rank-00/*"
-awk -v a="$(cat "$W/shuffle-external.best")" -v c="$(cat "$W/cp-epoch.best")" -v f="$(cat "$W/cp-epoch+fsync.best")" \
-  'BEGIN{printf "  external shuffle / cp = %.2fx, / (cp+fsync) = %.2fx\n", a/c, a/f}'
+awk -v a="$(cat "$W/shuffle-external.best")" -v n="$(cat "$W/shuffle-ext-no-fsync.best")" -v c="$(cat "$W/cp-epoch.best")" -v f="$(cat "$W/cp-epoch+fsync.best")" \
+  'BEGIN{printf "  external shuffle --no-fsync / cp = %.2fx; external shuffle / (cp+fsync) = %.2fx (/ cp = %.2fx)\n", n/c, a/f, a/c}'
 echo "epoch: $(du -sh --apparent-size "$W/shuf-ep/epoch-0000" | cut -f1)"
 
 # Let the writes above settle first: cold reads right behind 300 MB of

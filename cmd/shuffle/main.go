@@ -91,6 +91,8 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	fs.IntVar(&o.WorldSize, "world-size", 1, "DDP ranks (equal, disjoint shares; the remainder is dropped)")
 	fs.IntVar(&o.ShardSize, "shard-samples", 1024, "samples per shard file")
 	fs.StringVar(&mem, "mem", "2GiB", "memory budget (above it: external two-pass shuffle, sequential reads)")
+	fs.IntVar(&o.Workers, "workers", 0, "shard writers (default: the CPUs, at most 8; same bytes whatever the count)")
+	fs.BoolVar(&o.NoFsync, "no-fsync", false, "do not fsync shards before committing an epoch (kill -9 stays safe, a power cut may not; for scratch space)")
 	fs.BoolVar(&o.Force, "force", false, "rewrite epochs that are already done (or replace other options' epochs)")
 	fs.BoolVar(&quiet, "quiet", false, "no progress on stderr")
 	fs.BoolVar(&jsonOut, "json", false, "print the summary as JSON")

@@ -82,6 +82,9 @@ func TestPathsAgree(t *testing.T) {
 		// W=1: ~600 samples an epoch, so with 64KiB the epochs go one group
 		// at a time through the external path.
 		{"--epochs", "3", "--window", "1", "--shard-samples", "64", "--world-size", "3"},
+		// Shards of 500 samples, piles of a few dozen: each shard is cut
+		// into piles that one worker writes in turn.
+		{"--epochs", "2", "--window", "1", "--shard-samples", "500"},
 	} {
 		t.Run(strings.Join(cfg, " "), func(t *testing.T) {
 			mem := filepath.Join(t.TempDir(), "mem")
@@ -109,6 +112,33 @@ func TestPathsAgree(t *testing.T) {
 				t.Fatalf("sha256sum: %v %s", err, b)
 			}
 		})
+	}
+}
+
+// TestWorkersAndNoFsync: the shard writers' count and --no-fsync change
+// nothing in the output, on either path.
+func TestWorkersAndNoFsync(t *testing.T) {
+	ds := demoDataset(t)
+	cfg := []string{"--epochs", "2", "--world-size", "2", "--window", "3", "--shard-samples", "7"}
+	var want map[string][]byte
+	for _, extra := range [][]string{
+		{"--mem", "1GiB", "--workers", "1"},
+		{"--mem", "1GiB", "--workers", "5", "--no-fsync"},
+		{"--mem", "64KiB", "--workers", "1"},
+		{"--mem", "64KiB", "--workers", "3"},
+		{"--mem", "64KiB", "--workers", "2", "--no-fsync"},
+	} {
+		out := filepath.Join(t.TempDir(), "ep")
+		r := shuffleRun(t, nil, base(ds, out, append(cfg, extra...)...)...)
+		if r.Code != 0 {
+			t.Fatalf("%v: %d %s", extra, r.Code, r.Stderr)
+		}
+		got := tree(t, out)
+		if want == nil {
+			want = got
+			continue
+		}
+		sameTree(t, want, got, strings.Join(extra, " "))
 	}
 }
 

@@ -1,17 +1,17 @@
 package shuffle
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -35,7 +35,13 @@ type Options struct {
 	WorldSize  int   // ranks; default 1
 	ShardSize  int   // samples per shard file; default 1024
 	Mem        int64 // memory budget in bytes; default 2 GiB
+	Workers    int   // shard writers; default GOMAXPROCS, at most 8 (fewer if --mem is small)
 	Force      bool
+	// NoFsync skips the fsync of the shard files before an epoch is
+	// committed, and writes them through the page cache: a killed run
+	// still leaves nothing half-written under a final name, but a power
+	// cut may cost committed epochs their data.
+	NoFsync bool
 
 	// Progress, if set, is called as samples are written.
 	Progress func(Progress)
@@ -80,6 +86,7 @@ type modInfo struct {
 }
 
 type epochPlan struct {
+	index   int // in job.epochs
 	epoch   int
 	samples []Sample // shuffled, cut to perRank*worldSize
 	perRank int
@@ -188,7 +195,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		}
 		j.plan(group)
 		j.work = filepath.Join(j.o.Out, fmt.Sprintf(".work-%04d-%04d", group[0], group[len(group)-1]))
-		s := newSink(j)
+		s := newSink(j, j.workers())
 		if res.External {
 			err = j.external(ctx, s)
 		} else {
@@ -280,7 +287,7 @@ func (j *job) plan(epochs []int) {
 	for _, e := range epochs {
 		all := Samples(j.lengths, j.o.Sampling, j.o.Seed, e)
 		per, dropped := RankSplit(len(all), j.o.WorldSize)
-		ep := epochPlan{epoch: e, samples: all[:per*j.o.WorldSize], perRank: per, dropped: dropped, base: base}
+		ep := epochPlan{index: len(j.epochs), epoch: e, samples: all[:per*j.o.WorldSize], perRank: per, dropped: dropped, base: base}
 		base += int64(len(ep.samples))
 		j.epochs = append(j.epochs, ep)
 	}
@@ -348,7 +355,7 @@ func (j *job) fill(rec []byte, s Sample, rows func(k int, first, n int64) []byte
 	}
 }
 
-// gatherInMemory loads every blob and writes the samples in order.
+// gatherInMemory loads every blob; the workers fill their shards from it.
 func (j *job) gatherInMemory(ctx context.Context, s *sink) error {
 	blobs := make([][]byte, len(j.mods))
 	for k, m := range j.mods {
@@ -364,33 +371,104 @@ func (j *job) gatherInMemory(ctx context.Context, s *sink) error {
 			return fmt.Errorf("reading %s: %w", m.file, err)
 		}
 	}
-	rec := make([]byte, j.rec)
 	rows := func(k int, first, n int64) []byte {
 		rb := j.mods[k].rowBytes
 		return blobs[k][first*rb : (first+n)*rb]
 	}
-	for pos := int64(0); pos < j.total; pos++ {
-		if pos%4096 == 0 && ctx.Err() != nil {
-			return ctx.Err()
+	s.work = func(u unit, put func(int64, []byte) error) error {
+		rec := make([]byte, j.rec)
+		for pos := u.lo; pos < u.hi; pos++ {
+			if (pos-u.lo)%1024 == 0 && ctx.Err() != nil {
+				return ctx.Err()
+			}
+			ep, i := j.position(pos)
+			j.fill(rec, ep.samples[i], rows)
+			if err := put(pos, rec); err != nil {
+				return err
+			}
 		}
-		ep, i := j.position(pos)
-		j.fill(rec, ep.samples[i], rows)
-		if err := s.put(pos, rec); err != nil {
-			return err
-		}
+		return nil
 	}
-	return nil
+	defer s.quiesce()
+	var err error
+	j.eachShard(func(_ int, lo, hi int64) {
+		if err == nil {
+			err = s.submit(unit{lo: lo, hi: hi})
+		}
+	})
+	if err != nil {
+		return err
+	}
+	return s.finish()
+}
+
+// workers is the number of shard writers: o.Workers (default GOMAXPROCS,
+// at most 8), fewer when the budget cannot hold their buffers (each keeps
+// three buffers of up to 4 MiB per shard file).
+func (j *job) workers() int {
+	n := j.o.Workers
+	if n <= 0 {
+		n = min(runtime.GOMAXPROCS(0), 8)
+	}
+	var per int64
+	for _, m := range j.mods {
+		per += 3 * min(shardBuf, int64(j.o.ShardSize)*m.winBytes+npy.DataAlign)
+	}
+	per += 3 * min(shardBuf, int64(j.o.ShardSize)*24+npy.DataAlign)
+	return int(max(1, min(int64(n), (j.o.Mem/4+32<<20)/per)))
+}
+
+// pile is a run of output positions [lo, hi) whose samples pass 1 collects
+// in one file.
+type pile struct{ lo, hi int64 }
+
+// piles cuts the output positions into piles of at most pileCap samples
+// along shard boundaries, and groups them into units: a pile holds whole
+// shards of one epoch (one unit), or a shard too large for one pile is
+// cut into piles that make one unit (one worker writes it, pile by pile).
+func (j *job) piles(pileCap int64) ([]pile, []unit) {
+	var piles []pile
+	var units []unit
+	open, openEp := false, -1
+	j.eachShard(func(e int, lo, hi int64) {
+		n := hi - lo
+		if n > pileCap {
+			open = false
+			u := unit{lo: lo, hi: hi}
+			k := (n + pileCap - 1) / pileCap
+			for i := int64(0); i < k; i++ {
+				u.piles = append(u.piles, len(piles))
+				piles = append(piles, pile{lo + n*i/k, lo + n*(i+1)/k})
+			}
+			units = append(units, u)
+			return
+		}
+		if open && openEp == e && hi-units[len(units)-1].lo <= pileCap {
+			units[len(units)-1].hi = hi
+			piles[len(piles)-1].hi = hi
+			return
+		}
+		open, openEp = true, e
+		units = append(units, unit{lo: lo, hi: hi, piles: []int{len(piles)}})
+		piles = append(piles, pile{lo, hi})
+	})
+	return piles, units
 }
 
 // external is the two-pass shuffle for datasets larger than the memory
 // budget. Pass 1 reads every blob once, strictly sequentially, and appends
 // each sample (of every planned epoch) to the pile that holds its output
-// position; pass 2 loads one pile at a time, puts its samples in order and
-// writes them.
+// position; in pass 2 each worker maps one pile at a time and writes its
+// samples in order.
 func (j *job) external(ctx context.Context, s *sink) error {
 	recDisk := 8 + j.rec
-	pileCap := max(1, (j.o.Mem/2)/j.rec)
-	nPiles := (j.total + pileCap - 1) / pileCap
+	workers := j.workers()
+	pileCap := max(1, (j.o.Mem/2)/int64(workers)/recDisk)
+	piles, units := j.piles(pileCap)
+	nPiles := len(piles)
+	pileOf := func(pos int64) int {
+		return sort.Search(len(piles), func(i int) bool { return piles[i].hi > pos })
+	}
 	work := j.work
 	if err := os.RemoveAll(work); err != nil {
 		return err
@@ -399,18 +477,16 @@ func (j *job) external(ctx context.Context, s *sink) error {
 		return err
 	}
 	defer os.RemoveAll(work)
-	bufSize := int(max(64<<10, min(4<<20, (j.o.Mem/4)/max(1, nPiles))))
-	piles := make([]*os.File, nPiles)
-	for p := range piles {
+	files := make([]*os.File, nPiles)
+	for p := range files {
 		f, err := os.Create(filepath.Join(work, fmt.Sprintf("pile-%05d", p)))
 		if err != nil {
 			return err
 		}
 		defer f.Close()
-		piles[p] = f
+		files[p] = f
 	}
-	pw := newPileWriter(piles, bufSize)
-	defer pw.close()
+	defer s.quiesce() // first: no worker may use a pile after this returns
 
 	// Which samples (by global position) come from each clip, in order.
 	byClip := make([][]int64, len(j.lengths))
@@ -420,80 +496,195 @@ func (j *job) external(ctx context.Context, s *sink) error {
 		}
 	}
 
-	// Pass 1: sequential read, clip by clip, by a goroutine one clip ahead;
-	// the piles are appended to by another.
-	cr, err := j.newClipReader()
+	// Pass 1: a goroutine reads the blobs a run of clips at a time, in
+	// order (strictly sequential reads); for each run, every sample
+	// becomes a list of pieces of the run's buffers (its position before
+	// them, zeros after a short window) appended to its pile with
+	// pwritev, by two writers (each owns half of the piles).
+	chunks, stopChunks, err := j.readChunks(max(1<<20, min(8<<20, j.o.Mem/16)))
 	if err != nil {
 		return err
 	}
-	defer cr.close()
-	rec := make([]byte, recDisk)
+	defer stopChunks()
+	zeros := make([]byte, 0)
+	for _, m := range j.mods {
+		zeros = make([]byte, max(int64(len(zeros)), m.winBytes))
+	}
+	type pileWrite struct {
+		p      int
+		pieces [][]byte
+	}
+	type batch struct {
+		ch    *chunk
+		heads []byte
+		lists [][]pileWrite // per writer
+		left  atomic.Int32  // writers not done with it; the last releases ch
+	}
+	const nWriters = 2
+	offs := make([]int64, nPiles)
+	var writeErr atomic.Pointer[error]
+	queues := make([]chan *batch, nWriters)
+	var writers sync.WaitGroup
+	for w := range queues {
+		queues[w] = make(chan *batch, 2)
+		writers.Add(1)
+		go func() {
+			defer writers.Done()
+			for b := range queues[w] {
+				for _, pw := range b.lists[w] {
+					if writeErr.Load() != nil {
+						break
+					}
+					n, err := pwritevAll(files[pw.p], pw.pieces, offs[pw.p])
+					offs[pw.p] += n
+					if err != nil {
+						writeErr.CompareAndSwap(nil, &err)
+					}
+				}
+				if b.left.Add(-1) == 0 {
+					b.ch.release()
+				}
+			}
+		}()
+	}
+	stopWriters := func() error {
+		if queues != nil {
+			for _, q := range queues {
+				close(q)
+			}
+			writers.Wait()
+			queues = nil
+		}
+		if e := writeErr.Load(); e != nil {
+			return *e
+		}
+		return nil
+	}
+	defer stopWriters()
+	pending := make([][][]byte, nPiles)
+	var touched []int
 	var done int64
-	for c, refs := range byClip {
-		clipBufs, err := cr.next()
-		if err != nil {
-			return err
+	for ch := range chunks {
+		if ch.err != nil {
+			return ch.err
 		}
-		rows := func(k int, first, n int64) []byte {
-			rb := j.mods[k].rowBytes
-			local := first - j.starts[c]*j.mods[k].rate
-			return clipBufs[k][local*rb : (local+n)*rb]
+		var nHeads int
+		for c := ch.c0; c < ch.c1; c++ {
+			nHeads += len(byClip[c])
 		}
-		for _, pos := range refs {
-			ep, i := j.position(pos)
-			binary.LittleEndian.PutUint64(rec, uint64(pos))
-			j.fill(rec[8:], ep.samples[i], rows)
-			pw.write(int(pos/pileCap), rec)
-			done++
+		b := &batch{ch: ch, heads: make([]byte, 8*nHeads), lists: make([][]pileWrite, nWriters)}
+		h := 0
+		for c := ch.c0; c < ch.c1; c++ {
+			for _, pos := range byClip[c] {
+				ep, i := j.position(pos)
+				smp := ep.samples[i]
+				p := pileOf(pos)
+				if len(pending[p]) == 0 {
+					touched = append(touched, p)
+				}
+				binary.LittleEndian.PutUint64(b.heads[h:], uint64(pos))
+				pending[p] = append(pending[p], b.heads[h:h+8])
+				h += 8
+				for k, m := range j.mods {
+					first := (j.starts[c]+smp.Start)*m.rate - ch.first[k]
+					n := smp.Valid * m.rate * m.rowBytes
+					if n > 0 {
+						pending[p] = append(pending[p], ch.rows[k][first*m.rowBytes:first*m.rowBytes+n])
+					}
+					if n < m.winBytes {
+						pending[p] = append(pending[p], zeros[:m.winBytes-n])
+					}
+				}
+				done++
+			}
+			byClip[c] = nil
 		}
-		cr.release()
+		for _, p := range touched {
+			b.lists[p%nWriters] = append(b.lists[p%nWriters], pileWrite{p, pending[p]})
+			pending[p] = nil
+		}
+		touched = touched[:0]
+		b.left.Store(nWriters)
+		for _, q := range queues {
+			q <- b
+		}
+		if writeErr.Load() != nil {
+			break
+		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if j.o.Progress != nil && c%64 == 0 {
+		if j.o.Progress != nil {
 			j.o.Progress(Progress{Phase: "read", Done: done, Total: j.total})
 		}
 	}
-	cr.close()
-	if err := pw.close(); err != nil {
+	if err := stopWriters(); err != nil {
 		return err
 	}
-	byClip = nil
+	byClip, pending = nil, nil
 
-	// Pass 2: one pile at a time, read with one read, written in order.
+	// Pass 2: the workers map a pile at a time (the pages are in the page
+	// cache, just written) and write its samples in order.
 	var removing sync.WaitGroup
 	defer removing.Wait()
-	buf := make([]byte, pileCap*recDisk)
-	slot := make([]int64, pileCap)
-	for p := int64(0); p < nPiles; p++ {
-		lo := p * pileCap
-		hi := min(lo+pileCap, j.total)
-		n := hi - lo
-		if _, err := piles[p].ReadAt(buf[:n*recDisk], 0); err != nil {
-			return fmt.Errorf("reading pile %d: %w", p, err)
-		}
-		for i := int64(0); i < n; i++ {
-			pos := int64(binary.LittleEndian.Uint64(buf[i*recDisk:]))
-			if pos < lo || pos >= hi {
-				return fmt.Errorf("pile %d: position %d outside [%d, %d)", p, pos, lo, hi)
+	s.work = func(u unit, put func(int64, []byte) error) error {
+		for _, p := range u.piles {
+			if err := j.writePile(files[p], piles[p], recDisk, put); err != nil {
+				return fmt.Errorf("pile %d: %w", p, err)
 			}
-			slot[pos-lo] = i
-		}
-		piles[p].Close()
-		// Freeing a pile's pages takes a few ms: not on this goroutine.
-		removing.Add(1)
-		go func(name string) {
-			defer removing.Done()
-			os.Remove(name)
-		}(piles[p].Name())
-		for pos := lo; pos < hi; pos++ {
-			at := slot[pos-lo]*recDisk + 8
-			if err := s.put(pos, buf[at:at+j.rec]); err != nil {
-				return err
+			files[p].Close()
+			// Freeing a pile's pages takes a few ms: not on this goroutine.
+			removing.Add(1)
+			go func(name string) {
+				defer removing.Done()
+				os.Remove(name)
+			}(files[p].Name())
+			if ctx.Err() != nil {
+				return ctx.Err()
 			}
 		}
-		if ctx.Err() != nil {
-			return ctx.Err()
+		return nil
+	}
+	for _, u := range units {
+		if err := s.submit(u); err != nil {
+			return err
+		}
+	}
+	return s.finish() // before the piles are closed and removed
+}
+
+// writePile maps pile file f, holding the samples of positions
+// [pl.lo, pl.hi) as records (position, then the sample's windows) in any
+// order, and puts them in order.
+func (j *job) writePile(f *os.File, pl pile, recDisk int64, put func(int64, []byte) error) error {
+	n := pl.hi - pl.lo
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if fi.Size() != n*recDisk {
+		return fmt.Errorf("%d bytes, want %d", fi.Size(), n*recDisk)
+	}
+	data, err := unix.Mmap(int(f.Fd()), 0, int(n*recDisk), unix.PROT_READ, unix.MAP_SHARED|unix.MAP_POPULATE)
+	if err != nil {
+		return err
+	}
+	defer unix.Munmap(data)
+	slot := make([]int64, n)
+	for i := range slot {
+		slot[i] = -1
+	}
+	for i := int64(0); i < n; i++ {
+		pos := int64(binary.LittleEndian.Uint64(data[i*recDisk:]))
+		if pos < pl.lo || pos >= pl.hi || slot[pos-pl.lo] >= 0 {
+			return fmt.Errorf("record %d: position %d outside [%d, %d) or repeated", i, pos, pl.lo, pl.hi)
+		}
+		slot[pos-pl.lo] = i
+	}
+	for pos := pl.lo; pos < pl.hi; pos++ {
+		at := slot[pos-pl.lo]*recDisk + 8
+		if err := put(pos, data[at:at+j.rec]); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -557,175 +748,128 @@ func rankDir(r int) string { return fmt.Sprintf("rank-%02d", r) }
 // relJoin joins slash paths for manifests.
 func relJoin(parts ...string) string { return strings.Join(parts, "/") }
 
-// clipReader reads the dataset's clips in order, every modality strictly
-// sequentially, one clip ahead of its caller (two sets of clip buffers).
-type clipReader struct {
-	sets  chan clipSet
-	free  chan [][]byte
-	stop  chan struct{}
-	done  chan struct{}
-	cur   [][]byte
-	files []*os.File
+// chunk is a run of clips [c0, c1) of the dataset, read from every
+// modality's blob: rows[k] holds blob k's rows from row first[k] on.
+type chunk struct {
+	c0, c1 int
+	first  []int64
+	rows   [][]byte
+	err    error
+	free   chan<- *chunk
 }
 
-type clipSet struct {
-	bufs [][]byte
-	err  error
-}
+// release hands the chunk's buffers back to the reader.
+func (c *chunk) release() { c.free <- c }
 
-func (j *job) newClipReader() (*clipReader, error) {
-	cr := &clipReader{sets: make(chan clipSet, 1), free: make(chan [][]byte, 2), stop: make(chan struct{}), done: make(chan struct{})}
-	readers := make([]*bufio.Reader, len(j.mods))
-	for k, m := range j.mods {
+// readChunks reads the dataset's clips in order, strictly sequentially,
+// runs of clips of about limit bytes (one clip if larger), from a
+// goroutine that runs up to three runs ahead of the receiver, which
+// releases each run when done with it; stop ends the goroutine.
+func (j *job) readChunks(limit int64) (<-chan *chunk, func(), error) {
+	var files []*os.File
+	closeFiles := func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}
+	for _, m := range j.mods {
 		f, err := os.Open(filepath.Join(j.o.Dataset, m.file))
 		if err != nil {
-			cr.closeFiles()
-			return nil, err
+			closeFiles()
+			return nil, nil, err
 		}
-		cr.files = append(cr.files, f)
-		readers[k] = bufio.NewReaderSize(io.NewSectionReader(f, m.dataOffset, 1<<62), 4<<20)
+		files = append(files, f)
 	}
-	cr.free <- make([][]byte, len(j.mods))
-	cr.free <- make([][]byte, len(j.mods))
+	const sets = 4
+	out := make(chan *chunk, sets)
+	free := make(chan *chunk, sets)
+	for range sets {
+		free <- &chunk{rows: make([][]byte, len(j.mods)), first: make([]int64, len(j.mods)), free: free}
+	}
+	quit := make(chan struct{})
+	finished := make(chan struct{})
+	clipBytes := func(c int) int64 {
+		var n int64
+		for _, m := range j.mods {
+			n += j.lengths[c] * m.rate * m.rowBytes
+		}
+		return n
+	}
 	go func() {
-		defer close(cr.done)
-		for c := range j.lengths {
-			var bufs [][]byte
+		defer close(finished)
+		defer close(out)
+		defer closeFiles()
+		for c0 := 0; c0 < len(j.lengths); {
+			c1, size := c0+1, clipBytes(c0)
+			for c1 < len(j.lengths) && size+clipBytes(c1) <= limit {
+				size += clipBytes(c1)
+				c1++
+			}
+			var ch *chunk
 			select {
-			case bufs = <-cr.free:
-			case <-cr.stop:
+			case ch = <-free:
+			case <-quit:
 				return
 			}
-			var err error
+			ch.c0, ch.c1 = c0, c1
 			for k, m := range j.mods {
-				n := j.lengths[c] * m.rate * m.rowBytes
-				if int64(cap(bufs[k])) < n {
-					bufs[k] = make([]byte, n)
+				first := j.starts[c0] * m.rate
+				n := ((j.starts[c1-1]+j.lengths[c1-1])*m.rate - first) * m.rowBytes
+				ch.first[k] = first
+				if int64(cap(ch.rows[k])) < n {
+					ch.rows[k] = make([]byte, n, max(n, limit))
 				}
-				bufs[k] = bufs[k][:n]
-				if _, err = io.ReadFull(readers[k], bufs[k]); err != nil {
-					err = fmt.Errorf("reading %s at clip %d: %w", m.file, c, err)
+				ch.rows[k] = ch.rows[k][:n]
+				if _, err := files[k].ReadAt(ch.rows[k], m.dataOffset+first*m.rowBytes); err != nil {
+					ch.err = fmt.Errorf("reading %s at clip %d: %w", m.file, c0, err)
 					break
 				}
 			}
 			select {
-			case cr.sets <- clipSet{bufs, err}:
-			case <-cr.stop:
+			case out <- ch:
+			case <-quit:
 				return
 			}
-			if err != nil {
+			if ch.err != nil {
 				return
 			}
+			c0 = c1
 		}
 	}()
-	return cr, nil
+	stop := func() {
+		select {
+		case <-quit:
+			return
+		default:
+		}
+		close(quit)
+		<-finished
+	}
+	return out, stop, nil
 }
 
-// next returns the next clip's rows per modality, valid until release.
-func (cr *clipReader) next() ([][]byte, error) {
-	s := <-cr.sets
-	cr.cur = s.bufs
-	return s.bufs, s.err
-}
-
-func (cr *clipReader) release() { cr.free <- cr.cur }
-
-func (cr *clipReader) close() {
-	if cr.files == nil {
-		return
-	}
-	close(cr.stop)
-	<-cr.done
-	cr.closeFiles()
-	cr.files, cr.cur = nil, nil
-	for len(cr.free) > 0 {
-		<-cr.free
-	}
-	for len(cr.sets) > 0 {
-		<-cr.sets
-	}
-}
-
-func (cr *clipReader) closeFiles() {
-	for _, f := range cr.files {
-		f.Close()
-	}
-}
-
-// pileWriter appends records to the piles through per-pile buffers; full
-// buffers are written by a goroutine of its own while the caller fills
-// others (spare buffers let it run ahead).
-type pileWriter struct {
-	files  []*os.File
-	bufs   [][]byte
-	free   chan []byte
-	out    chan pileBuf
-	done   chan error
-	closed bool
-	err    error
-}
-
-type pileBuf struct {
-	pile int
-	b    []byte
-}
-
-const spareBufs = 4
-
-func newPileWriter(files []*os.File, size int) *pileWriter {
-	w := &pileWriter{files: files, bufs: make([][]byte, len(files)), free: make(chan []byte, len(files)+spareBufs),
-		out: make(chan pileBuf, len(files)+spareBufs), done: make(chan error, 1)}
-	for p := range w.bufs {
-		w.bufs[p] = make([]byte, 0, size)
-	}
-	for range spareBufs {
-		w.free <- make([]byte, 0, size)
-	}
-	go func() {
-		var err error
-		for pb := range w.out {
-			if err == nil {
-				_, err = w.files[pb.pile].Write(pb.b)
+// pwritevAll writes the pieces at off with as few pwritev calls as the
+// kernel's 1024 pieces a call allow; it returns the bytes written.
+func pwritevAll(f *os.File, pieces [][]byte, off int64) (int64, error) {
+	fd := int(f.Fd())
+	var total int64
+	for len(pieces) > 0 {
+		batch := pieces[:min(len(pieces), 1024)]
+		n, err := unix.Pwritev(fd, batch, off+total)
+		if err != nil {
+			return total, fmt.Errorf("writing %s: %w", f.Name(), err)
+		}
+		total += int64(n)
+		// Drop what was written (a short write resumes mid-piece).
+		for n > 0 && len(pieces) > 0 {
+			if n >= len(pieces[0]) {
+				n -= len(pieces[0])
+				pieces = pieces[1:]
+			} else {
+				pieces[0] = pieces[0][n:]
+				n = 0
 			}
-			w.free <- pb.b[:0]
-		}
-		w.done <- err
-	}()
-	return w
-}
-
-func (w *pileWriter) write(p int, rec []byte) {
-	for len(rec) > 0 {
-		b := w.bufs[p]
-		n := copy(b[len(b):cap(b)], rec)
-		b = b[:len(b)+n]
-		rec = rec[n:]
-		if len(b) == cap(b) {
-			w.out <- pileBuf{p, b}
-			b = <-w.free
-		}
-		w.bufs[p] = b
-	}
-}
-
-// close writes what is buffered and waits for the writer; it returns the
-// first write error. Later calls return the same.
-func (w *pileWriter) close() error {
-	if w.closed {
-		return w.err
-	}
-	w.closed = true
-	for p, b := range w.bufs {
-		if len(b) > 0 {
-			w.out <- pileBuf{p, b}
 		}
 	}
-	close(w.out)
-	w.err = <-w.done
-	// Drop the buffers: pass 2 needs the memory.
-	w.bufs = nil
-	for len(w.free) > 0 {
-		<-w.free
-	}
-	return w.err
+	return total, nil
 }

@@ -5,12 +5,14 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -209,26 +211,14 @@ func ownName(name string) bool {
 		strings.HasPrefix(name, atomicfile.TempPrefix) || name == ShardsFile || name == manifests.SumsFile
 }
 
-// sink receives samples in output order and writes shard files, one epoch
-// at a time, committing each epoch when its last sample is written.
-type sink struct {
-	j       *job
-	epoch   int // index into j.epochs of the epoch being written
-	tmp     string
-	entry   *EpochEntry
-	sums    map[string]string // this epoch's file hashes
-	shard   *shardWriter
-	bytes   int64
-	written int64
-	pool    *bufPool
-}
-
 // shardFile writes one shard file through a three-stage pipeline of 4 MiB
 // buffers: the caller fills one while a goroutine hashes the previous
 // (sha256) and another writes the one before, so hashing and writing run
 // beside the shuffle instead of after it. Writes go around the page cache
 // where the filesystem allows (see directio): a shard is read by the
-// trainer later, usually on another node, not by this process.
+// trainer later, usually on another node, not by this process, and the
+// epoch commit's fsync then has nothing left to wait for. With --no-fsync
+// they go through the page cache (the run does not wait for the disk).
 type shardFile struct {
 	pool   *bufPool
 	f      *os.File
@@ -289,8 +279,12 @@ func (p *bufPool) release() {
 	p.owned, p.free = nil, nil
 }
 
-func newShardFile(f *os.File, rel string, size int64, pool *bufPool) *shardFile {
-	s := &shardFile{f: f, d: directio.New(f), h: sha256.New(), rel: rel, free: make(chan []byte, 3), full: make(chan []byte, 3),
+func newShardFile(f *os.File, rel string, size int64, pool *bufPool, direct bool) *shardFile {
+	d := directio.Buffered(f)
+	if direct {
+		d = directio.New(f)
+	}
+	s := &shardFile{f: f, d: d, h: sha256.New(), rel: rel, free: make(chan []byte, 3), full: make(chan []byte, 3),
 		hashed: make(chan []byte, 3), done: make(chan error, 1), pool: pool}
 	// Buffers are whole pages: every write but the last starts and ends
 	// on a page boundary.
@@ -359,93 +353,311 @@ func (s *shardFile) close() (string, error) {
 	return hex.EncodeToString(s.h.Sum(nil)), err
 }
 
-type shardWriter struct {
-	rank, shard int
-	files       []*shardFile // one per modality, then samples
+// sink writes the shards of the planned epochs. Its caller submits units
+// (runs of consecutive output positions made of whole shards, in output
+// order); worker goroutines write them, each shard by one worker, so the
+// shards' sha256 chains run on several cores at once. The caller's
+// goroutine commits an epoch once all its shards are written.
+type sink struct {
+	j       *job
+	pool    *bufPool
+	eps     []*epochState // per j.epochs
+	started int           // epochs started (partial directory made)
+	units   chan unit
+	results chan shardResult
+	wg      sync.WaitGroup
+	stop    atomic.Bool // a worker failed or the caller gave up
+	err     error
+	closed  bool
+	bytes   int64 // written in shards whose result came back
+	written int64 // samples in those shards
+	// work writes the samples of u through put, in order.
+	work func(u unit, put func(pos int64, rec []byte) error) error
 }
 
-func newSink(j *job) *sink { return &sink{j: j, epoch: -1, pool: &bufPool{}} }
+// unit is a run of output positions [lo, hi) that starts and ends on shard
+// boundaries, in one epoch; piles lists the external path's piles that
+// hold them, in order.
+type unit struct {
+	lo, hi int64
+	piles  []int
+}
 
-// put writes the sample at global position pos.
-func (s *sink) put(pos int64, rec []byte) error {
-	j := s.j
-	ep, i := j.position(pos)
-	idx := ep.epoch
-	for s.epoch < 0 || j.epochs[s.epoch].epoch != idx {
-		if err := s.nextEpoch(); err != nil {
-			return err
+type epochState struct {
+	tmp       string
+	entry     *EpochEntry
+	sums      map[string]string // this epoch's file hashes
+	left      int               // shards not written yet
+	committed bool
+}
+
+// shardResult reports one written shard (or a worker's error).
+type shardResult struct {
+	ep, idx  int // epoch (index into j.epochs), shard (index into its entry)
+	sums     [][2]string
+	samples  int64
+	bytes    int64
+	err      error
+	finished bool // the worker's unit is done (err or not)
+}
+
+// errStopped ends a worker's unit when another worker failed or the run
+// is aborted.
+var errStopped = errors.New("shuffle: stopped")
+
+// newSink starts the workers; s.work must be set before the first submit.
+func newSink(j *job, workers int) *sink {
+	s := &sink{j: j, pool: &bufPool{}, eps: make([]*epochState, len(j.epochs)), units: make(chan unit),
+		results: make(chan shardResult, 64)}
+	for range max(1, workers) {
+		s.wg.Add(1)
+		go s.worker()
+	}
+	return s
+}
+
+// shardsPerRank is the number of shard files of each rank of ep.
+func (j *job) shardsPerRank(ep *epochPlan) int {
+	return (ep.perRank + j.o.ShardSize - 1) / j.o.ShardSize
+}
+
+// eachShard calls f with the position range of every planned shard, in
+// output order (epoch, rank, shard).
+func (j *job) eachShard(f func(ep int, lo, hi int64)) {
+	for e := range j.epochs {
+		ep := &j.epochs[e]
+		for r := 0; r < j.o.WorldSize; r++ {
+			for k := 0; k < ep.perRank; k += j.o.ShardSize {
+				lo := ep.base + int64(r*ep.perRank+k)
+				f(e, lo, lo+int64(min(j.o.ShardSize, ep.perRank-k)))
+			}
 		}
 	}
-	rank, k := i/ep.perRank, i%ep.perRank
-	shard := k / j.o.ShardSize
-	if s.shard == nil || s.shard.rank != rank || s.shard.shard != shard {
-		if err := s.closeShard(); err != nil {
+}
+
+// submit hands u to a worker, committing the epochs finished meanwhile.
+// It returns the first error of any worker.
+func (s *sink) submit(u unit) error {
+	ep, _ := s.j.position(u.lo)
+	if err := s.startUpTo(ep.index); err != nil {
+		return err
+	}
+	for {
+		if s.err != nil {
+			return s.err
+		}
+		select {
+		case s.units <- u:
+			return nil
+		case r := <-s.results:
+			s.handle(r)
+		}
+	}
+}
+
+// startUpTo starts every epoch up to and including e: its partial
+// directory is made and its shard entries listed. Epochs without samples
+// are committed at once.
+func (s *sink) startUpTo(e int) error {
+	for s.started <= e {
+		i := s.started
+		s.started++
+		ep := &s.j.epochs[i]
+		st := &epochState{tmp: filepath.Join(s.j.o.Out, ".partial-"+epochDir(ep.epoch)), sums: map[string]string{}}
+		s.eps[i] = st
+		if err := os.RemoveAll(st.tmp); err != nil {
 			return err
 		}
-		n := min(j.o.ShardSize, ep.perRank-shard*j.o.ShardSize)
-		if err := s.openShard(rank, shard, k, n); err != nil {
+		if err := os.MkdirAll(st.tmp, 0o755); err != nil {
+			return err
+		}
+		st.entry = &EpochEntry{Epoch: ep.epoch, Dir: epochDir(ep.epoch), Samples: int64(len(ep.samples)), PerRank: ep.perRank,
+			Dropped: ep.dropped, Shards: []ShardEntry{}}
+		for r := 0; r < s.j.o.WorldSize; r++ {
+			if ep.perRank > 0 {
+				if err := os.Mkdir(filepath.Join(st.tmp, rankDir(r)), 0o755); err != nil {
+					return err
+				}
+			}
+			for k := 0; k < ep.perRank; k += s.j.o.ShardSize {
+				sh := k / s.j.o.ShardSize
+				entry := ShardEntry{Rank: r, Shard: sh, First: k, Samples: min(s.j.o.ShardSize, ep.perRank-k), Files: map[string]string{}}
+				for _, what := range s.j.shardFileNames() {
+					entry.Files[what] = relJoin(epochDir(ep.epoch), rankDir(r), shardName(sh, what))
+				}
+				st.entry.Shards = append(st.entry.Shards, entry)
+			}
+		}
+		st.left = len(st.entry.Shards)
+		if st.left == 0 {
+			if err := s.commit(i); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// shardFileNames names a shard's files: the modalities, then "samples".
+func (j *job) shardFileNames() []string {
+	var names []string
+	for _, m := range j.mods {
+		names = append(names, m.name)
+	}
+	return append(names, "samples")
+}
+
+func (s *sink) handle(r shardResult) {
+	if r.err != nil {
+		if s.err == nil {
+			s.err = r.err
+		}
+		s.stop.Store(true)
+		return
+	}
+	if r.finished {
+		return
+	}
+	st := s.eps[r.ep]
+	for _, kv := range r.sums {
+		st.sums[kv[0]] = kv[1]
+	}
+	s.bytes += r.bytes
+	s.written += r.samples
+	st.left--
+	if p := s.j.o.Progress; p != nil {
+		p(Progress{Phase: "write", Done: s.written, Total: s.j.total, BytesWritten: s.bytes})
+	}
+	if st.left == 0 && s.err == nil {
+		if err := s.commit(r.ep); err != nil {
+			s.err = err
+			s.stop.Store(true)
+		}
+	}
+}
+
+// finish waits for the workers, commits what is left (epochs without
+// samples included) and returns the first error.
+func (s *sink) finish() error {
+	if !s.closed {
+		s.closed = true
+		close(s.units)
+		go func() {
+			s.wg.Wait()
+			close(s.results)
+		}()
+		for r := range s.results {
+			s.handle(r)
+		}
+	}
+	if s.err == nil {
+		s.err = s.startUpTo(len(s.j.epochs) - 1)
+	}
+	if s.err == nil {
+		for i, st := range s.eps {
+			if !st.committed {
+				s.err = fmt.Errorf("shuffle: internal error: epoch %d has %d shards unwritten", s.j.epochs[i].epoch, st.left)
+				break
+			}
+		}
+	}
+	return s.err
+}
+
+// quiesce stops the workers and waits for them, unless finish has run.
+func (s *sink) quiesce() {
+	if s.closed {
+		return
+	}
+	s.stop.Store(true)
+	if s.err == nil {
+		s.err = errStopped
+	}
+	s.finish()
+}
+
+// abort stops the workers and removes the partial epochs, if any (deferred
+// by Run).
+func (s *sink) abort() {
+	s.quiesce()
+	for _, st := range s.eps {
+		if st != nil && !st.committed {
+			os.RemoveAll(st.tmp)
+		}
+	}
+	s.pool.release()
+}
+
+func (s *sink) worker() {
+	defer s.wg.Done()
+	c := &cursor{s: s}
+	for u := range s.units {
+		if s.stop.Load() {
+			continue
+		}
+		err := s.work(u, c.put)
+		if err == nil {
+			err = c.close()
+		}
+		if err != nil {
+			c.abort()
+		}
+		s.results <- shardResult{err: err, finished: true}
+	}
+}
+
+// cursor is a worker's open shard.
+type cursor struct {
+	s       *sink
+	files   []*shardFile
+	ep, idx int   // epoch, shard index in its entry
+	hi      int64 // one past the shard's last position
+	n, want int64 // samples written, samples of the shard
+}
+
+// put writes the sample at output position pos (rec: its windows, one
+// modality after the other), opening the shard it starts.
+func (c *cursor) put(pos int64, rec []byte) error {
+	j := c.s.j
+	if c.s.stop.Load() {
+		return errStopped
+	}
+	if c.files == nil || pos >= c.hi {
+		if err := c.close(); err != nil {
+			return err
+		}
+		if err := c.open(pos); err != nil {
 			return err
 		}
 	}
 	off := int64(0)
 	for m, mi := range j.mods {
-		if err := s.shard.files[m].write(rec[off : off+mi.winBytes]); err != nil {
-			return err
-		}
+		c.files[m].write(rec[off : off+mi.winBytes])
 		off += mi.winBytes
 	}
+	ep, i := j.position(pos)
 	smp := ep.samples[i]
 	var b [24]byte
 	binary.LittleEndian.PutUint64(b[0:], uint64(smp.Clip))
 	binary.LittleEndian.PutUint64(b[8:], uint64(smp.Start))
 	binary.LittleEndian.PutUint64(b[16:], uint64(smp.Valid))
-	if err := s.shard.files[len(j.mods)].write(b[:]); err != nil {
-		return err
-	}
-	s.bytes += int64(len(rec)) + 24
-	s.written++
-	if i == len(ep.samples)-1 {
-		return s.commit()
-	}
+	c.files[len(j.mods)].write(b[:])
+	c.n++
 	return nil
 }
 
-// nextEpoch commits the current epoch if open (or empty) and starts the
-// next planned one.
-func (s *sink) nextEpoch() error {
-	if s.entry != nil {
-		if err := s.commit(); err != nil {
-			return err
-		}
+func (c *cursor) open(pos int64) error {
+	j := c.s.j
+	ep, i := j.position(pos)
+	rank, k := i/ep.perRank, i%ep.perRank
+	shard := k / j.o.ShardSize
+	if k%j.o.ShardSize != 0 {
+		return fmt.Errorf("shuffle: internal error: position %d is not the first of its shard", pos)
 	}
-	s.epoch++
-	if s.epoch >= len(s.j.epochs) {
-		return fmt.Errorf("shuffle: internal error: no epoch left to write")
-	}
-	ep := s.j.epochs[s.epoch]
-	s.tmp = filepath.Join(s.j.o.Out, ".partial-"+epochDir(ep.epoch))
-	if err := os.RemoveAll(s.tmp); err != nil {
-		return err
-	}
-	if err := os.MkdirAll(s.tmp, 0o755); err != nil {
-		return err
-	}
-	s.entry = &EpochEntry{Epoch: ep.epoch, Dir: epochDir(ep.epoch), Samples: int64(len(ep.samples)), PerRank: ep.perRank, Dropped: ep.dropped, Shards: []ShardEntry{}}
-	s.sums = map[string]string{}
-	if len(ep.samples) == 0 {
-		return s.commit()
-	}
-	return nil
-}
-
-func (s *sink) openShard(rank, shard, first, n int) error {
-	j := s.j
-	dir := filepath.Join(s.tmp, rankDir(rank))
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	w := &shardWriter{rank: rank, shard: shard}
-	entry := ShardEntry{Rank: rank, Shard: shard, First: first, Samples: n, Files: map[string]string{}}
+	n := min(j.o.ShardSize, ep.perRank-k)
+	c.ep, c.idx, c.hi, c.n, c.want = ep.index, rank*j.shardsPerRank(ep)+shard, pos+int64(n), 0, int64(n)
+	st := c.s.eps[ep.index]
+	dir := filepath.Join(st.tmp, rankDir(rank))
 	open := func(what string, descr string, shape []int) error {
 		name := shardName(shard, what)
 		f, err := os.Create(filepath.Join(dir, name))
@@ -453,14 +665,14 @@ func (s *sink) openShard(rank, shard, first, n int) error {
 			return err
 		}
 		size, _ := array.ByteSize(shape, 2)
-		sf := newShardFile(f, relJoin(epochDir(s.j.epochs[s.epoch].epoch), rankDir(rank), name), size+npy.DataAlign, s.pool)
+		sf := newShardFile(f, relJoin(epochDir(ep.epoch), rankDir(rank), name), size+npy.DataAlign, c.s.pool, !j.o.NoFsync)
+		c.files = append(c.files, sf)
 		hdr, err := npy.EncodeHeader(descr, false, shape, npy.DataAlign)
 		if err != nil {
 			return err
 		}
-		w.files = append(w.files, sf)
-		entry.Files[what] = sf.rel
-		return sf.write(hdr)
+		sf.write(hdr)
+		return nil
 	}
 	for _, m := range j.mods {
 		shape := append([]int{n, int(int64(j.o.Sampling.Window) * m.rate)}, m.frameShape...)
@@ -468,56 +680,65 @@ func (s *sink) openShard(rank, shard, first, n int) error {
 			return err
 		}
 	}
-	if err := open("samples", array.DType{Kind: array.Int, Size: 8}.Descr(), []int{n, 3}); err != nil {
-		return err
-	}
-	s.shard = w
-	s.entry.Shards = append(s.entry.Shards, entry)
-	return nil
+	return open("samples", array.DType{Kind: array.Int, Size: 8}.Descr(), []int{n, 3})
 }
 
-func (s *sink) closeShard() error {
-	if s.shard == nil {
+// close finishes the open shard, if any, and reports it.
+func (c *cursor) close() error {
+	if c.files == nil {
 		return nil
 	}
-	defer func() {
-		if p := s.j.o.Progress; p != nil {
-			p(Progress{Phase: "write", Done: s.written, Total: s.j.total, BytesWritten: s.bytes})
-		}
-	}()
+	r := shardResult{ep: c.ep, idx: c.idx, samples: c.n}
 	var first error
-	for _, f := range s.shard.files {
+	for _, f := range c.files {
 		sum, err := f.close()
 		if err != nil && first == nil {
 			first = err
 		}
-		s.sums[f.rel] = sum
+		r.sums = append(r.sums, [2]string{f.rel, sum})
 	}
-	s.shard = nil
-	return first
+	c.files = nil
+	if first != nil {
+		return first
+	}
+	if c.n != c.want {
+		return fmt.Errorf("shuffle: internal error: shard %d of epoch %d got %d samples", c.idx, c.s.j.epochs[c.ep].epoch, c.n)
+	}
+	r.bytes = c.n * (c.s.j.rec + 24)
+	c.s.results <- r
+	return nil
 }
 
-// commit publishes the epoch being written: its directory is renamed into
-// place, then shards.parquet, SHA256SUMS and, last, epochs.json are
-// rewritten.
-func (s *sink) commit() error {
-	if err := s.closeShard(); err != nil {
-		return err
+// abort closes the open shard's files without reporting them.
+func (c *cursor) abort() {
+	for _, f := range c.files {
+		f.close()
 	}
+	c.files = nil
+}
+
+// commit publishes epoch e (index into j.epochs): its directory is renamed
+// into place, then shards.parquet, SHA256SUMS and, last, epochs.json are
+// rewritten.
+func (s *sink) commit(e int) error {
 	j := s.j
+	st := s.eps[e]
 	out := j.o.Out
-	final := filepath.Join(out, s.entry.Dir)
-	if err := syncTree(s.tmp, s.sums); err != nil {
-		return err
+	final := filepath.Join(out, st.entry.Dir)
+	if !j.o.NoFsync {
+		if err := syncTree(st.tmp, st.sums); err != nil {
+			return err
+		}
 	}
 	if _, err := os.Stat(final); err == nil { // --force over an old epoch
 		if err := os.RemoveAll(final); err != nil {
 			return err
 		}
 	}
-	if err := os.Rename(s.tmp, final); err != nil {
+	if err := os.Rename(st.tmp, final); err != nil {
 		return err
 	}
+	st.committed = true
 	if err := atomicfile.Sync(out); err != nil {
 		return err
 	}
@@ -536,18 +757,14 @@ func (s *sink) commit() error {
 	}
 	kept := man.Epochs[:0]
 	for _, e := range man.Epochs {
-		if e.Epoch != s.entry.Epoch {
+		if e.Epoch != st.entry.Epoch {
 			kept = append(kept, e)
 		}
 	}
-	man.Epochs = append(kept, *s.entry)
+	man.Epochs = append(kept, *st.entry)
 	sortEpochs(man.Epochs)
 	man.Created = j.o.Now().UTC().Format(time.RFC3339)
-	if err := writeManifests(out, man, s.sums); err != nil {
-		return err
-	}
-	s.entry = nil
-	return nil
+	return writeManifests(out, man, st.sums)
 }
 
 // lockDir takes an exclusive flock on a directory; the returned func
@@ -675,35 +892,6 @@ func syncTree(tmp string, sums map[string]string) error {
 	}
 	for d := range dirs {
 		if err := atomicfile.Sync(d); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// abort removes the partial epoch, if any (deferred by Run).
-func (s *sink) abort() {
-	if s.shard != nil {
-		for _, f := range s.shard.files {
-			f.close()
-		}
-	}
-	if s.entry != nil && s.tmp != "" {
-		os.RemoveAll(s.tmp)
-	}
-	s.pool.release()
-}
-
-// finish commits any planned epochs that had no samples at all.
-func (s *sink) finish() error {
-	for s.epoch < len(s.j.epochs)-1 || s.entry != nil {
-		if s.entry != nil {
-			if err := s.commit(); err != nil {
-				return err
-			}
-			continue
-		}
-		if err := s.nextEpoch(); err != nil {
 			return err
 		}
 	}
