@@ -100,7 +100,8 @@ type job struct {
 	starts  []int64
 	lengths []int64
 	mods    []modInfo
-	rec     int64 // bytes of one sample across modalities
+	rec     int64  // bytes of one sample across modalities
+	zeros   []byte // the largest window's worth of zeros (read only)
 	epochs  []epochPlan
 	total   int64 // samples to write
 	man     *Epochs
@@ -273,6 +274,9 @@ func newJob(o Options) (*job, error) {
 			rowBytes: rb, winBytes: int64(o.Sampling.Window) * int64(m.Rate) * rb, dataOffset: m.DataOffset}
 		j.mods = append(j.mods, mi)
 		j.rec += mi.winBytes
+		if int64(len(j.zeros)) < mi.winBytes {
+			j.zeros = make([]byte, mi.winBytes)
+		}
 	}
 	if j.man, err = openManifest(j); err != nil {
 		return nil, err
@@ -341,20 +345,6 @@ func (j *job) position(pos int64) (*epochPlan, int) {
 	return ep, int(pos - ep.base)
 }
 
-// fill writes sample s's window of every modality into rec, reading clip
-// rows through rows(mod, firstRow, n) and zero-filling past s.Valid.
-func (j *job) fill(rec []byte, s Sample, rows func(k int, first, n int64) []byte) {
-	off := int64(0)
-	for k, m := range j.mods {
-		first := (j.starts[s.Clip] + s.Start) * m.rate
-		n := s.Valid * m.rate
-		src := rows(k, first, n)
-		c := copy(rec[off:off+m.winBytes], src)
-		clear(rec[off+int64(c) : off+m.winBytes])
-		off += m.winBytes
-	}
-}
-
 // gatherInMemory loads every blob; the workers fill their shards from it.
 func (j *job) gatherInMemory(ctx context.Context, s *sink) error {
 	blobs := make([][]byte, len(j.mods))
@@ -375,15 +365,18 @@ func (j *job) gatherInMemory(ctx context.Context, s *sink) error {
 		rb := j.mods[k].rowBytes
 		return blobs[k][first*rb : (first+n)*rb]
 	}
-	s.work = func(u unit, put func(int64, []byte) error) error {
-		rec := make([]byte, j.rec)
+	s.work = func(u unit, c *cursor) error {
+		win := make([][]byte, len(j.mods))
 		for pos := u.lo; pos < u.hi; pos++ {
 			if (pos-u.lo)%1024 == 0 && ctx.Err() != nil {
 				return ctx.Err()
 			}
 			ep, i := j.position(pos)
-			j.fill(rec, ep.samples[i], rows)
-			if err := put(pos, rec); err != nil {
+			smp := ep.samples[i]
+			for k, m := range j.mods {
+				win[k] = rows(k, (j.starts[smp.Clip]+smp.Start)*m.rate, smp.Valid*m.rate)
+			}
+			if err := c.put(pos, win); err != nil {
 				return err
 			}
 		}
@@ -403,12 +396,16 @@ func (j *job) gatherInMemory(ctx context.Context, s *sink) error {
 }
 
 // workers is the number of shard writers: o.Workers (default GOMAXPROCS,
-// at most 8), fewer when the budget cannot hold their buffers (each keeps
-// three buffers of up to 4 MiB per shard file).
+// at most 8). Unless --no-fsync, fewer when the budget cannot hold their
+// buffers (each keeps three buffers of up to 4 MiB per shard file; with
+// --no-fsync a worker writes from the mapped pile or the loaded blobs).
 func (j *job) workers() int {
 	n := j.o.Workers
 	if n <= 0 {
 		n = min(runtime.GOMAXPROCS(0), 8)
+	}
+	if j.o.NoFsync {
+		return n
 	}
 	var per int64
 	for _, m := range j.mods {
@@ -506,10 +503,6 @@ func (j *job) external(ctx context.Context, s *sink) error {
 		return err
 	}
 	defer stopChunks()
-	zeros := make([]byte, 0)
-	for _, m := range j.mods {
-		zeros = make([]byte, max(int64(len(zeros)), m.winBytes))
-	}
 	type pileWrite struct {
 		p      int
 		pieces [][]byte
@@ -592,7 +585,7 @@ func (j *job) external(ctx context.Context, s *sink) error {
 						pending[p] = append(pending[p], ch.rows[k][first*m.rowBytes:first*m.rowBytes+n])
 					}
 					if n < m.winBytes {
-						pending[p] = append(pending[p], zeros[:m.winBytes-n])
+						pending[p] = append(pending[p], j.zeros[:m.winBytes-n])
 					}
 				}
 				done++
@@ -627,9 +620,9 @@ func (j *job) external(ctx context.Context, s *sink) error {
 	// cache, just written) and write its samples in order.
 	var removing sync.WaitGroup
 	defer removing.Wait()
-	s.work = func(u unit, put func(int64, []byte) error) error {
+	s.work = func(u unit, c *cursor) error {
 		for _, p := range u.piles {
-			if err := j.writePile(files[p], piles[p], recDisk, put); err != nil {
+			if err := j.writePile(files[p], piles[p], recDisk, c); err != nil {
 				return fmt.Errorf("pile %d: %w", p, err)
 			}
 			files[p].Close()
@@ -656,7 +649,7 @@ func (j *job) external(ctx context.Context, s *sink) error {
 // writePile maps pile file f, holding the samples of positions
 // [pl.lo, pl.hi) as records (position, then the sample's windows) in any
 // order, and puts them in order.
-func (j *job) writePile(f *os.File, pl pile, recDisk int64, put func(int64, []byte) error) error {
+func (j *job) writePile(f *os.File, pl pile, recDisk int64, c *cursor) error {
 	n := pl.hi - pl.lo
 	fi, err := f.Stat()
 	if err != nil {
@@ -681,13 +674,18 @@ func (j *job) writePile(f *os.File, pl pile, recDisk int64, put func(int64, []by
 		}
 		slot[pos-pl.lo] = i
 	}
+	win := make([][]byte, len(j.mods))
 	for pos := pl.lo; pos < pl.hi; pos++ {
 		at := slot[pos-pl.lo]*recDisk + 8
-		if err := put(pos, data[at:at+j.rec]); err != nil {
+		for k, m := range j.mods {
+			win[k] = data[at : at+m.winBytes]
+			at += m.winBytes
+		}
+		if err := c.put(pos, win); err != nil {
 			return err
 		}
 	}
-	return nil
+	return c.flush() // before the pile is unmapped
 }
 
 // LockPrefix starts the names of the per-epoch lock files in an epochs
@@ -706,6 +704,8 @@ func claimEpochs(out string, epochs []int) (func(), error) {
 		}
 	}
 	// Lock files left by killed runs: removable when nobody holds them.
+	// (Another run probing them this way holds such a lock for a moment;
+	// a claim below retries past that.)
 	if entries, err := os.ReadDir(out); err == nil {
 		for _, ent := range entries {
 			if !strings.HasPrefix(ent.Name(), LockPrefix) {
@@ -713,7 +713,7 @@ func claimEpochs(out string, epochs []int) (func(), error) {
 			}
 			p := filepath.Join(out, ent.Name())
 			if f, err := os.Open(p); err == nil {
-				if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {
+				if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil && sameFile(f, p) {
 					os.Remove(p)
 				}
 				f.Close()
@@ -722,15 +722,13 @@ func claimEpochs(out string, epochs []int) (func(), error) {
 	}
 	for _, e := range epochs {
 		p := filepath.Join(out, fmt.Sprintf("%s%04d", LockPrefix, e))
-		f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o644)
+		f, err := lockFile(p)
 		if err != nil {
 			release()
+			if errors.Is(err, unix.EWOULDBLOCK) {
+				return nil, fmt.Errorf("%w: epoch %d is being written by another shuffle into %s (lock %s)", ErrUsage, e, out, p)
+			}
 			return nil, err
-		}
-		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-			f.Close()
-			release()
-			return nil, fmt.Errorf("%w: epoch %d is being written by another shuffle into %s (lock %s)", ErrUsage, e, out, p)
 		}
 		held = append(held, f)
 	}
@@ -744,6 +742,44 @@ func shardName(shard int, what string) string {
 func epochDir(e int) string { return fmt.Sprintf("epoch-%04d", e) }
 
 func rankDir(r int) string { return fmt.Sprintf("rank-%02d", r) }
+
+// lockFile creates (or opens) the lock file p and takes a non-blocking
+// exclusive flock on it, making sure the lock is on the file that p names
+// (a run removing a stale lock may have unlinked it meanwhile). A lock
+// held for a moment by such a run is waited out; one held longer fails
+// with EWOULDBLOCK.
+func lockFile(p string) (*os.File, error) {
+	var err error
+	for try := 0; try < 20; try++ {
+		if try > 0 {
+			time.Sleep(10 * time.Millisecond)
+		}
+		var f *os.File
+		if f, err = os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o644); err != nil {
+			return nil, err
+		}
+		if err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			f.Close()
+			if !errors.Is(err, unix.EWOULDBLOCK) {
+				return nil, err
+			}
+			continue
+		}
+		if sameFile(f, p) {
+			return f, nil
+		}
+		f.Close() // unlinked by a stale-lock cleanup: take the new one
+		err = fmt.Errorf("%s keeps being replaced", p)
+	}
+	return nil, err
+}
+
+// sameFile reports whether the open file f is the one path p names.
+func sameFile(f *os.File, p string) bool {
+	a, err1 := f.Stat()
+	b, err2 := os.Stat(p)
+	return err1 == nil && err2 == nil && os.SameFile(a, b)
+}
 
 // relJoin joins slash paths for manifests.
 func relJoin(parts ...string) string { return strings.Join(parts, "/") }

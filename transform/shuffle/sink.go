@@ -211,15 +211,82 @@ func ownName(name string) bool {
 		strings.HasPrefix(name, atomicfile.TempPrefix) || name == ShardsFile || name == manifests.SumsFile
 }
 
-// shardFile writes one shard file through a three-stage pipeline of 4 MiB
-// buffers: the caller fills one while a goroutine hashes the previous
-// (sha256) and another writes the one before, so hashing and writing run
-// beside the shuffle instead of after it. Writes go around the page cache
-// where the filesystem allows (see directio): a shard is read by the
-// trainer later, usually on another node, not by this process, and the
-// epoch commit's fsync then has nothing left to wait for. With --no-fsync
-// they go through the page cache (the run does not wait for the disk).
-type shardFile struct {
+// shardFile writes one shard file.
+type shardFile interface {
+	// write hashes p and writes it; p must not change until the next flush.
+	write(p []byte)
+	// flush writes what write keeps references to; it returns the first
+	// error of any write.
+	flush() error
+	// close flushes and closes the file (not synced: the epoch commit
+	// fsyncs every file) and returns its sha256.
+	close() (string, error)
+	name() string // relative to the epochs directory
+}
+
+// pageShard writes one shard file through the page cache (--no-fsync)
+// from pieces of memory that stay valid until its next flush (windows in
+// a mapped pile or in the loaded blobs): each piece is hashed (sha256) as
+// it comes and written with the others by pwritev, so the bytes are
+// copied once, by the kernel.
+type pageShard struct {
+	f       *os.File
+	h       hash.Hash
+	rel     string
+	iov     [][]byte
+	pending int
+	off     int64 // file offset of the first pending byte
+	err     error
+}
+
+const shardFlush = 8 << 20 // bytes pending before a pwritev
+
+func newPageShard(f *os.File, rel string) *pageShard {
+	return &pageShard{f: f, h: sha256.New(), rel: rel}
+}
+
+func (s *pageShard) name() string { return s.rel }
+
+func (s *pageShard) write(p []byte) {
+	if len(p) == 0 {
+		return
+	}
+	s.h.Write(p)
+	s.iov = append(s.iov, p)
+	s.pending += len(p)
+	if len(s.iov) >= 1024 || s.pending >= shardFlush {
+		s.flush()
+	}
+}
+
+func (s *pageShard) flush() error {
+	if s.err != nil || len(s.iov) == 0 {
+		return s.err
+	}
+	n, err := pwritevAll(s.f, s.iov, s.off)
+	s.off += n
+	clear(s.iov)
+	s.iov, s.pending = s.iov[:0], 0
+	s.err = err
+	return err
+}
+
+func (s *pageShard) close() (string, error) {
+	err := s.flush()
+	if cerr := s.f.Close(); err == nil {
+		err = cerr
+	}
+	return hex.EncodeToString(s.h.Sum(nil)), err
+}
+
+// directShard writes one shard file around the page cache where the
+// filesystem allows (see directio), through a three-stage pipeline of
+// 4 MiB buffers: the caller copies into one while a goroutine hashes the
+// previous (sha256) and another writes the one before. The bytes are on
+// disk when it closes, so the epoch commit's fsync has nothing left to
+// wait for, and a shard, read later by a trainer (usually on another
+// node), does not take this node's page cache. Used unless --no-fsync.
+type directShard struct {
 	pool   *bufPool
 	f      *os.File
 	d      *directio.File
@@ -279,12 +346,8 @@ func (p *bufPool) release() {
 	p.owned, p.free = nil, nil
 }
 
-func newShardFile(f *os.File, rel string, size int64, pool *bufPool, direct bool) *shardFile {
-	d := directio.Buffered(f)
-	if direct {
-		d = directio.New(f)
-	}
-	s := &shardFile{f: f, d: d, h: sha256.New(), rel: rel, free: make(chan []byte, 3), full: make(chan []byte, 3),
+func newDirectShard(f *os.File, rel string, size int64, pool *bufPool) *directShard {
+	s := &directShard{f: f, d: directio.New(f), h: sha256.New(), rel: rel, free: make(chan []byte, 3), full: make(chan []byte, 3),
 		hashed: make(chan []byte, 3), done: make(chan error, 1), pool: pool}
 	// Buffers are whole pages: every write but the last starts and ends
 	// on a page boundary.
@@ -319,7 +382,7 @@ func newShardFile(f *os.File, rel string, size int64, pool *bufPool, direct bool
 	return s
 }
 
-func (s *shardFile) write(p []byte) error {
+func (s *directShard) write(p []byte) {
 	for len(p) > 0 {
 		n := copy(s.buf[len(s.buf):cap(s.buf)], p)
 		s.buf = s.buf[:len(s.buf)+n]
@@ -329,12 +392,16 @@ func (s *shardFile) write(p []byte) error {
 			s.buf = <-s.free
 		}
 	}
-	return nil
 }
+
+// flush has nothing to do: write copies.
+func (s *directShard) flush() error { return nil }
+
+func (s *directShard) name() string { return s.rel }
 
 // close writes what is buffered, waits for the writer goroutine and closes
 // the file (not synced: the epoch commit fsyncs every file).
-func (s *shardFile) close() (string, error) {
+func (s *directShard) close() (string, error) {
 	if len(s.buf) > 0 {
 		s.full <- s.buf // comes back through s.free
 	} else {
@@ -360,7 +427,7 @@ func (s *shardFile) close() (string, error) {
 // goroutine commits an epoch once all its shards are written.
 type sink struct {
 	j       *job
-	pool    *bufPool
+	pool    *bufPool      // directShard buffers
 	eps     []*epochState // per j.epochs
 	started int           // epochs started (partial directory made)
 	units   chan unit
@@ -371,8 +438,8 @@ type sink struct {
 	closed  bool
 	bytes   int64 // written in shards whose result came back
 	written int64 // samples in those shards
-	// work writes the samples of u through put, in order.
-	work func(u unit, put func(pos int64, rec []byte) error) error
+	// work writes the samples of u through c, in order.
+	work func(u unit, c *cursor) error
 }
 
 // unit is a run of output positions [lo, hi) that starts and ends on shard
@@ -595,7 +662,7 @@ func (s *sink) worker() {
 		if s.stop.Load() {
 			continue
 		}
-		err := s.work(u, c.put)
+		err := s.work(u, c)
 		if err == nil {
 			err = c.close()
 		}
@@ -609,15 +676,17 @@ func (s *sink) worker() {
 // cursor is a worker's open shard.
 type cursor struct {
 	s       *sink
-	files   []*shardFile
-	ep, idx int   // epoch, shard index in its entry
-	hi      int64 // one past the shard's last position
-	n, want int64 // samples written, samples of the shard
+	files   []shardFile // the modalities', then samples
+	ep, idx int         // epoch, shard index in its entry
+	hi      int64       // one past the shard's last position
+	n, want int64       // samples written, samples of the shard
+	samples []byte      // the shard's samples.npy rows, written at close
 }
 
-// put writes the sample at output position pos (rec: its windows, one
-// modality after the other), opening the shard it starts.
-func (c *cursor) put(pos int64, rec []byte) error {
+// put writes the sample at output position pos: win[k] holds its rows of
+// modality k, zeros follow up to the window's size. The memory of win must
+// not change until c.flush (or the shard's end).
+func (c *cursor) put(pos int64, win [][]byte) error {
 	j := c.s.j
 	if c.s.stop.Load() {
 		return errStopped
@@ -630,19 +699,30 @@ func (c *cursor) put(pos int64, rec []byte) error {
 			return err
 		}
 	}
-	off := int64(0)
-	for m, mi := range j.mods {
-		c.files[m].write(rec[off : off+mi.winBytes])
-		off += mi.winBytes
+	for k, m := range j.mods {
+		f := c.files[k]
+		f.write(win[k])
+		if pad := m.winBytes - int64(len(win[k])); pad > 0 {
+			f.write(j.zeros[:pad])
+		}
 	}
 	ep, i := j.position(pos)
 	smp := ep.samples[i]
-	var b [24]byte
-	binary.LittleEndian.PutUint64(b[0:], uint64(smp.Clip))
-	binary.LittleEndian.PutUint64(b[8:], uint64(smp.Start))
-	binary.LittleEndian.PutUint64(b[16:], uint64(smp.Valid))
-	c.files[len(j.mods)].write(b[:])
+	c.samples = binary.LittleEndian.AppendUint64(c.samples, uint64(smp.Clip))
+	c.samples = binary.LittleEndian.AppendUint64(c.samples, uint64(smp.Start))
+	c.samples = binary.LittleEndian.AppendUint64(c.samples, uint64(smp.Valid))
 	c.n++
+	return nil
+}
+
+// flush writes what the open shard's files hold, before the memory they
+// point into goes away.
+func (c *cursor) flush() error {
+	for _, f := range c.files {
+		if err := f.flush(); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -664,8 +744,14 @@ func (c *cursor) open(pos int64) error {
 		if err != nil {
 			return err
 		}
-		size, _ := array.ByteSize(shape, 2)
-		sf := newShardFile(f, relJoin(epochDir(ep.epoch), rankDir(rank), name), size+npy.DataAlign, c.s.pool, !j.o.NoFsync)
+		rel := relJoin(epochDir(ep.epoch), rankDir(rank), name)
+		var sf shardFile
+		if j.o.NoFsync {
+			sf = newPageShard(f, rel)
+		} else {
+			size, _ := array.ByteSize(shape, 2)
+			sf = newDirectShard(f, rel, size+npy.DataAlign, c.s.pool)
+		}
 		c.files = append(c.files, sf)
 		hdr, err := npy.EncodeHeader(descr, false, shape, npy.DataAlign)
 		if err != nil {
@@ -680,6 +766,7 @@ func (c *cursor) open(pos int64) error {
 			return err
 		}
 	}
+	c.samples = c.samples[:0]
 	return open("samples", array.DType{Kind: array.Int, Size: 8}.Descr(), []int{n, 3})
 }
 
@@ -688,6 +775,7 @@ func (c *cursor) close() error {
 	if c.files == nil {
 		return nil
 	}
+	c.files[len(c.files)-1].write(c.samples)
 	r := shardResult{ep: c.ep, idx: c.idx, samples: c.n}
 	var first error
 	for _, f := range c.files {
@@ -695,7 +783,7 @@ func (c *cursor) close() error {
 		if err != nil && first == nil {
 			first = err
 		}
-		r.sums = append(r.sums, [2]string{f.rel, sum})
+		r.sums = append(r.sums, [2]string{f.name(), sum})
 	}
 	c.files = nil
 	if first != nil {
