@@ -71,9 +71,6 @@ func New(f *os.File) *File {
 	return d
 }
 
-// Buffered returns a File that writes to f through the page cache only.
-func Buffered(f *os.File) *File { return &File{f: f} }
-
 // Direct reports whether writes go around the page cache.
 func (d *File) Direct() bool { return d.df != nil }
 

@@ -483,7 +483,11 @@ func (j *job) external(ctx context.Context, s *sink) error {
 		defer f.Close()
 		files[p] = f
 	}
-	defer s.quiesce() // first: no worker may use a pile after this returns
+	// Deferred calls run in reverse: the workers stop before the pile
+	// removals are waited for, and both before the piles are closed.
+	var removing sync.WaitGroup
+	defer removing.Wait()
+	defer s.quiesce()
 
 	// Which samples (by global position) come from each clip, in order.
 	byClip := make([][]int64, len(j.lengths))
@@ -618,8 +622,6 @@ func (j *job) external(ctx context.Context, s *sink) error {
 
 	// Pass 2: the workers map a pile at a time (the pages are in the page
 	// cache, just written) and write its samples in order.
-	var removing sync.WaitGroup
-	defer removing.Wait()
 	s.work = func(u unit, c *cursor) error {
 		for _, p := range u.piles {
 			if err := j.writePile(files[p], piles[p], recDisk, c); err != nil {

@@ -222,6 +222,9 @@ type shardFile interface {
 	// fsyncs every file) and returns its sha256.
 	close() (string, error)
 	name() string // relative to the epochs directory
+	// abort closes the file without writing what write still refers to
+	// (that memory may be gone); the partial epoch is removed.
+	abort()
 }
 
 // pageShard writes one shard file through the page cache (--no-fsync)
@@ -246,6 +249,12 @@ func newPageShard(f *os.File, rel string) *pageShard {
 }
 
 func (s *pageShard) name() string { return s.rel }
+
+func (s *pageShard) abort() {
+	clear(s.iov)
+	s.iov = nil
+	s.f.Close()
+}
 
 func (s *pageShard) write(p []byte) {
 	if len(p) == 0 {
@@ -398,6 +407,9 @@ func (s *directShard) write(p []byte) {
 func (s *directShard) flush() error { return nil }
 
 func (s *directShard) name() string { return s.rel }
+
+// abort: what write took is copied; close only stops the goroutines.
+func (s *directShard) abort() { s.close() }
 
 // close writes what is buffered, waits for the writer goroutine and closes
 // the file (not synced: the epoch commit fsyncs every file).
@@ -800,7 +812,7 @@ func (c *cursor) close() error {
 // abort closes the open shard's files without reporting them.
 func (c *cursor) abort() {
 	for _, f := range c.files {
-		f.close()
+		f.abort()
 	}
 	c.files = nil
 }
