@@ -77,20 +77,14 @@ func TestDemoMatchesNumpy(t *testing.T) {
 
 func TestWorkersSameBytes(t *testing.T) {
 	src := copyDemo(t)
-	var first map[string][]byte
-	for _, w := range []string{"1", "2", "8"} {
+	clitest.AllSame(t, []string{"1", "2", "8"}, func(w string) map[string][]byte {
 		out := filepath.Join(t.TempDir(), "ds")
 		r := runConvert(t, nil, demoArgs(src, out, "--workers", w, "--mem", "1")...)
 		if r.Code != 0 {
 			t.Fatalf("workers %s: exit %d: %s", w, r.Code, r.Stderr)
 		}
-		snap := snapshot(t, out)
-		if first == nil {
-			first = snap
-			continue
-		}
-		sameTree(t, first, snap, "--workers "+w)
-	}
+		return snapshot(t, out)
+	})
 }
 
 func TestNoOpThenRebuild(t *testing.T) {

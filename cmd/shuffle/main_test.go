@@ -120,26 +120,20 @@ func TestPathsAgree(t *testing.T) {
 func TestWorkersAndNoFsync(t *testing.T) {
 	ds := demoDataset(t)
 	cfg := []string{"--epochs", "2", "--world-size", "2", "--window", "3", "--shard-samples", "7"}
-	var want map[string][]byte
-	for _, extra := range [][]string{
-		{"--mem", "1GiB", "--workers", "1"},
-		{"--mem", "1GiB", "--workers", "5", "--no-fsync"},
-		{"--mem", "64KiB", "--workers", "1"},
-		{"--mem", "64KiB", "--workers", "3"},
-		{"--mem", "64KiB", "--workers", "2", "--no-fsync"},
-	} {
+	clitest.AllSame(t, []string{
+		"--mem 1GiB --workers 1",
+		"--mem 1GiB --workers 5 --no-fsync",
+		"--mem 64KiB --workers 1",
+		"--mem 64KiB --workers 3",
+		"--mem 64KiB --workers 2 --no-fsync",
+	}, func(extra string) map[string][]byte {
 		out := filepath.Join(t.TempDir(), "ep")
-		r := shuffleRun(t, nil, base(ds, out, append(cfg, extra...)...)...)
+		r := shuffleRun(t, nil, base(ds, out, append(cfg, strings.Fields(extra)...)...)...)
 		if r.Code != 0 {
-			t.Fatalf("%v: %d %s", extra, r.Code, r.Stderr)
+			t.Fatalf("%s: %d %s", extra, r.Code, r.Stderr)
 		}
-		got := tree(t, out)
-		if want == nil {
-			want = got
-			continue
-		}
-		sameTree(t, want, got, strings.Join(extra, " "))
-	}
+		return tree(t, out)
+	})
 }
 
 func TestRerunAndEpochRanges(t *testing.T) {

@@ -105,6 +105,21 @@ func SameTree(t testing.TB, a, b map[string][]byte, what string) {
 	}
 }
 
+// AllSame runs produce for every case (each writes a fresh output and
+// returns its Tree) and fails the test unless all the trees are equal.
+func AllSame(t testing.TB, cases []string, produce func(c string) map[string][]byte) {
+	t.Helper()
+	var first map[string][]byte
+	for _, c := range cases {
+		got := produce(c)
+		if first == nil {
+			first = got
+			continue
+		}
+		SameTree(t, first, got, c+" vs "+cases[0])
+	}
+}
+
 // CopyTree copies the files under src to dst (created), for tests that
 // change their inputs.
 func CopyTree(t testing.TB, src, dst string) {
