@@ -25,7 +25,7 @@ Materialise, for each epoch and DDP rank, the windows a trainer would sample
 from the dataset, in shuffled order, into shard files read strictly in
 order: EDIR/epoch-0003/rank-01/shard-00000.NAME.npy [S, W*RATE, ...] and
 shard-00000.samples.npy int64 [S, 3] (clip, start, valid). Same seed, same
-bytes, whatever --mem. Each epoch is committed atomically; a re-run skips
+bytes, whatever --mem or --workers. Each epoch is committed atomically; a re-run skips
 finished epochs.
 
 Example:

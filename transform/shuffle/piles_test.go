@@ -1,0 +1,114 @@
+package shuffle
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// TestPiles: the piles cover every output position once, in order, hold
+// at most pileCap samples, never straddle a shard boundary unless whole
+// shards (of one epoch) are packed together, and the units are runs of
+// whole shards that list their piles in order.
+func TestPiles(t *testing.T) {
+	for _, tc := range []struct {
+		world, shard int
+		perRank      []int
+		pileCap      int64
+	}{
+		{1, 1024, []int{10600}, 530},
+		{3, 7, []int{20, 0, 13}, 16},
+		{2, 5, []int{11, 3}, 1},
+		{2, 500, []int{600, 600}, 64},
+		{1, 4, []int{9}, 1000},
+	} {
+		t.Run(fmt.Sprint(tc), func(t *testing.T) {
+			j := &job{o: Options{WorldSize: tc.world, ShardSize: tc.shard}}
+			var base int64
+			for e, per := range tc.perRank {
+				j.epochs = append(j.epochs, epochPlan{index: e, epoch: e, perRank: per, base: base})
+				base += int64(per * tc.world)
+			}
+			j.total = base
+			// Shard boundaries and each position's epoch.
+			starts := map[int64]bool{j.total: true}
+			epochOf := make([]int, j.total)
+			j.eachShard(func(e int, lo, hi int64) {
+				starts[lo] = true
+				for p := lo; p < hi; p++ {
+					epochOf[p] = e
+				}
+			})
+			piles, units := j.piles(tc.pileCap)
+			next := int64(0)
+			for _, pl := range piles {
+				if pl.lo != next || pl.hi <= pl.lo || pl.hi-pl.lo > tc.pileCap {
+					t.Fatalf("pile %v after %d (cap %d)", pl, next, tc.pileCap)
+				}
+				next = pl.hi
+			}
+			if next != j.total {
+				t.Fatalf("piles end at %d, want %d", next, j.total)
+			}
+			next, nextPile := int64(0), 0
+			for _, u := range units {
+				if u.lo != next || !starts[u.lo] || !starts[u.hi] || epochOf[u.lo] != epochOf[u.hi-1] {
+					t.Fatalf("unit [%d, %d) after %d: not whole shards of one epoch", u.lo, u.hi, next)
+				}
+				if len(u.piles) == 0 || piles[u.piles[0]].lo != u.lo || piles[u.piles[len(u.piles)-1]].hi != u.hi {
+					t.Fatalf("unit [%d, %d): piles %v", u.lo, u.hi, u.piles)
+				}
+				for _, p := range u.piles {
+					if p != nextPile {
+						t.Fatalf("unit [%d, %d): pile %d, want %d", u.lo, u.hi, p, nextPile)
+					}
+					nextPile++
+				}
+				if len(u.piles) > 1 {
+					// A shard cut into piles: exactly one shard.
+					for p := u.lo + 1; p < u.hi; p++ {
+						if starts[p] {
+							t.Fatalf("unit [%d, %d) of %d piles holds a shard boundary at %d", u.lo, u.hi, len(u.piles), p)
+						}
+					}
+				}
+				next = u.hi
+			}
+			if next != j.total || nextPile != len(piles) {
+				t.Fatalf("units end at %d (pile %d), want %d (%d)", next, nextPile, j.total, len(piles))
+			}
+		})
+	}
+}
+
+// TestPwritevAll: more pieces than one pwritev takes, and empty ones.
+func TestPwritevAll(t *testing.T) {
+	f, err := os.Create(filepath.Join(t.TempDir(), "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var pieces [][]byte
+	var want []byte
+	for i := range 3000 {
+		p := bytes.Repeat([]byte{byte(i)}, i%7)
+		pieces = append(pieces, p)
+		want = append(want, p...)
+	}
+	if _, err := f.Write([]byte("head")); err != nil {
+		t.Fatal(err)
+	}
+	n, err := pwritevAll(f, pieces, 4)
+	if err != nil || n != int64(len(want)) {
+		t.Fatalf("pwritevAll: %d, %v; want %d", n, err, len(want))
+	}
+	got, err := os.ReadFile(f.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, append([]byte("head"), want...)) {
+		t.Fatal("file differs from the pieces")
+	}
+}
