@@ -2,9 +2,11 @@ package shuffle
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -110,5 +112,22 @@ func TestPwritevAll(t *testing.T) {
 	}
 	if !bytes.Equal(got, append([]byte("head"), want...)) {
 		t.Fatal("file differs from the pieces")
+	}
+}
+
+// TestCheckSpace: a run that cannot fit is refused before anything is
+// written, naming the piles when the external path needs them.
+func TestCheckSpace(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "not", "yet")
+	if err := checkSpace(dir, 1<<20, 1<<20); err != nil {
+		t.Fatalf("2 MiB: %v", err)
+	}
+	err := checkSpace(dir, 1<<61, 0)
+	if !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), "for the shards, the filesystem has") {
+		t.Fatalf("shards: %v", err)
+	}
+	err = checkSpace(dir, 1<<20, 1<<61)
+	if !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), "temporary piles (2305843009213693952)") {
+		t.Fatalf("piles: %v", err)
 	}
 }

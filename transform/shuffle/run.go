@@ -156,7 +156,29 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if j.o.Progress != nil {
 		j.o.Progress(Progress{Phase: "plan", Total: totalSamples, Planned: res.Planned, Epochs: todo})
 	}
-	if err := checkSpace(j.o.Out, res.Planned); err != nil {
+	// Epochs are processed in groups whose sample metadata (about
+	// sampleMeta bytes a sample) fits a quarter of --mem; the blobs are
+	// read once per group. The in-memory path needs the blobs to fit the
+	// other three quarters.
+	metaBudget := j.o.Mem / 4
+	res.External = res.DataBytes > j.o.Mem-metaBudget
+	var groups [][]int
+	var pileBytes int64 // the external path's piles of the largest group
+	for g := 0; g < len(counts); {
+		var group []int
+		var meta, kept int64
+		for g < len(counts) && (len(group) == 0 || meta+int64(counts[g].kept)*sampleMeta <= metaBudget) {
+			group = append(group, counts[g].epoch)
+			meta += int64(counts[g].kept) * sampleMeta
+			kept += int64(counts[g].kept)
+			g++
+		}
+		groups = append(groups, group)
+		if res.External {
+			pileBytes = max(pileBytes, kept*(8+j.rec))
+		}
+	}
+	if err := checkSpace(j.o.Out, res.Planned, pileBytes); err != nil {
 		return nil, err
 	}
 	// Claim the epochs: two runs must not write the same epoch at once
@@ -180,21 +202,8 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			}
 		}
 	}
-	// Epochs are processed in groups whose sample metadata (about
-	// sampleMeta bytes a sample) fits a quarter of --mem; the blobs are
-	// read once per group. The in-memory path needs the blobs to fit the
-	// other three quarters.
-	metaBudget := j.o.Mem / 4
-	res.External = res.DataBytes > j.o.Mem-metaBudget
 	var bytes int64
-	for g := 0; g < len(counts); {
-		var group []int
-		var meta int64
-		for g < len(counts) && (len(group) == 0 || meta+int64(counts[g].kept)*sampleMeta <= metaBudget) {
-			group = append(group, counts[g].epoch)
-			meta += int64(counts[g].kept) * sampleMeta
-			g++
-		}
+	for _, group := range groups {
 		j.plan(group)
 		j.work = filepath.Join(j.o.Out, fmt.Sprintf(".work-%04d-%04d", group[0], group[len(group)-1]))
 		s := newSink(j, j.workers())
@@ -315,8 +324,9 @@ func (j *job) epochBytes(perRank int) int64 {
 	return n*(j.rec+24) + shards*int64(len(j.mods)+1)*npy.DataAlign
 }
 
-// checkSpace refuses to start when the filesystem of out lacks the room.
-func checkSpace(out string, need int64) error {
+// checkSpace refuses to start when the filesystem of out lacks the room
+// for the shards and, on the external path, the piles (temporary, in out).
+func checkSpace(out string, shards, piles int64) error {
 	dir := out
 	for {
 		if _, err := os.Stat(dir); err == nil {
@@ -333,8 +343,12 @@ func checkSpace(out string, need int64) error {
 		return nil // cannot tell; go ahead
 	}
 	free := int64(st.Bavail) * int64(st.Bsize)
-	if free < need {
-		return fmt.Errorf("%w: %s needs %d bytes for the shards, the filesystem has %d free", ErrUsage, out, need, free)
+	if free < shards+piles {
+		what := "for the shards"
+		if piles > 0 {
+			what = fmt.Sprintf("for the shards (%d) and the external shuffle's temporary piles (%d)", shards, piles)
+		}
+		return fmt.Errorf("%w: %s needs %d bytes %s, the filesystem has %d free", ErrUsage, out, shards+piles, what, free)
 	}
 	return nil
 }
@@ -478,14 +492,25 @@ func (j *job) external(ctx context.Context, s *sink) error {
 		return err
 	}
 	defer os.RemoveAll(work)
-	files := make([]*os.File, nPiles)
-	for p := range files {
-		f, err := os.Create(filepath.Join(work, fmt.Sprintf("pile-%05d", p)))
+	// The piles live in two files, one per pass-1 writer (pile p in file
+	// p%2, so the writers never share a file's lock), each pile in a
+	// page-aligned region of its own: the open files stay two however
+	// many piles a large dataset needs.
+	const nWriters = 2
+	files := make([]*os.File, nWriters)
+	for w := range files {
+		f, err := os.Create(filepath.Join(work, fmt.Sprintf("piles-%d", w)))
 		if err != nil {
 			return err
 		}
 		defer f.Close()
-		files[p] = f
+		files[w] = f
+	}
+	base := make([]int64, nPiles)
+	var ends [nWriters]int64
+	for p, pl := range piles {
+		base[p] = ends[p%nWriters]
+		ends[p%nWriters] += ((pl.hi-pl.lo)*recDisk + 4095) &^ 4095
 	}
 	// Deferred calls run in reverse: the workers stop before the pile
 	// removals are waited for, and both before the piles are closed.
@@ -521,8 +546,7 @@ func (j *job) external(ctx context.Context, s *sink) error {
 		lists [][]pileWrite // per writer
 		left  atomic.Int32  // writers not done with it; the last releases ch
 	}
-	const nWriters = 2
-	offs := make([]int64, nPiles)
+	offs := make([]int64, nPiles) // bytes appended to each pile
 	var writeErr atomic.Pointer[error]
 	queues := make([]chan *batch, nWriters)
 	var writers sync.WaitGroup
@@ -536,7 +560,7 @@ func (j *job) external(ctx context.Context, s *sink) error {
 					if writeErr.Load() != nil {
 						break
 					}
-					n, err := pwritevAll(files[pw.p], pw.pieces, offs[pw.p])
+					n, err := pwritevAll(files[w], pw.pieces, base[pw.p]+offs[pw.p])
 					offs[pw.p] += n
 					if err != nil {
 						writeErr.CompareAndSwap(nil, &err)
@@ -628,16 +652,21 @@ func (j *job) external(ctx context.Context, s *sink) error {
 	// cache, just written) and write its samples in order.
 	s.work = func(u unit, c *cursor) error {
 		for _, p := range u.piles {
-			if err := j.writePile(files[p], piles[p], recDisk, c); err != nil {
+			f, size := files[p%nWriters], (piles[p].hi-piles[p].lo)*recDisk
+			if offs[p] != size {
+				return fmt.Errorf("pile %d: %d bytes written, want %d", p, offs[p], size)
+			}
+			if err := j.writePile(f, base[p], piles[p], recDisk, c); err != nil {
 				return fmt.Errorf("pile %d: %w", p, err)
 			}
-			files[p].Close()
-			// Freeing a pile's pages takes a few ms: not on this goroutine.
+			// Free the pile's pages now (a few ms: not on this goroutine);
+			// where holes cannot be punched, the removal of the files at
+			// the end frees them.
 			removing.Add(1)
-			go func(name string) {
+			go func() {
 				defer removing.Done()
-				os.Remove(name)
-			}(files[p].Name())
+				unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, base[p], (size+4095)&^4095)
+			}()
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
@@ -652,19 +681,12 @@ func (j *job) external(ctx context.Context, s *sink) error {
 	return s.finish() // before the piles are closed and removed
 }
 
-// writePile maps pile file f, holding the samples of positions
-// [pl.lo, pl.hi) as records (position, then the sample's windows) in any
-// order, and puts them in order.
-func (j *job) writePile(f *os.File, pl pile, recDisk int64, c *cursor) error {
+// writePile maps the pile at offset off of f, holding the samples of
+// positions [pl.lo, pl.hi) as records (position, then the sample's
+// windows) in any order, and puts them in order.
+func (j *job) writePile(f *os.File, off int64, pl pile, recDisk int64, c *cursor) error {
 	n := pl.hi - pl.lo
-	fi, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	if fi.Size() != n*recDisk {
-		return fmt.Errorf("%d bytes, want %d", fi.Size(), n*recDisk)
-	}
-	data, err := unix.Mmap(int(f.Fd()), 0, int(n*recDisk), unix.PROT_READ, unix.MAP_SHARED|unix.MAP_POPULATE)
+	data, err := unix.Mmap(int(f.Fd()), off, int(n*recDisk), unix.PROT_READ, unix.MAP_SHARED|unix.MAP_POPULATE)
 	if err != nil {
 		return err
 	}
