@@ -259,6 +259,18 @@ func TestEpochClaimed(t *testing.T) {
 
 func TestUsage(t *testing.T) {
 	ds := demoDataset(t)
+	// A blob shorter than dataset.json says: refused before anything is
+	// written, naming the file and the first clip it lacks.
+	short := filepath.Join(t.TempDir(), "short")
+	copyTree(t, ds, short)
+	st, err := os.Stat(filepath.Join(short, "whisper.npy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(filepath.Join(short, "whisper.npy"), st.Size()-3000); err != nil {
+		t.Fatal(err)
+	}
+	shortOut := filepath.Join(t.TempDir(), "x")
 	for _, c := range []struct {
 		args []string
 		code int
@@ -269,10 +281,16 @@ func TestUsage(t *testing.T) {
 		{[]string{"--dataset", ds, "--out", t.TempDir() + "/x", "--epochs", "1", "--window", "5", "--sampling", "random"}, 2, "--per-clip"},
 		{[]string{"--dataset", ds, "--out", t.TempDir() + "/x", "--epochs", "1", "--window", "5", "--mem", "lots"}, 2, "bad size"},
 		{[]string{"--dataset", t.TempDir(), "--out", t.TempDir() + "/x", "--epochs", "1", "--window", "5"}, 1, "dataset.json"},
+		{[]string{"--dataset", ds, "--out", t.TempDir() + "/x", "--epochs", "1", "--window", "5", "--workers", "-3"}, 2, "--workers -3"},
+		{[]string{"--dataset", short, "--out", shortOut, "--epochs", "1", "--window", "5", "--mem", "64KiB"}, 1, "whisper.npy: 154440 bytes, dataset.json needs 157440: the rows of clip 11 on"},
+		{[]string{"--dataset", short, "--out", shortOut, "--epochs", "1", "--window", "5"}, 1, "the rows of clip 11 on"},
 	} {
 		r := shuffleRun(t, nil, c.args...)
 		if r.Code != c.code || !strings.Contains(r.Stderr, c.want) || strings.Count(strings.TrimSpace(r.Stderr), "\n") != 0 {
 			t.Errorf("%v: exit %d %q, want %d and %q", c.args, r.Code, r.Stderr, c.code, c.want)
 		}
+	}
+	if _, err := os.Stat(shortOut); !os.IsNotExist(err) {
+		t.Errorf("a refused run left %s behind (%v)", shortOut, err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -249,6 +250,9 @@ func newJob(o Options) (*job, error) {
 	if o.WorldSize < 1 || o.WorldSize > 99 || o.ShardSize < 1 || o.Mem < 64<<10 {
 		return nil, fmt.Errorf("%w: --world-size %d, --shard-samples %d, --mem %d: want 1..99, >= 1, >= 64KiB", ErrUsage, o.WorldSize, o.ShardSize, o.Mem)
 	}
+	if o.Workers < 0 || o.Workers > 256 {
+		return nil, fmt.Errorf("%w: --workers %d: want 1..256 (0: the CPUs)", ErrUsage, o.Workers)
+	}
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -282,6 +286,9 @@ func newJob(o Options) (*job, error) {
 		}
 		mi := modInfo{name: m.Name, file: m.File, rate: int64(m.Rate), frameShape: m.FrameShape, dtype: dt,
 			rowBytes: rb, winBytes: int64(o.Sampling.Window) * int64(m.Rate) * rb, dataOffset: m.DataOffset}
+		if err := j.checkBlob(mi, m.Rows); err != nil {
+			return nil, err
+		}
 		j.mods = append(j.mods, mi)
 		j.rec += mi.winBytes
 		if int64(len(j.zeros)) < mi.winBytes {
@@ -292,6 +299,38 @@ func newJob(o Options) (*job, error) {
 		return nil, err
 	}
 	return j, nil
+}
+
+// checkBlob refuses a blob shorter than the manifest says (a damaged or
+// replaced dataset), naming the first clip whose rows are missing: both
+// paths read every row, and learning it half-way would waste the run.
+func (j *job) checkBlob(m modInfo, rows int64) error {
+	path := filepath.Join(j.o.Dataset, m.file)
+	fi, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	need := m.dataOffset + rows*m.rowBytes
+	if fi.Size() >= need {
+		return nil
+	}
+	have := max(0, (fi.Size()-m.dataOffset)/m.rowBytes) // whole rows present
+	c := sort.Search(len(j.starts), func(c int) bool { return (j.starts[c]+j.lengths[c])*m.rate > have })
+	return fmt.Errorf("%w: %s: %d bytes, dataset.json needs %d: the rows of clip %d on (from byte %d) are missing (run verify)",
+		manifests.ErrManifest, path, fi.Size(), need, c, m.dataOffset+j.starts[min(c, len(j.starts)-1)]*m.rate*m.rowBytes)
+}
+
+// readErr words a failed read of a blob from byte off on, where clip
+// (if >= 0) is the first clip read (a blob that shrank since the run
+// started, or a failing disk).
+func readErr(path string, off int64, clip int, err error) error {
+	if errors.Is(err, io.EOF) {
+		err = errors.New("the file ends early (changed during the run? run verify)")
+	}
+	if clip >= 0 {
+		return fmt.Errorf("%s: reading from byte %d (clip %d on): %w", path, off, clip, err)
+	}
+	return fmt.Errorf("%s: reading from byte %d: %w", path, off, err)
 }
 
 // plan derives the samples of every epoch to write.
@@ -376,7 +415,7 @@ func (j *job) gatherInMemory(ctx context.Context, s *sink) error {
 		_, err = f.ReadAt(blobs[k], m.dataOffset)
 		f.Close()
 		if err != nil {
-			return fmt.Errorf("reading %s: %w", m.file, err)
+			return readErr(f.Name(), m.dataOffset, -1, err)
 		}
 	}
 	rows := func(k int, first, n int64) []byte {
@@ -885,7 +924,7 @@ func (j *job) readChunks(limit int64) (<-chan *chunk, func(), error) {
 				}
 				ch.rows[k] = ch.rows[k][:n]
 				if _, err := files[k].ReadAt(ch.rows[k], m.dataOffset+first*m.rowBytes); err != nil {
-					ch.err = fmt.Errorf("reading %s at clip %d: %w", m.file, c0, err)
+					ch.err = readErr(files[k].Name(), m.dataOffset+first*m.rowBytes, c0, err)
 					break
 				}
 			}
