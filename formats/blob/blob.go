@@ -32,7 +32,8 @@ import (
 	"github.com/clipshard/clipshard/formats/npy"
 )
 
-// ChunkSize is the size of the chunks data is written in.
+// ChunkSize is the size of the chunks data is written in (smaller for a
+// blob made by Create whose data is smaller).
 const ChunkSize = 4 << 20
 
 // chunks is how many chunk buffers a Writer cycles through: one filling,
@@ -65,7 +66,50 @@ type Writer struct {
 	hdone     chan hashResult
 	predicted int64 // rows given to Predict, or -1
 	closed    bool
-	bufs      [][]byte // every chunk buffer, unmapped by stop
+	size      int      // of a chunk
+	bufs      [][]byte // every chunk buffer, back to the pool at stop
+}
+
+// Chunk buffers (directio.MapBuf) go back to a pool, by size, when a
+// Writer stops: a program writing many blobs (shuffle, a blob per shard
+// file) would otherwise map, fault in and zero them again for each.
+// ReleaseBuffers unmaps the idle ones.
+var pool struct {
+	sync.Mutex
+	free map[int][][]byte
+}
+
+func getBuf(size int) []byte {
+	pool.Lock()
+	defer pool.Unlock()
+	if l := pool.free[size]; len(l) > 0 {
+		pool.free[size] = l[:len(l)-1]
+		return l[len(l)-1]
+	}
+	return directio.MapBuf(size)
+}
+
+func putBufs(bs [][]byte) {
+	pool.Lock()
+	defer pool.Unlock()
+	if pool.free == nil {
+		pool.free = map[int][][]byte{}
+	}
+	for _, b := range bs {
+		pool.free[len(b)] = append(pool.free[len(b)], b)
+	}
+}
+
+// ReleaseBuffers unmaps the chunk buffers that no open Writer holds.
+func ReleaseBuffers() {
+	pool.Lock()
+	defer pool.Unlock()
+	for _, l := range pool.free {
+		for _, b := range l {
+			directio.Unmap(b)
+		}
+	}
+	pool.free = nil
 }
 
 // RetainBytes is how much of a blob's data, from its start, a Writer keeps
@@ -74,11 +118,11 @@ type Writer struct {
 // from the disk (the data was written around the page cache).
 var RetainBytes = 32 << 20
 
-// chunk is ChunkSize bytes of the file starting at the aligned offset off.
+// chunk is a chunk size of bytes of the file starting at the aligned offset off.
 // Its first keep bytes are already in the file (and hashed); data holds the
 // bytes [0, n).
 type chunk struct {
-	buf  []byte // ChunkSize, aligned in memory
+	buf  []byte // the chunk size, aligned in memory
 	off  int64
 	n    int
 	keep int
@@ -106,6 +150,30 @@ type hashResult struct {
 // frameShape elements of dtype dt, keeps its first rows rows and positions
 // for appending after them. It fails if the file holds fewer.
 func Open(path string, dt array.DType, frameShape []int, rows int64) (*Writer, error) {
+	return open(path, dt, frameShape, rows, ChunkSize)
+}
+
+// Create creates the blob at path for rows rows: its sha256 is computed
+// as it is written (Predict(rows)), and its chunks are no larger than
+// that much data.
+func Create(path string, dt array.DType, frameShape []int, rows int64) (*Writer, error) {
+	fb, err := array.ByteSize(frameShape, dt.Size)
+	if err != nil {
+		return nil, err
+	}
+	size := int(min(ChunkSize, max(align, (rows*fb+align-1)&^(align-1))))
+	w, err := open(path, dt, frameShape, 0, size)
+	if err != nil {
+		return nil, err
+	}
+	if err := w.Predict(rows); err != nil {
+		w.Close()
+		return nil, err
+	}
+	return w, nil
+}
+
+func open(path string, dt array.DType, frameShape []int, rows int64, size int) (*Writer, error) {
 	fb, err := array.ByteSize(frameShape, dt.Size)
 	if err != nil {
 		return nil, err
@@ -125,10 +193,10 @@ func Open(path string, dt array.DType, frameShape []int, rows int64) (*Writer, e
 	if err == nil && rows == 0 {
 		_, err = f.WriteAt(make([]byte, npy.DataAlign), 0) // placeholder header
 	}
-	w := &Writer{path: path, f: f, dtype: dt, frameShape: append([]int(nil), frameShape...), frameBytes: fb, rows: rows, predicted: -1}
+	w := &Writer{path: path, f: f, dtype: dt, frameShape: append([]int(nil), frameShape...), frameBytes: fb, rows: rows, predicted: -1, size: size}
 	w.free = make(chan *chunk, chunks)
 	for range chunks {
-		c := &chunk{buf: directio.MapBuf(ChunkSize)}
+		c := &chunk{buf: getBuf(size)}
 		w.bufs = append(w.bufs, c.buf)
 		w.free <- c
 	}
@@ -142,9 +210,7 @@ func Open(path string, dt array.DType, frameShape []int, rows int64) (*Writer, e
 		_, err = f.ReadAt(w.cur.buf[:w.cur.n], w.cur.off)
 	}
 	if err != nil {
-		for _, b := range w.bufs {
-			directio.Unmap(b)
-		}
+		putBufs(w.bufs)
 		f.Close()
 		return nil, err
 	}
@@ -171,7 +237,7 @@ func (w *Writer) Write(p []byte) (int, error) {
 		c := copy(w.cur.buf[w.cur.n:], p)
 		w.cur.n += c
 		p = p[c:]
-		if w.cur.n == ChunkSize {
+		if w.cur.n == w.size {
 			w.send(true)
 		}
 	}
@@ -279,14 +345,14 @@ func (w *Writer) hashLoop() {
 				d.Write(m.c.buf[m.c.keep:m.c.n])
 			}
 			w.release(m.c)
-		case keeping && keptBytes+ChunkSize <= RetainBytes && (len(kept) > 0 || m.c.off == npy.DataAlign && m.c.keep == 0):
+		case keeping && keptBytes+w.size <= RetainBytes && (len(kept) > 0 || m.c.off == npy.DataAlign && m.c.keep == 0):
 			// Keep the chunk; a new one takes its place in circulation.
 			m.c.kept.Store(true)
 			kept = append(kept, m.c)
-			keptBytes += ChunkSize
+			keptBytes += w.size
 			// On the Go heap: huge pages cost compaction stalls when many
 			// are taken at once.
-			w.free <- &chunk{buf: directio.AlignedBuf(ChunkSize)}
+			w.free <- &chunk{buf: directio.AlignedBuf(w.size)}
 		default:
 			keeping = false
 			w.release(m.c)
@@ -390,9 +456,7 @@ func (w *Writer) stop(finish bool) (hashResult, error) {
 	w.wg.Wait()
 	res := <-w.hdone
 	// Both goroutines are done: no chunk is in use.
-	for _, b := range w.bufs {
-		directio.Unmap(b)
-	}
+	putBufs(w.bufs)
 	w.bufs, w.free, w.cur = nil, nil, nil
 	w.d.Close()
 	if err == nil {

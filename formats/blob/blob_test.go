@@ -217,3 +217,47 @@ func TestPartialRow(t *testing.T) {
 		t.Fatal("Predict after Finish succeeded")
 	}
 }
+
+// TestCreate: blobs of known row counts, small (one chunk smaller than
+// ChunkSize) and large, written one after the other so that chunk buffers
+// come back from the pool, give the file and its sum; a blob given fewer
+// rows than announced is still finished right (the sum is computed again).
+func TestCreate(t *testing.T) {
+	frame := []int{3, 5}
+	const fb = 30
+	dir := t.TempDir()
+	r := rand.New(rand.NewPCG(3, 4))
+	for i, c := range []struct{ rows, write int64 }{
+		{5, 5}, {300000, 300000}, {5, 5}, {300000, 300000}, {7, 6}, {0, 0},
+	} {
+		path := filepath.Join(dir, fmt.Sprint(i))
+		w, err := Create(path, array.Float16, frame, c.rows)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data := make([]byte, c.write*fb)
+		for k := range data {
+			data[k] = byte(r.Uint32())
+		}
+		for p := data; len(p) > 0; {
+			n := min(len(p), 1+r.IntN(100000))
+			if _, err := w.Write(p[:n]); err != nil {
+				t.Fatal(err)
+			}
+			p = p[n:]
+		}
+		got, err := w.Finish()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := expected(t, frame, data, c.write)
+		file, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(file, want) || got != sum(want) {
+			t.Fatalf("case %d (%d rows of %d): file or sum differ", i, c.write, c.rows)
+		}
+	}
+	ReleaseBuffers()
+}

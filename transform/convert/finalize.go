@@ -115,6 +115,7 @@ func (j *job) finalize(w *writer) (*manifests.Dataset, error) {
 	}
 	blobSums := func() (map[string]string, error) {
 		wg.Wait()
+		blob.ReleaseBuffers() // no later writer to keep them for
 		return known, firstErr
 	}
 	if err := writeManifests(j.staging, d, names, w.rows, blobSums, o.Workers); err != nil {

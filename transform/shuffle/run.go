@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/clipshard/clipshard/formats/array"
+	"github.com/clipshard/clipshard/formats/blob"
 	"github.com/clipshard/clipshard/formats/directio"
 	"github.com/clipshard/clipshard/formats/npy"
 	"github.com/clipshard/clipshard/manifests"
@@ -454,7 +455,7 @@ func (j *job) gatherInMemory(ctx context.Context, s *sink) error {
 
 // workers is the number of shard writers: o.Workers (default GOMAXPROCS,
 // at most 8). Unless --no-fsync, fewer when the budget cannot hold their
-// buffers (each keeps three buffers of up to 4 MiB per shard file; with
+// buffers (blob.Writer's chunks, for each of a shard's files; with
 // --no-fsync a worker writes from the mapped pile or the loaded blobs).
 func (j *job) workers() int {
 	n := j.o.Workers
@@ -464,11 +465,12 @@ func (j *job) workers() int {
 	if j.o.NoFsync {
 		return n
 	}
-	var per int64
+	// blob.Create: three chunks of up to ChunkSize, no larger than the data.
+	chunks := func(size int64) int64 { return 3 * min(blob.ChunkSize, size) }
+	per := chunks(int64(j.o.ShardSize) * 24)
 	for _, m := range j.mods {
-		per += 3 * min(shardBuf, int64(j.o.ShardSize)*m.winBytes+npy.DataAlign)
+		per += chunks(int64(j.o.ShardSize) * m.winBytes)
 	}
-	per += 3 * min(shardBuf, int64(j.o.ShardSize)*24+npy.DataAlign)
 	return int(max(1, min(int64(n), (j.o.Mem/4+32<<20)/per)))
 }
 

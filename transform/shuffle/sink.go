@@ -19,7 +19,7 @@ import (
 
 	"github.com/clipshard/clipshard/formats/array"
 	"github.com/clipshard/clipshard/formats/atomicfile"
-	"github.com/clipshard/clipshard/formats/directio"
+	"github.com/clipshard/clipshard/formats/blob"
 	"github.com/clipshard/clipshard/formats/npy"
 	"github.com/clipshard/clipshard/manifests"
 )
@@ -244,8 +244,20 @@ type pageShard struct {
 
 const shardFlush = 8 << 20 // bytes pending before a pwritev
 
-func newPageShard(f *os.File, rel string) *pageShard {
-	return &pageShard{f: f, h: sha256.New(), rel: rel}
+// newPageShard creates the file at path and starts it with the .npy
+// header for shape.
+func newPageShard(path, rel string, dt array.DType, shape []int) (*pageShard, error) {
+	hdr, err := npy.EncodeHeader(dt.Descr(), false, shape, npy.DataAlign)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	s := &pageShard{f: f, h: sha256.New(), rel: rel}
+	s.write(hdr)
+	return s, nil
 }
 
 func (s *pageShard) name() string { return s.rel }
@@ -288,149 +300,31 @@ func (s *pageShard) close() (string, error) {
 	return hex.EncodeToString(s.h.Sum(nil)), err
 }
 
-// directShard writes one shard file around the page cache where the
-// filesystem allows (see directio), through a three-stage pipeline of
-// 4 MiB buffers: the caller copies into one while a goroutine hashes the
-// previous (sha256) and another writes the one before. The bytes are on
-// disk when it closes, so the epoch commit's fsync has nothing left to
-// wait for, and a shard, read later by a trainer (usually on another
-// node), does not take this node's page cache. Used unless --no-fsync.
-type directShard struct {
-	pool   *bufPool
-	f      *os.File
-	d      *directio.File
-	h      hash.Hash
-	rel    string
-	buf    []byte
-	free   chan []byte
-	hashed chan []byte
-	full   chan []byte
-	done   chan error
+// blobShard writes one shard file through a blob.Writer (unless
+// --no-fsync): around the page cache where the filesystem allows, from a
+// goroutine, with the sha256 computed from the same chunks as they are
+// written (the row count is known up front). The bytes are on disk when
+// it closes, so the epoch commit's fsync has nothing left to wait for, and
+// a shard, read later by a trainer (usually on another node), does not
+// take this node's page cache. write copies: flush has nothing to do.
+type blobShard struct {
+	w   *blob.Writer
+	rel string
 }
 
-const shardBuf = 4 << 20
-
-// bufPool recycles the shard files' buffers from one shard to the next: a
-// fresh 4 MiB buffer per file and shard cost a thousand page faults each.
-// Buffers of 64 KiB and more are mapped (see directio.MapBuf) and unmapped
-// by release.
-type bufPool struct {
-	mu    sync.Mutex
-	free  map[int][][]byte
-	owned [][]byte
+func newBlobShard(path, rel string, dt array.DType, shape []int) (*blobShard, error) {
+	w, err := blob.Create(path, dt, shape[1:], int64(shape[0]))
+	if err != nil {
+		return nil, err
+	}
+	return &blobShard{w: w, rel: rel}, nil
 }
 
-func (p *bufPool) get(n int) []byte {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if l := p.free[n]; len(l) > 0 {
-		b := l[len(l)-1]
-		p.free[n] = l[:len(l)-1]
-		return b[:0]
-	}
-	if n < 64<<10 {
-		return directio.AlignedBuf(n)[:0]
-	}
-	b := directio.MapBuf(n)
-	p.owned = append(p.owned, b)
-	return b[:0]
-}
-
-func (p *bufPool) put(b []byte) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.free == nil {
-		p.free = map[int][][]byte{}
-	}
-	p.free[cap(b)] = append(p.free[cap(b)], b[:0])
-}
-
-// release unmaps the pool's buffers; none may be in use.
-func (p *bufPool) release() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, b := range p.owned {
-		directio.Unmap(b)
-	}
-	p.owned, p.free = nil, nil
-}
-
-func newDirectShard(f *os.File, rel string, size int64, pool *bufPool) *directShard {
-	s := &directShard{f: f, d: directio.New(f), h: sha256.New(), rel: rel, free: make(chan []byte, 3), full: make(chan []byte, 3),
-		hashed: make(chan []byte, 3), done: make(chan error, 1), pool: pool}
-	// Buffers are whole pages: every write but the last starts and ends
-	// on a page boundary.
-	n := int(min(shardBuf, (max(size, 1)+directio.Align-1)&^(directio.Align-1)))
-	bufs := 3
-	if int64(n) >= size {
-		bufs = 1 // the whole file fits one buffer
-	}
-	for i := 1; i < bufs; i++ {
-		s.free <- pool.get(n)
-	}
-	s.buf = pool.get(n)
-	go func() {
-		for b := range s.full {
-			s.h.Write(b)
-			s.hashed <- b
-		}
-		close(s.hashed)
-	}()
-	go func() {
-		var err error
-		var off int64
-		for b := range s.hashed {
-			if err == nil {
-				err = s.d.WriteAt(b, off)
-				off += int64(len(b))
-			}
-			s.free <- b[:0]
-		}
-		s.done <- err
-	}()
-	return s
-}
-
-func (s *directShard) write(p []byte) {
-	for len(p) > 0 {
-		n := copy(s.buf[len(s.buf):cap(s.buf)], p)
-		s.buf = s.buf[:len(s.buf)+n]
-		p = p[n:]
-		if len(s.buf) == cap(s.buf) {
-			s.full <- s.buf
-			s.buf = <-s.free
-		}
-	}
-}
-
-// flush has nothing to do: write copies.
-func (s *directShard) flush() error { return nil }
-
-func (s *directShard) name() string { return s.rel }
-
-// abort: what write took is copied; close only stops the goroutines.
-func (s *directShard) abort() { s.close() }
-
-// close writes what is buffered, waits for the writer goroutine and closes
-// the file (not synced: the epoch commit fsyncs every file).
-func (s *directShard) close() (string, error) {
-	if len(s.buf) > 0 {
-		s.full <- s.buf // comes back through s.free
-	} else {
-		s.pool.put(s.buf)
-	}
-	s.buf = nil
-	close(s.full)
-	err := <-s.done
-	for len(s.free) > 0 {
-		s.pool.put(<-s.free)
-	}
-	s.d.Close()
-	if cerr := s.f.Close(); err == nil {
-		err = cerr
-	}
-	return hex.EncodeToString(s.h.Sum(nil)), err
-}
+func (s *blobShard) write(p []byte)         { s.w.Write(p) } // an error comes back from Finish
+func (s *blobShard) flush() error           { return nil }
+func (s *blobShard) close() (string, error) { return s.w.Finish() }
+func (s *blobShard) abort()                 { s.w.Close() }
+func (s *blobShard) name() string           { return s.rel }
 
 // sink writes the shards of the planned epochs. Its caller submits units
 // (runs of consecutive output positions made of whole shards, in output
@@ -439,7 +333,6 @@ func (s *directShard) close() (string, error) {
 // goroutine commits an epoch once all its shards are written.
 type sink struct {
 	j       *job
-	pool    *bufPool      // directShard buffers
 	eps     []*epochState // per j.epochs
 	started int           // epochs started (partial directory made)
 	units   chan unit
@@ -486,7 +379,7 @@ var errStopped = errors.New("shuffle: stopped")
 
 // newSink starts the workers; s.work must be set before the first submit.
 func newSink(j *job, workers int) *sink {
-	s := &sink{j: j, pool: &bufPool{}, eps: make([]*epochState, len(j.epochs)), units: make(chan unit),
+	s := &sink{j: j, eps: make([]*epochState, len(j.epochs)), units: make(chan unit),
 		results: make(chan shardResult, 64)}
 	for range max(1, workers) {
 		s.wg.Add(1)
@@ -664,7 +557,7 @@ func (s *sink) abort() {
 			os.RemoveAll(st.tmp)
 		}
 	}
-	s.pool.release()
+	blob.ReleaseBuffers() // the next group's pass 1 needs the memory
 }
 
 func (s *sink) worker() {
@@ -750,36 +643,30 @@ func (c *cursor) open(pos int64) error {
 	c.ep, c.idx, c.hi, c.n, c.want = ep.index, rank*j.shardsPerRank(ep)+shard, pos+int64(n), 0, int64(n)
 	st := c.s.eps[ep.index]
 	dir := filepath.Join(st.tmp, rankDir(rank))
-	open := func(what string, descr string, shape []int) error {
+	open := func(what string, dt array.DType, shape []int) error {
 		name := shardName(shard, what)
-		f, err := os.Create(filepath.Join(dir, name))
+		path, rel := filepath.Join(dir, name), relJoin(epochDir(ep.epoch), rankDir(rank), name)
+		var sf shardFile
+		var err error
+		if j.o.NoFsync {
+			sf, err = newPageShard(path, rel, dt, shape)
+		} else {
+			sf, err = newBlobShard(path, rel, dt, shape)
+		}
 		if err != nil {
 			return err
-		}
-		rel := relJoin(epochDir(ep.epoch), rankDir(rank), name)
-		var sf shardFile
-		if j.o.NoFsync {
-			sf = newPageShard(f, rel)
-		} else {
-			size, _ := array.ByteSize(shape, 2)
-			sf = newDirectShard(f, rel, size+npy.DataAlign, c.s.pool)
 		}
 		c.files = append(c.files, sf)
-		hdr, err := npy.EncodeHeader(descr, false, shape, npy.DataAlign)
-		if err != nil {
-			return err
-		}
-		sf.write(hdr)
 		return nil
 	}
 	for _, m := range j.mods {
 		shape := append([]int{n, int(int64(j.o.Sampling.Window) * m.rate)}, m.frameShape...)
-		if err := open(m.name, m.dtype.Descr(), shape); err != nil {
+		if err := open(m.name, m.dtype, shape); err != nil {
 			return err
 		}
 	}
 	c.samples = c.samples[:0]
-	return open("samples", array.DType{Kind: array.Int, Size: 8}.Descr(), []int{n, 3})
+	return open("samples", array.DType{Kind: array.Int, Size: 8}, []int{n, 3})
 }
 
 // close finishes the open shard, if any, and reports it.
