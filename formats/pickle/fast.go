@@ -117,6 +117,23 @@ func (d *fastDecoder) top() (any, bool) {
 	return d.stack[n-1], true
 }
 
+// operands pops an opcode's operands: the items above the last mark if
+// marked, else the top n items (in stack order).
+func (d *fastDecoder) operands(marked bool, n int) ([]any, bool) {
+	if marked {
+		return d.popMark()
+	}
+	items := make([]any, n)
+	for i := n - 1; i >= 0; i-- {
+		v, ok := d.pop()
+		if !ok {
+			return nil, false
+		}
+		items[i] = v
+	}
+	return items, true
+}
+
 // popMark returns a copy of the items above the last mark and drops them.
 func (d *fastDecoder) popMark() ([]any, bool) {
 	if len(d.marks) == 0 {
@@ -310,17 +327,8 @@ func (d *fastDecoder) run() (any, bool) {
 			if !ok1 || !ok2 || !ok3 || s.PySetState(state) != nil {
 				return nil, false
 			}
-		case 's': // SETITEM
-			v, ok1 := d.pop()
-			k, ok2 := d.pop()
-			obj, ok3 := d.top()
-			dict, ok4 := obj.(types.DictSetter)
-			if !ok1 || !ok2 || !ok3 || !ok4 {
-				return nil, false
-			}
-			dict.Set(k, v)
-		case 'u': // SETITEMS
-			items, ok1 := d.popMark()
+		case 's', 'u': // SETITEM (one key and value), SETITEMS (pairs above a mark)
+			items, ok1 := d.operands(op == 'u', 2)
 			obj, ok2 := d.top()
 			dict, ok3 := obj.(types.DictSetter)
 			if !ok1 || !ok2 || !ok3 || len(items)%2 != 0 {
@@ -329,16 +337,8 @@ func (d *fastDecoder) run() (any, bool) {
 			for i := 0; i < len(items); i += 2 {
 				dict.Set(items[i], items[i+1])
 			}
-		case 'a': // APPEND
-			v, ok1 := d.pop()
-			obj, ok2 := d.top()
-			list, ok3 := obj.(types.ListAppender)
-			if !ok1 || !ok2 || !ok3 {
-				return nil, false
-			}
-			list.Append(v)
-		case 'e': // APPENDS
-			items, ok1 := d.popMark()
+		case 'a', 'e': // APPEND (one value), APPENDS (the values above a mark)
+			items, ok1 := d.operands(op == 'e', 1)
 			obj, ok2 := d.top()
 			list, ok3 := obj.(types.ListAppender)
 			if !ok1 || !ok2 || !ok3 {
