@@ -893,13 +893,11 @@ func (j *job) readChunks(limit int64) (<-chan *chunk, func(), error) {
 	}
 	quit := make(chan struct{})
 	finished := make(chan struct{})
-	clipBytes := func(c int) int64 {
-		var n int64
-		for _, m := range j.mods {
-			n += j.lengths[c] * m.rate * m.rowBytes
-		}
-		return n
+	var frameBytes int64 // all modalities' bytes for one clip frame
+	for _, m := range j.mods {
+		frameBytes += m.rate * m.rowBytes
 	}
+	clipBytes := func(c int) int64 { return j.lengths[c] * frameBytes }
 	go func() {
 		defer close(finished)
 		defer close(out)
@@ -922,7 +920,9 @@ func (j *job) readChunks(limit int64) (<-chan *chunk, func(), error) {
 				n := ((j.starts[c1-1]+j.lengths[c1-1])*m.rate - first) * m.rowBytes
 				ch.first[k] = first
 				if int64(cap(ch.rows[k])) < n {
-					ch.rows[k] = make([]byte, n, max(n, limit))
+					// The modality's share of limit (runs differ a little).
+					share := limit * m.rate * m.rowBytes / frameBytes
+					ch.rows[k] = make([]byte, n, max(n, share+share/8))
 				}
 				ch.rows[k] = ch.rows[k][:n]
 				if _, err := files[k].ReadAt(ch.rows[k], m.dataOffset+first*m.rowBytes); err != nil {

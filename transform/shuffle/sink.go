@@ -611,8 +611,8 @@ func (c *cursor) put(pos int64, win [][]byte) error {
 			f.write(j.zeros[:pad])
 		}
 	}
-	ep, i := j.position(pos)
-	smp := ep.samples[i]
+	ep := &j.epochs[c.ep] // a shard lies in one epoch
+	smp := ep.samples[pos-ep.base]
 	c.samples = binary.LittleEndian.AppendUint64(c.samples, uint64(smp.Clip))
 	c.samples = binary.LittleEndian.AppendUint64(c.samples, uint64(smp.Start))
 	c.samples = binary.LittleEndian.AppendUint64(c.samples, uint64(smp.Valid))
