@@ -1,14 +1,18 @@
 package shuffle
 
 import (
+	"cmp"
 	"context"
-	"encoding/binary"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"hash"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -111,7 +115,7 @@ type job struct {
 	// replaced counts stale epochs removed because the dataset changed (or
 	// --force replaced other options' epochs).
 	replaced int
-	work     string // pile directory of the external path
+	ext      bool // the external (two-pass) path
 }
 
 // Run writes epochs [o.EpochStart, o.EpochEnd) of shuffled shards into
@@ -164,23 +168,19 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	// other three quarters.
 	metaBudget := j.o.Mem / 4
 	res.External = res.DataBytes > j.o.Mem-metaBudget
+	j.ext = res.External
 	var groups [][]int
-	var pileBytes int64 // the external path's piles of the largest group
 	for g := 0; g < len(counts); {
 		var group []int
-		var meta, kept int64
+		var meta int64
 		for g < len(counts) && (len(group) == 0 || meta+int64(counts[g].kept)*sampleMeta <= metaBudget) {
 			group = append(group, counts[g].epoch)
 			meta += int64(counts[g].kept) * sampleMeta
-			kept += int64(counts[g].kept)
 			g++
 		}
 		groups = append(groups, group)
-		if res.External {
-			pileBytes = max(pileBytes, kept*(8+j.rec))
-		}
 	}
-	if err := checkSpace(j.o.Out, res.Planned, pileBytes); err != nil {
+	if err := checkSpace(j.o.Out, res.Planned); err != nil {
 		return nil, err
 	}
 	// Claim the epochs: two runs must not write the same epoch at once
@@ -194,8 +194,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	// directories may belong to a run writing them right now: they are
 	// left alone.
 	for _, e := range todo {
-		os.RemoveAll(filepath.Join(j.o.Out, ".partial-"+epochDir(e)))
+		os.RemoveAll(j.partialDir(e))
 	}
+	// (and the pile folders of earlier versions)
 	if entries, err := os.ReadDir(j.o.Out); err == nil {
 		for _, e := range entries {
 			var a, b int
@@ -207,7 +208,6 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	var bytes int64
 	for _, group := range groups {
 		j.plan(group)
-		j.work = filepath.Join(j.o.Out, fmt.Sprintf(".work-%04d-%04d", group[0], group[len(group)-1]))
 		s := newSink(j, j.workers())
 		if res.External {
 			err = j.external(ctx, s)
@@ -365,8 +365,8 @@ func (j *job) epochBytes(perRank int) int64 {
 }
 
 // checkSpace refuses to start when the filesystem of out lacks the room
-// for the shards and, on the external path, the piles (temporary, in out).
-func checkSpace(out string, shards, piles int64) error {
+// for the shards (the external path's piles lie in the shards' files).
+func checkSpace(out string, shards int64) error {
 	dir := out
 	for {
 		if _, err := os.Stat(dir); err == nil {
@@ -383,12 +383,8 @@ func checkSpace(out string, shards, piles int64) error {
 		return nil // cannot tell; go ahead
 	}
 	free := int64(st.Bavail) * int64(st.Bsize)
-	if free < shards+piles {
-		what := "for the shards"
-		if piles > 0 {
-			what = fmt.Sprintf("for the shards (%d) and the external shuffle's temporary piles (%d)", shards, piles)
-		}
-		return fmt.Errorf("%w: %s needs %d bytes %s, the filesystem has %d free", ErrUsage, out, shards+piles, what, free)
+	if free < shards {
+		return fmt.Errorf("%w: %s needs %d bytes for the shards, the filesystem has %d free", ErrUsage, out, shards, free)
 	}
 	return nil
 }
@@ -454,15 +450,16 @@ func (j *job) gatherInMemory(ctx context.Context, s *sink) error {
 }
 
 // workers is the number of shard writers: o.Workers (default GOMAXPROCS,
-// at most 8). Unless --no-fsync, fewer when the budget cannot hold their
-// buffers (blob.Writer's chunks, for each of a shard's files; with
-// --no-fsync a worker writes from the mapped pile or the loaded blobs).
+// at most 8). On the in-memory path without --no-fsync, fewer when the
+// budget cannot hold their buffers (blob.Writer's chunks, for each of a
+// shard's files; with --no-fsync a worker writes from the loaded blobs,
+// and on the external path the piles are cut to the workers' share).
 func (j *job) workers() int {
 	n := j.o.Workers
 	if n <= 0 {
 		n = min(runtime.GOMAXPROCS(0), 8)
 	}
-	if j.o.NoFsync {
+	if j.o.NoFsync || j.ext {
 		return n
 	}
 	// blob.Create: three chunks of up to ChunkSize, no larger than the data.
@@ -474,89 +471,97 @@ func (j *job) workers() int {
 	return int(max(1, min(int64(n), (j.o.Mem/4+32<<20)/per)))
 }
 
-// pile is a run of output positions [lo, hi) whose samples pass 1 collects
-// in one file.
+// pile is a run of output positions [lo, hi) within one shard: pass 1
+// appends their samples, in the order it meets them, to the part of the
+// shard's files that will hold them, and pass 2 puts them in order there.
 type pile struct{ lo, hi int64 }
 
-// piles cuts the output positions into piles of at most pileCap samples
-// along shard boundaries, and groups them into units: a pile holds whole
-// shards of one epoch (one unit), or a shard too large for one pile is
-// cut into piles that make one unit (one worker writes it, pile by pile).
+// piles cuts every shard into piles of at most pileCap samples (of about
+// equal size); each shard is a unit, listing its piles in order.
 func (j *job) piles(pileCap int64) ([]pile, []unit) {
 	var piles []pile
 	var units []unit
-	open, openEp := false, -1
 	j.eachShard(func(e int, lo, hi int64) {
 		n := hi - lo
-		if n > pileCap {
-			open = false
-			u := unit{lo: lo, hi: hi}
-			k := (n + pileCap - 1) / pileCap
-			for i := int64(0); i < k; i++ {
-				u.piles = append(u.piles, len(piles))
-				piles = append(piles, pile{lo + n*i/k, lo + n*(i+1)/k})
-			}
-			units = append(units, u)
-			return
+		k := (n + pileCap - 1) / pileCap
+		u := unit{lo: lo, hi: hi}
+		for i := int64(0); i < k; i++ {
+			u.piles = append(u.piles, len(piles))
+			piles = append(piles, pile{lo + n*i/k, lo + n*(i+1)/k})
 		}
-		if open && openEp == e && hi-units[len(units)-1].lo <= pileCap {
-			units[len(units)-1].hi = hi
-			piles[len(piles)-1].hi = hi
-			return
-		}
-		open, openEp = true, e
-		units = append(units, unit{lo: lo, hi: hi, piles: []int{len(piles)}})
-		piles = append(piles, pile{lo, hi})
+		units = append(units, u)
 	})
 	return piles, units
 }
 
+// shardAt locates the shard that starts at output position pos: its
+// epoch, rank, shard number in the rank, index in the epoch's entry and
+// sample count.
+func (j *job) shardAt(pos int64) (ep *epochPlan, rank, shard, idx, n int, err error) {
+	ep, i := j.position(pos)
+	rank, k := i/ep.perRank, i%ep.perRank
+	shard = k / j.o.ShardSize
+	if k%j.o.ShardSize != 0 {
+		return nil, 0, 0, 0, 0, fmt.Errorf("shuffle: internal error: position %d is not the first of its shard", pos)
+	}
+	return ep, rank, shard, rank*j.shardsPerRank(ep) + shard, min(j.o.ShardSize, ep.perRank-k), nil
+}
+
+// shardHeader is the .npy header of modality m's file of a shard of n
+// samples.
+func (j *job) shardHeader(m modInfo, n int) ([]byte, error) {
+	shape := append([]int{n, int(int64(j.o.Sampling.Window) * m.rate)}, m.frameShape...)
+	return npy.EncodeHeader(m.dtype.Descr(), false, shape, npy.DataAlign)
+}
+
+// partialDir is where epoch e is written before its commit.
+func (j *job) partialDir(e int) string { return filepath.Join(j.o.Out, ".partial-"+epochDir(e)) }
+
 // external is the two-pass shuffle for datasets larger than the memory
-// budget. Pass 1 reads every blob once, strictly sequentially, and appends
-// each sample (of every planned epoch) to the pile that holds its output
-// position; in pass 2 each worker maps one pile at a time and writes its
-// samples in order.
+// budget. Every shard is cut into piles (runs of its output positions).
+// Pass 1 reads every blob once, strictly sequentially, and appends each
+// sample (of every planned epoch) to its pile, which lies in the shard's
+// own files, where the pile's samples will end up: the appends are
+// sequential writes, and no temporary files are needed. In pass 2 a
+// worker reads a pile at a time into memory and writes its samples back
+// in order over the same bytes, hashing them as it goes.
 func (j *job) external(ctx context.Context, s *sink) error {
-	recDisk := 8 + j.rec
 	workers := j.workers()
-	pileCap := max(1, (j.o.Mem/2)/int64(workers)/recDisk)
+	pileCap := max(1, (j.o.Mem/2)/int64(workers)/j.rec)
 	piles, units := j.piles(pileCap)
-	nPiles := len(piles)
-	pileOf := func(pos int64) int {
-		return sort.Search(len(piles), func(i int) bool { return piles[i].hi > pos })
-	}
-	work := j.work
-	if err := os.RemoveAll(work); err != nil {
+	nm := len(j.mods)
+	// Each pile's place in its shard's files: shard (index into units),
+	// and the file offset of its first byte in each modality's file.
+	shardOf := make([]int, len(piles))
+	region := make([]int64, len(piles)*nm)
+	hdrLen := make([]int64, len(units)*nm)
+	paths := make([]string, len(units)*nm)
+	if err := s.startUpTo(len(j.epochs) - 1); err != nil {
 		return err
 	}
-	if err := os.MkdirAll(work, 0o755); err != nil {
-		return err
-	}
-	defer os.RemoveAll(work)
-	// The piles live in two files, one per pass-1 writer (pile p in file
-	// p%2, so the writers never share a file's lock), each pile in a
-	// page-aligned region of its own: the open files stay two however
-	// many piles a large dataset needs.
-	const nWriters = 2
-	files := make([]*os.File, nWriters)
-	for w := range files {
-		f, err := os.Create(filepath.Join(work, fmt.Sprintf("piles-%d", w)))
+	for u, un := range units {
+		ep, rank, shard, _, n, err := j.shardAt(un.lo)
 		if err != nil {
 			return err
 		}
-		defer f.Close()
-		files[w] = f
+		for k, m := range j.mods {
+			hdr, err := j.shardHeader(m, n)
+			if err != nil {
+				return err
+			}
+			hdrLen[u*nm+k] = int64(len(hdr))
+			paths[u*nm+k] = filepath.Join(j.partialDir(ep.epoch), rankDir(rank), shardName(shard, m.name))
+		}
+		for _, p := range un.piles {
+			shardOf[p] = u
+			for k, m := range j.mods {
+				region[p*nm+k] = hdrLen[u*nm+k] + (piles[p].lo-un.lo)*m.winBytes
+			}
+		}
 	}
-	base := make([]int64, nPiles)
-	var ends [nWriters]int64
-	for p, pl := range piles {
-		base[p] = ends[p%nWriters]
-		ends[p%nWriters] += ((pl.hi-pl.lo)*recDisk + 4095) &^ 4095
+	pileOf := func(pos int64) int {
+		return sort.Search(len(piles), func(i int) bool { return piles[i].hi > pos })
 	}
-	// Deferred calls run in reverse: the workers stop before the pile
-	// removals are waited for, and both before the piles are closed.
-	var removing sync.WaitGroup
-	defer removing.Wait()
 	defer s.quiesce()
 
 	// Which samples (by global position) come from each clip, in order.
@@ -568,26 +573,26 @@ func (j *job) external(ctx context.Context, s *sink) error {
 	}
 
 	// Pass 1: a goroutine reads the blobs a run of clips at a time, in
-	// order (strictly sequential reads); for each run, every sample
-	// becomes a list of pieces of the run's buffers (its position before
-	// them, zeros after a short window) appended to its pile with
-	// pwritev, by two writers (each owns half of the piles).
+	// order (strictly sequential reads); for each run, every sample's
+	// window in each modality (and zeros after a short one) is appended to
+	// its pile with pwritev, by two writers (each owns half of the shards,
+	// and keeps their files open, up to a limit).
 	chunks, stopChunks, err := j.readChunks(max(1<<20, min(8<<20, j.o.Mem/16)))
 	if err != nil {
 		return err
 	}
 	defer stopChunks()
 	type pileWrite struct {
-		p      int
+		at     int // pile*nm + modality
 		pieces [][]byte
 	}
 	type batch struct {
 		ch    *chunk
-		heads []byte
 		lists [][]pileWrite // per writer
 		left  atomic.Int32  // writers not done with it; the last releases ch
 	}
-	offs := make([]int64, nPiles) // bytes appended to each pile
+	const nWriters, maxOpen = 2, 256 // files each writer keeps open
+	offs := make([]int64, len(piles)*nm) // bytes appended to each pile's part of a file
 	var writeErr atomic.Pointer[error]
 	queues := make([]chan *batch, nWriters)
 	var writers sync.WaitGroup
@@ -596,14 +601,38 @@ func (j *job) external(ctx context.Context, s *sink) error {
 		writers.Add(1)
 		go func() {
 			defer writers.Done()
+			open := map[int]*os.File{}
+			defer func() {
+				for _, f := range open {
+					f.Close()
+				}
+			}()
+			write := func(pw pileWrite) error {
+				file := shardOf[pw.at/nm]*nm + pw.at%nm
+				f := open[file]
+				if f == nil {
+					if len(open) == maxOpen {
+						for _, f := range open {
+							f.Close()
+						}
+						clear(open)
+					}
+					var err error
+					if f, err = os.OpenFile(paths[file], os.O_RDWR|os.O_CREATE, 0o644); err != nil {
+						return err
+					}
+					open[file] = f
+				}
+				n, err := pwritevAll(f, pw.pieces, region[pw.at]+offs[pw.at])
+				offs[pw.at] += n
+				return err
+			}
 			for b := range queues[w] {
 				for _, pw := range b.lists[w] {
 					if writeErr.Load() != nil {
 						break
 					}
-					n, err := pwritevAll(files[w], pw.pieces, base[pw.p]+offs[pw.p])
-					offs[pw.p] += n
-					if err != nil {
+					if err := write(pw); err != nil {
 						writeErr.CompareAndSwap(nil, &err)
 					}
 				}
@@ -627,38 +656,31 @@ func (j *job) external(ctx context.Context, s *sink) error {
 		return nil
 	}
 	defer stopWriters()
-	pending := make([][][]byte, nPiles)
+	pending := make([][][]byte, len(piles)*nm)
 	var touched []int
 	var done int64
 	for ch := range chunks {
 		if ch.err != nil {
 			return ch.err
 		}
-		var nHeads int
-		for c := ch.c0; c < ch.c1; c++ {
-			nHeads += len(byClip[c])
-		}
-		b := &batch{ch: ch, heads: make([]byte, 8*nHeads), lists: make([][]pileWrite, nWriters)}
-		h := 0
+		b := &batch{ch: ch, lists: make([][]pileWrite, nWriters)}
 		for c := ch.c0; c < ch.c1; c++ {
 			for _, pos := range byClip[c] {
 				ep, i := j.position(pos)
 				smp := ep.samples[i]
 				p := pileOf(pos)
-				if len(pending[p]) == 0 {
+				if len(pending[p*nm]) == 0 {
 					touched = append(touched, p)
 				}
-				binary.LittleEndian.PutUint64(b.heads[h:], uint64(pos))
-				pending[p] = append(pending[p], b.heads[h:h+8])
-				h += 8
 				for k, m := range j.mods {
+					at := p*nm + k
 					first := (j.starts[c]+smp.Start)*m.rate - ch.first[k]
 					n := smp.Valid * m.rate * m.rowBytes
 					if n > 0 {
-						pending[p] = append(pending[p], ch.rows[k][first*m.rowBytes:first*m.rowBytes+n])
+						pending[at] = append(pending[at], ch.rows[k][first*m.rowBytes:first*m.rowBytes+n])
 					}
 					if n < m.winBytes {
-						pending[p] = append(pending[p], j.zeros[:m.winBytes-n])
+						pending[at] = append(pending[at], j.zeros[:m.winBytes-n])
 					}
 				}
 				done++
@@ -666,8 +688,11 @@ func (j *job) external(ctx context.Context, s *sink) error {
 			byClip[c] = nil
 		}
 		for _, p := range touched {
-			b.lists[p%nWriters] = append(b.lists[p%nWriters], pileWrite{p, pending[p]})
-			pending[p] = nil
+			w := shardOf[p] % nWriters
+			for k := range j.mods {
+				b.lists[w] = append(b.lists[w], pileWrite{p*nm + k, pending[p*nm+k]})
+				pending[p*nm+k] = nil
+			}
 		}
 		touched = touched[:0]
 		b.left.Store(nWriters)
@@ -688,73 +713,131 @@ func (j *job) external(ctx context.Context, s *sink) error {
 		return err
 	}
 	byClip, pending = nil, nil
-
-	// Pass 2: the workers map a pile at a time (the pages are in the page
-	// cache, just written) and write its samples in order.
-	s.work = func(u unit, c *cursor) error {
-		for _, p := range u.piles {
-			f, size := files[p%nWriters], (piles[p].hi-piles[p].lo)*recDisk
-			if offs[p] != size {
-				return fmt.Errorf("pile %d: %d bytes written, want %d", p, offs[p], size)
-			}
-			if err := j.writePile(f, base[p], piles[p], recDisk, c); err != nil {
-				return fmt.Errorf("pile %d: %w", p, err)
-			}
-			// Free the pile's pages now (a few ms: not on this goroutine);
-			// where holes cannot be punched, the removal of the files at
-			// the end frees them.
-			removing.Add(1)
-			go func() {
-				defer removing.Done()
-				unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, base[p], (size+4095)&^4095)
-			}()
-			if ctx.Err() != nil {
-				return ctx.Err()
+	for p := range piles {
+		for k, m := range j.mods {
+			if want := (piles[p].hi - piles[p].lo) * m.winBytes; offs[p*nm+k] != want {
+				return fmt.Errorf("shuffle: internal error: pile %d of %s: %d bytes written, want %d", p, m.name, offs[p*nm+k], want)
 			}
 		}
-		return nil
+	}
+
+	// Pass 2: each unit is a shard; its worker orders it pile by pile.
+	unitOf := make(map[int64]int, len(units))
+	for u, un := range units {
+		unitOf[un.lo] = u
+	}
+	s.work = func(un unit, c *cursor) error {
+		u := unitOf[un.lo]
+		return j.orderShard(ctx, c, un, piles, paths[u*nm:(u+1)*nm], region)
 	}
 	for _, u := range units {
 		if err := s.submit(u); err != nil {
 			return err
 		}
 	}
-	return s.finish() // before the piles are closed and removed
+	return s.finish()
 }
 
-// writePile maps the pile at offset off of f, holding the samples of
-// positions [pl.lo, pl.hi) as records (position, then the sample's
-// windows) in any order, and puts them in order.
-func (j *job) writePile(f *os.File, off int64, pl pile, recDisk int64, c *cursor) error {
-	n := pl.hi - pl.lo
-	data, err := unix.Mmap(int(f.Fd()), off, int(n*recDisk), unix.PROT_READ, unix.MAP_SHARED|unix.MAP_POPULATE)
+// orderShard puts in order the samples of the shard un, which pass 1
+// left in its files (paths, one per modality) as piles, each in the
+// order pass 1 met its samples (by clip, then position); it writes the
+// shard's headers and samples file, hashes every file and reports the
+// shard.
+func (j *job) orderShard(ctx context.Context, c *cursor, un unit, piles []pile, paths []string, region []int64) error {
+	ep, rank, shard, idx, n, err := j.shardAt(un.lo)
 	if err != nil {
 		return err
 	}
-	defer unix.Munmap(data)
-	slot := make([]int64, n)
-	for i := range slot {
-		slot[i] = -1
-	}
-	for i := int64(0); i < n; i++ {
-		pos := int64(binary.LittleEndian.Uint64(data[i*recDisk:]))
-		if pos < pl.lo || pos >= pl.hi || slot[pos-pl.lo] >= 0 {
-			return fmt.Errorf("record %d: position %d outside [%d, %d) or repeated", i, pos, pl.lo, pl.hi)
+	nm := len(j.mods)
+	files := make([]*os.File, nm)
+	defer func() {
+		for _, f := range files {
+			if f != nil {
+				f.Close()
+			}
 		}
-		slot[pos-pl.lo] = i
-	}
-	win := make([][]byte, len(j.mods))
-	for pos := pl.lo; pos < pl.hi; pos++ {
-		at := slot[pos-pl.lo]*recDisk + 8
-		for k, m := range j.mods {
-			win[k] = data[at : at+m.winBytes]
-			at += m.winBytes
-		}
-		if err := c.put(pos, win); err != nil {
+	}()
+	r := shardResult{ep: ep.index, idx: idx, samples: int64(n), bytes: int64(n) * (j.rec + 24)}
+	rel := func(what string) string { return relJoin(epochDir(ep.epoch), rankDir(rank), shardName(shard, what)) }
+	hashes := make([]hash.Hash, nm)
+	for k, m := range j.mods {
+		f, err := os.OpenFile(paths[k], os.O_RDWR, 0)
+		if err != nil {
 			return err
 		}
+		files[k] = f
+		hdr, err := j.shardHeader(m, n)
+		if err != nil {
+			return err
+		}
+		if _, err := f.WriteAt(hdr, 0); err != nil {
+			return err
+		}
+		hashes[k] = sha256.New()
+		hashes[k].Write(hdr)
 	}
-	return c.flush() // before the pile is unmapped
+	var order []int64
+	var iov [][]byte
+	for _, p := range un.piles {
+		if c.s.stop.Load() || ctx.Err() != nil {
+			return errStopped
+		}
+		pl := piles[p]
+		// The pile's samples in the order pass 1 appended them.
+		order = order[:0]
+		for pos := pl.lo; pos < pl.hi; pos++ {
+			order = append(order, pos)
+		}
+		clip := func(pos int64) int64 { return ep.samples[pos-ep.base].Clip }
+		slices.SortFunc(order, func(a, b int64) int {
+			return cmp.Or(cmp.Compare(clip(a), clip(b)), cmp.Compare(a, b))
+		})
+		slot := make([]int64, pl.hi-pl.lo) // slot[pos-lo]: where pos is in the pile
+		for i, pos := range order {
+			slot[pos-pl.lo] = int64(i)
+		}
+		for k, m := range j.mods {
+			size := (pl.hi - pl.lo) * m.winBytes
+			buf := c.buffer(size)
+			if _, err := files[k].ReadAt(buf, region[p*nm+k]); err != nil {
+				return fmt.Errorf("reading %s back: %w", files[k].Name(), err)
+			}
+			iov = iov[:0]
+			for i := range slot {
+				win := buf[slot[i]*m.winBytes : (slot[i]+1)*m.winBytes]
+				hashes[k].Write(win)
+				iov = append(iov, win)
+			}
+			if _, err := pwritevAll(files[k], iov, region[p*nm+k]); err != nil {
+				return err
+			}
+		}
+	}
+	for k, m := range j.mods {
+		if !j.o.NoFsync {
+			// Start the writeback now: the commit's fsync then waits less.
+			unix.SyncFileRange(int(files[k].Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE)
+		}
+		err := files[k].Close()
+		files[k] = nil
+		if err != nil {
+			return err
+		}
+		r.sums = append(r.sums, [2]string{rel(m.name), hex.EncodeToString(hashes[k].Sum(nil))})
+	}
+	sm, err := newPageShard(filepath.Join(j.partialDir(ep.epoch), rankDir(rank), shardName(shard, "samples")), rel("samples"),
+		array.DType{Kind: array.Int, Size: 8}, []int{n, 3})
+	if err != nil {
+		return err
+	}
+	sm.write(j.samplesRows(ep, un.lo, un.hi, nil))
+	sum, err := sm.close()
+	if err != nil {
+		return err
+	}
+	r.sums = append(r.sums, [2]string{rel("samples"), sum})
+	c.s.results <- r
+	return nil
 }
 
 // LockPrefix starts the names of the per-epoch lock files in an epochs

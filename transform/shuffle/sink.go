@@ -20,6 +20,7 @@ import (
 	"github.com/clipshard/clipshard/formats/array"
 	"github.com/clipshard/clipshard/formats/atomicfile"
 	"github.com/clipshard/clipshard/formats/blob"
+	"github.com/clipshard/clipshard/formats/directio"
 	"github.com/clipshard/clipshard/formats/npy"
 	"github.com/clipshard/clipshard/manifests"
 )
@@ -435,7 +436,7 @@ func (s *sink) startUpTo(e int) error {
 		i := s.started
 		s.started++
 		ep := &s.j.epochs[i]
-		st := &epochState{tmp: filepath.Join(s.j.o.Out, ".partial-"+epochDir(ep.epoch)), sums: map[string]string{}}
+		st := &epochState{tmp: s.j.partialDir(ep.epoch), sums: map[string]string{}}
 		s.eps[i] = st
 		if err := os.RemoveAll(st.tmp); err != nil {
 			return err
@@ -563,6 +564,7 @@ func (s *sink) abort() {
 func (s *sink) worker() {
 	defer s.wg.Done()
 	c := &cursor{s: s}
+	defer c.release()
 	for u := range s.units {
 		if s.stop.Load() {
 			continue
@@ -585,7 +587,8 @@ type cursor struct {
 	ep, idx int         // epoch, shard index in its entry
 	hi      int64       // one past the shard's last position
 	n, want int64       // samples written, samples of the shard
-	samples []byte      // the shard's samples.npy rows, written at close
+	samples []byte      // the shard's samples.npy rows, made at close
+	buf     []byte      // see buffer
 }
 
 // put writes the sample at output position pos: win[k] holds its rows of
@@ -611,13 +614,37 @@ func (c *cursor) put(pos int64, win [][]byte) error {
 			f.write(j.zeros[:pad])
 		}
 	}
-	ep := &j.epochs[c.ep] // a shard lies in one epoch
-	smp := ep.samples[pos-ep.base]
-	c.samples = binary.LittleEndian.AppendUint64(c.samples, uint64(smp.Clip))
-	c.samples = binary.LittleEndian.AppendUint64(c.samples, uint64(smp.Start))
-	c.samples = binary.LittleEndian.AppendUint64(c.samples, uint64(smp.Valid))
 	c.n++
 	return nil
+}
+
+// samplesRows appends the samples.npy rows (clip, start, valid) of output
+// positions [lo, hi) of ep to dst.
+func (j *job) samplesRows(ep *epochPlan, lo, hi int64, dst []byte) []byte {
+	for _, smp := range ep.samples[lo-ep.base : hi-ep.base] {
+		dst = binary.LittleEndian.AppendUint64(dst, uint64(smp.Clip))
+		dst = binary.LittleEndian.AppendUint64(dst, uint64(smp.Start))
+		dst = binary.LittleEndian.AppendUint64(dst, uint64(smp.Valid))
+	}
+	return dst
+}
+
+// buffer is the worker's memory for n bytes (kept for the next call: the
+// external path reads a pile at a time into it).
+func (c *cursor) buffer(n int64) []byte {
+	if int64(len(c.buf)) < n {
+		c.release()
+		c.buf = directio.MapBuf(int(n))
+	}
+	return c.buf[:n]
+}
+
+// release frees the worker's buffer.
+func (c *cursor) release() {
+	if c.buf != nil {
+		directio.Unmap(c.buf)
+		c.buf = nil
+	}
 }
 
 // flush writes what the open shard's files hold, before the memory they
@@ -633,14 +660,11 @@ func (c *cursor) flush() error {
 
 func (c *cursor) open(pos int64) error {
 	j := c.s.j
-	ep, i := j.position(pos)
-	rank, k := i/ep.perRank, i%ep.perRank
-	shard := k / j.o.ShardSize
-	if k%j.o.ShardSize != 0 {
-		return fmt.Errorf("shuffle: internal error: position %d is not the first of its shard", pos)
+	ep, rank, shard, idx, n, err := j.shardAt(pos)
+	if err != nil {
+		return err
 	}
-	n := min(j.o.ShardSize, ep.perRank-k)
-	c.ep, c.idx, c.hi, c.n, c.want = ep.index, rank*j.shardsPerRank(ep)+shard, pos+int64(n), 0, int64(n)
+	c.ep, c.idx, c.hi, c.n, c.want = ep.index, idx, pos+int64(n), 0, int64(n)
 	st := c.s.eps[ep.index]
 	dir := filepath.Join(st.tmp, rankDir(rank))
 	open := func(what string, dt array.DType, shape []int) error {
@@ -665,7 +689,6 @@ func (c *cursor) open(pos int64) error {
 			return err
 		}
 	}
-	c.samples = c.samples[:0]
 	return open("samples", array.DType{Kind: array.Int, Size: 8}, []int{n, 3})
 }
 
@@ -674,6 +697,8 @@ func (c *cursor) close() error {
 	if c.files == nil {
 		return nil
 	}
+	ep := &c.s.j.epochs[c.ep]
+	c.samples = c.s.j.samplesRows(ep, c.hi-c.want, c.hi, c.samples[:0])
 	c.files[len(c.files)-1].write(c.samples)
 	r := shardResult{ep: c.ep, idx: c.idx, samples: c.n}
 	var first error
