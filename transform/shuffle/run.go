@@ -7,9 +7,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"os"
-	"hash"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -591,7 +591,7 @@ func (j *job) external(ctx context.Context, s *sink) error {
 		lists [][]pileWrite // per writer
 		left  atomic.Int32  // writers not done with it; the last releases ch
 	}
-	const nWriters, maxOpen = 2, 256 // files each writer keeps open
+	const nWriters, maxOpen = 2, 256     // files each writer keeps open
 	offs := make([]int64, len(piles)*nm) // bytes appended to each pile's part of a file
 	var writeErr atomic.Pointer[error]
 	queues := make([]chan *batch, nWriters)
