@@ -85,6 +85,9 @@ func TestPathsAgree(t *testing.T) {
 		// Shards of 500 samples, piles of a few dozen: each shard is cut
 		// into piles that one worker writes in turn.
 		{"--epochs", "2", "--window", "1", "--shard-samples", "500"},
+		// ~300 shards of 2 samples: more shard files than a pass-1 writer
+		// keeps open at once (it closes them and opens them again).
+		{"--epochs", "1", "--window", "1", "--shard-samples", "2"},
 	} {
 		t.Run(strings.Join(cfg, " "), func(t *testing.T) {
 			mem := filepath.Join(t.TempDir(), "mem")

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/clipshard/clipshard/formats/npy"
+	"github.com/clipshard/clipshard/internal/clitest"
 	"github.com/clipshard/clipshard/manifests"
 	"github.com/clipshard/clipshard/transform/convert"
 	"github.com/clipshard/clipshard/transform/shuffle"
@@ -88,4 +89,39 @@ func ExampleSamples() {
 	// clip 2 frames [0, 4) valid 4
 	// clip 1 frames [0, 4) valid 3
 	// clip 0 frames [3, 7) valid 4
+}
+
+// TestExternalSmallLimits: the external path, reading the dataset a few
+// clips at a time with writers that keep 3 shard files open (so they close
+// and reopen files between reads), writes what the in-memory path writes.
+func TestExternalSmallLimits(t *testing.T) {
+	ds := filepath.Join(t.TempDir(), "ds")
+	var mods []convert.Modality
+	for _, s := range []string{"motion=motion/{clip}.pkl:exp+pose", "whisper@2=whisper/{clip}.npy", "emotion=emotion/{clip}.npy"} {
+		m, _ := convert.ParseModality(s)
+		mods = append(mods, m)
+	}
+	if _, err := convert.Run(context.Background(), convert.Options{ClipList: "../../testdata/demo/clips.txt", Out: ds, Modalities: mods}); err != nil {
+		t.Fatal(err)
+	}
+	run := func(mem int64, noFsync bool) map[string][]byte {
+		out := filepath.Join(t.TempDir(), "ep")
+		o := shuffle.Options{Dataset: ds, Out: out, EpochStart: 0, EpochEnd: 2, Seed: 5, WorldSize: 2, ShardSize: 7, Mem: mem,
+			NoFsync: noFsync, Sampling: shuffle.Sampling{Window: 9, Mode: "tile", Short: "pad"}}
+		res, err := shuffle.Run(context.Background(), o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.External != (mem < 1<<20) {
+			t.Fatalf("--mem %d: external %v", mem, res.External)
+		}
+		tr := clitest.Tree(t, out)
+		delete(tr, "epochs.json") // holds the time of the run
+		delete(tr, "SHA256SUMS")
+		return tr
+	}
+	want := run(1<<30, false)
+	defer shuffle.SetPass1Limits(8<<10, 3)()
+	clitest.SameTree(t, want, run(64<<10, false), "in-memory vs external")
+	clitest.SameTree(t, want, run(64<<10, true), "in-memory vs external --no-fsync")
 }

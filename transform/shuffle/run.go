@@ -517,6 +517,13 @@ func (j *job) shardHeader(m modInfo, n int) ([]byte, error) {
 // partialDir is where epoch e is written before its commit.
 func (j *job) partialDir(e int) string { return filepath.Join(j.o.Out, ".partial-"+epochDir(e)) }
 
+// Pass 1's limits: the files a writer keeps open, and (if > 0, for tests)
+// the bytes read at a time.
+var (
+	maxOpenShards       = 256
+	pass1Chunk    int64 = 0
+)
+
 // external is the two-pass shuffle for datasets larger than the memory
 // budget. Every shard is cut into piles (runs of its output positions).
 // Pass 1 reads every blob once, strictly sequentially, and appends each
@@ -577,7 +584,11 @@ func (j *job) external(ctx context.Context, s *sink) error {
 	// window in each modality (and zeros after a short one) is appended to
 	// its pile with pwritev, by two writers (each owns half of the shards,
 	// and keeps their files open, up to a limit).
-	chunks, stopChunks, err := j.readChunks(max(1<<20, min(8<<20, j.o.Mem/16)))
+	limit := max(1<<20, min(8<<20, j.o.Mem/16))
+	if pass1Chunk > 0 {
+		limit = pass1Chunk
+	}
+	chunks, stopChunks, err := j.readChunks(limit)
 	if err != nil {
 		return err
 	}
@@ -591,7 +602,8 @@ func (j *job) external(ctx context.Context, s *sink) error {
 		lists [][]pileWrite // per writer
 		left  atomic.Int32  // writers not done with it; the last releases ch
 	}
-	const nWriters, maxOpen = 2, 256     // files each writer keeps open
+	const nWriters = 2
+	maxOpen := maxOpenShards             // files each writer keeps open
 	offs := make([]int64, len(piles)*nm) // bytes appended to each pile's part of a file
 	var writeErr atomic.Pointer[error]
 	queues := make([]chan *batch, nWriters)
