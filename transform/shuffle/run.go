@@ -823,12 +823,17 @@ func (j *job) orderShard(ctx context.Context, c *cursor, un unit, piles []pile, 
 			if _, err := pwritevAll(files[k], iov, region[p*nm+k]); err != nil {
 				return err
 			}
+			if !j.o.NoFsync {
+				// These bytes are final: start their writeback now, so
+				// the disk works while the next piles are ordered, and
+				// the commit's fsync waits for the last ones only.
+				unix.SyncFileRange(int(files[k].Fd()), region[p*nm+k], size, unix.SYNC_FILE_RANGE_WRITE)
+			}
 		}
 	}
 	for k, m := range j.mods {
 		if !j.o.NoFsync {
-			// Start the writeback now: the commit's fsync then waits less.
-			unix.SyncFileRange(int(files[k].Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE)
+			unix.SyncFileRange(int(files[k].Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE) // the header, and anything left
 		}
 		err := files[k].Close()
 		files[k] = nil
