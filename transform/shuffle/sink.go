@@ -228,9 +228,9 @@ type shardFile interface {
 	abort()
 }
 
-// pageShard writes one shard file through the page cache (--no-fsync)
-// from pieces of memory that stay valid until its next flush (windows in
-// a mapped pile or in the loaded blobs): each piece is hashed (sha256) as
+// pageShard writes one shard file through the page cache (--no-fsync,
+// and samples files) from pieces of memory that stay valid until its next
+// flush (windows in the loaded blobs): each piece is hashed (sha256) as
 // it comes and written with the others by pwritev, so the bytes are
 // copied once, by the kernel.
 type pageShard struct {
