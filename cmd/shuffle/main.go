@@ -4,6 +4,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
@@ -130,7 +131,11 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		return 2
 	}
 	var bar *ui.Progress
+	// Fault injection for the crash tests: SIGKILL once this many samples
+	// are done in this phase ("write", or "read": pass 1 of the external
+	// path).
 	killAt, _ := strconv.ParseInt(os.Getenv("CLIPSHARD_KILL_AFTER_SAMPLES"), 10, 64)
+	killPhase := cmp.Or(os.Getenv("CLIPSHARD_KILL_PHASE"), "write")
 	o.Progress = func(p shuffle.Progress) {
 		if p.Phase == "plan" {
 			if !quiet {
@@ -142,7 +147,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 			bar = ui.New("shuffle", "samples", p.Total, quiet)
 		}
 		bar.Update(p.Done, func() string { return p.Phase + ", " + ui.Bytes(p.BytesWritten) + " written" })
-		if killAt > 0 && p.Phase == "write" && p.Done >= killAt { // fault injection for the crash tests
+		if killAt > 0 && p.Phase == killPhase && p.Done >= killAt {
 			syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			select {}
 		}

@@ -210,22 +210,31 @@ func TestKillAndResume(t *testing.T) {
 	}
 	want := tree(t, ref)
 	// Progress is reported at every shard (5 samples here): kill in the
-	// first epoch, in the middle of the second, and near the end.
+	// first epoch, in the middle of the second, and near the end; and, on
+	// the external path, in pass 1 (after its first read, with the piles
+	// half written into the shard files).
 	for _, mem := range []string{"1GiB", "64KiB"} {
-		for _, after := range []string{"5", "40", "80"} {
+		for _, after := range []string{"5", "40", "80", "read"} {
+			env := []string{"CLIPSHARD_KILL_AFTER_SAMPLES=" + after}
+			if after == "read" {
+				if mem == "1GiB" {
+					continue
+				}
+				env = []string{"CLIPSHARD_KILL_AFTER_SAMPLES=1", "CLIPSHARD_KILL_PHASE=read"}
+			}
 			out := filepath.Join(t.TempDir(), "ep")
-			r := shuffleRun(t, []string{"CLIPSHARD_KILL_AFTER_SAMPLES=" + after}, base(ds, out, "--epochs", "3", "--world-size", "2", "--mem", mem)...)
+			r := shuffleRun(t, env, base(ds, out, "--epochs", "3", "--world-size", "2", "--mem", mem)...)
 			if r.Code != -1 {
 				t.Fatalf("mem %s after %s: not killed: exit %d %s", mem, after, r.Code, r.Stderr)
 			}
-			if _, err := os.Stat(filepath.Join(out, "epochs.json")); err == nil && after == "5" {
+			if _, err := os.Stat(filepath.Join(out, "epochs.json")); err == nil && (after == "5" || after == "read") {
 				t.Fatal("epochs.json exists before the first epoch was committed")
 			}
 			r = shuffleRun(t, nil, base(ds, out, "--epochs", "3", "--world-size", "2", "--mem", mem)...)
 			if r.Code != 0 {
 				t.Fatalf("resume: %d %s", r.Code, r.Stderr)
 			}
-			if after != "5" && !strings.Contains(r.Stdout, "already done: epochs [0") {
+			if after != "5" && after != "read" && !strings.Contains(r.Stdout, "already done: epochs [0") {
 				t.Errorf("mem %s after %s: resume redid committed epochs: %q", mem, after, r.Stdout)
 			}
 			sameTree(t, want, tree(t, out), "resumed with --mem "+mem+" after "+after)
