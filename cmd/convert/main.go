@@ -222,6 +222,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	if bar != nil {
 		bar.Finish()
 	}
+	err = ui.Interrupted(ctx, err, "a re-run resumes where it stopped")
 	if err != nil {
 		return ui.ExitCode(stderr, "convert", err, convert.ErrUsage)
 	}
@@ -241,6 +242,7 @@ func runMerge(ctx context.Context, mo convert.MergeOptions, quiet, jsonOut bool,
 	if bar != nil {
 		bar.Finish()
 	}
+	err = ui.Interrupted(ctx, err, "--out was left as it was")
 	if err != nil {
 		return ui.ExitCode(stderr, "convert", err, convert.ErrUsage)
 	}

@@ -130,10 +130,12 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		fmt.Fprintln(stderr, "shuffle:", err)
 		return 2
 	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	var bar *ui.Progress
-	// Fault injection for the crash tests: SIGKILL once this many samples
-	// are done in this phase ("write", or "read": pass 1 of the external
-	// path).
+	// Fault injection for the crash tests: SIGKILL (or SIGINT if
+	// CLIPSHARD_KILL_SIGNAL=INT) once this many samples are done in this
+	// phase ("write", or "read": pass 1 of the external path).
 	killAt, _ := strconv.ParseInt(os.Getenv("CLIPSHARD_KILL_AFTER_SAMPLES"), 10, 64)
 	killPhase := cmp.Or(os.Getenv("CLIPSHARD_KILL_PHASE"), "write")
 	o.Progress = func(p shuffle.Progress) {
@@ -148,16 +150,21 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		}
 		bar.Update(p.Done, func() string { return p.Phase + ", " + ui.Bytes(p.BytesWritten) + " written" })
 		if killAt > 0 && p.Phase == killPhase && p.Done >= killAt {
+			if os.Getenv("CLIPSHARD_KILL_SIGNAL") == "INT" { // as ^C: the run stops cleanly
+				killAt = 0
+				syscall.Kill(os.Getpid(), syscall.SIGINT)
+				<-ctx.Done() // the signal has arrived
+				return
+			}
 			syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			select {}
 		}
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	res, err := shuffle.Run(ctx, o)
 	if bar != nil {
 		bar.Finish()
 	}
+	err = ui.Interrupted(ctx, err, "the epochs committed before stay, a re-run writes the others")
 	if err != nil {
 		return ui.ExitCode(stderr, "shuffle", err, shuffle.ErrUsage)
 	}

@@ -242,6 +242,47 @@ func TestKillAndResume(t *testing.T) {
 	}
 }
 
+// TestInterrupt: ^C (SIGINT) in the middle of a run: one line, exit 1,
+// the epochs committed before it stay, nothing else is left, and a re-run
+// ends as an uninterrupted run.
+func TestInterrupt(t *testing.T) {
+	ds := demoDataset(t)
+	ref := filepath.Join(t.TempDir(), "ref")
+	if r := shuffleRun(t, nil, base(ds, ref, "--epochs", "3")...); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	for _, mem := range []string{"1GiB", "64KiB"} {
+		out := filepath.Join(t.TempDir(), "ep")
+		r := shuffleRun(t, []string{"CLIPSHARD_KILL_AFTER_SAMPLES=70", "CLIPSHARD_KILL_SIGNAL=INT"}, base(ds, out, "--epochs", "3", "--mem", mem)...)
+		want := "shuffle: interrupted; the epochs committed before stay, a re-run writes the others\n"
+		if r.Code != 1 || r.Stderr != want {
+			t.Fatalf("mem %s: exit %d, stderr %q; want 1, %q", mem, r.Code, r.Stderr, want)
+		}
+		entries, err := os.ReadDir(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		got := strings.Join(names, " ")
+		if strings.Contains(" "+got, " .") || !strings.Contains(got, "epoch-0000 ") ||
+			strings.Contains(got, "epoch-0002") {
+			t.Fatalf("mem %s: left %s (want committed epochs, before epoch 2, and nothing hidden)", mem, got)
+		}
+		if r := shuffleRun(t, nil, base(ds, out, "--epochs", "3", "--mem", mem)...); r.Code != 0 {
+			t.Fatalf("re-run: %d %s", r.Code, r.Stderr)
+		}
+		a, b := tree(t, ref), tree(t, out)
+		for _, tr := range []map[string][]byte{a, b} {
+			delete(tr, "epochs.json") // holds the run's time
+			delete(tr, "SHA256SUMS")
+		}
+		sameTree(t, a, b, "re-run after ^C with --mem "+mem)
+	}
+}
+
 // TestEpochClaimed: an epoch another run is writing is refused, not
 // overwritten.
 func TestEpochClaimed(t *testing.T) {

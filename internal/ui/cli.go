@@ -1,6 +1,7 @@
 package ui
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -56,6 +57,15 @@ func Parse(fs *flag.FlagSet, args []string, stderr io.Writer, usage, exitCodes s
 		return true, 2
 	}
 	return false, 0
+}
+
+// Interrupted replaces err, when ctx was cancelled (SIGINT, SIGTERM), by
+// one line saying so and what is left (after, e.g. "a re-run resumes").
+func Interrupted(ctx context.Context, err error, after string) error {
+	if err == nil || ctx.Err() == nil {
+		return err
+	}
+	return errors.New("interrupted; " + after)
 }
 
 // ExitCode prints err as one line and returns the exit status: 2 when err
