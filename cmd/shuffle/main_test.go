@@ -3,6 +3,7 @@ package main_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,7 +19,7 @@ import (
 	// Imported so the test cache is keyed on the binary's sources.
 	_ "github.com/clipshard/clipshard/internal/ui"
 	"github.com/clipshard/clipshard/transform/convert"
-	_ "github.com/clipshard/clipshard/transform/shuffle"
+	"github.com/clipshard/clipshard/transform/shuffle"
 )
 
 var bin string
@@ -227,15 +228,26 @@ func TestKillAndResume(t *testing.T) {
 			if r.Code != -1 {
 				t.Fatalf("mem %s after %s: not killed: exit %d %s", mem, after, r.Code, r.Stderr)
 			}
-			if _, err := os.Stat(filepath.Join(out, "epochs.json")); err == nil && (after == "5" || after == "read") {
-				t.Fatal("epochs.json exists before the first epoch was committed")
+			// The epochs committed before the kill (workers finish shards in
+			// any order, so which ones depends on the run).
+			var done []int
+			if man, err := shuffle.LoadEpochs(out); err == nil {
+				for _, e := range man.Epochs {
+					done = append(done, e.Epoch)
+				}
+			}
+			if len(done) > 0 && (after == "5" || after == "read") {
+				t.Fatalf("epochs %v committed after 5 samples or in pass 1", done)
 			}
 			r = shuffleRun(t, nil, base(ds, out, "--epochs", "3", "--world-size", "2", "--mem", mem)...)
 			if r.Code != 0 {
 				t.Fatalf("resume: %d %s", r.Code, r.Stderr)
 			}
-			if after != "5" && after != "read" && !strings.Contains(r.Stdout, "already done: epochs [0") {
-				t.Errorf("mem %s after %s: resume redid committed epochs: %q", mem, after, r.Stdout)
+			if len(done) > 0 && !strings.Contains(r.Stdout, fmt.Sprintf("already done: epochs %v\n", done)) {
+				t.Errorf("mem %s after %s: epochs %v were committed, the resume says %q", mem, after, done, r.Stdout)
+			}
+			if len(done) == 0 && after == "80" {
+				t.Logf("mem %s: no epoch committed after 80 of 88 samples (a worker was slow)", mem)
 			}
 			sameTree(t, want, tree(t, out), "resumed with --mem "+mem+" after "+after)
 		}

@@ -498,14 +498,16 @@ func (s *sink) handle(r shardResult) {
 	s.bytes += r.bytes
 	s.written += r.samples
 	st.left--
-	if p := s.j.o.Progress; p != nil {
-		p(Progress{Phase: "write", Done: s.written, Total: s.j.total, BytesWritten: s.bytes})
-	}
 	if st.left == 0 && s.err == nil {
 		if err := s.commit(r.ep); err != nil {
 			s.err = err
 			s.stop.Store(true)
 		}
+	}
+	// After the commit: a progress line never counts samples of an epoch
+	// that a kill at that moment would lose.
+	if p := s.j.o.Progress; p != nil {
+		p(Progress{Phase: "write", Done: s.written, Total: s.j.total, BytesWritten: s.bytes})
 	}
 }
 
