@@ -145,12 +145,14 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	// outgrow the memory budget on a large dataset.
 	type count struct{ epoch, kept int }
 	var counts []count
+	var files int64 // shard files to write
 	for _, e := range todo {
 		all := Samples(j.lengths, j.o.Sampling, j.o.Seed, e)
 		per, dropped := RankSplit(len(all), j.o.WorldSize)
 		res.Dropped[e] = dropped
 		counts = append(counts, count{e, per * j.o.WorldSize})
 		res.Planned += j.epochBytes(per)
+		files += j.epochFiles(per)
 	}
 	for _, m := range j.mods {
 		res.DataBytes += j.ds.Modality(m.name).Rows * m.rowBytes
@@ -180,7 +182,12 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		}
 		groups = append(groups, group)
 	}
-	if err := checkSpace(j.o.Out, res.Planned); err != nil {
+	// On disk, each file's last block is whole; the manifests take a few
+	// more (shards.parquet and epochs.json grow with the shards).
+	if err := checkSpace(j.o.Out, res.Planned+files*(diskBlock+256)+64<<10); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(j.o.Out, 0o755); err != nil {
 		return nil, err
 	}
 	// Claim the epochs: two runs must not write the same epoch at once
@@ -353,20 +360,30 @@ func (j *job) plan(epochs []int) {
 // index.
 const sampleMeta = 32
 
+// epochFiles is the number of shard files (modalities and samples) of an
+// epoch with perRank samples per rank.
+func (j *job) epochFiles(perRank int) int64 {
+	if perRank == 0 {
+		return 0
+	}
+	return int64(j.o.WorldSize) * int64((perRank+j.o.ShardSize-1)/j.o.ShardSize) * int64(len(j.mods)+1)
+}
+
+// diskBlock bounds the filesystem's allocation unit that the space check
+// allows for at the end of each file.
+const diskBlock = 4096
+
 // epochBytes is what the shards of an epoch with perRank samples per rank
 // take on disk.
 func (j *job) epochBytes(perRank int) int64 {
 	n := int64(perRank) * int64(j.o.WorldSize)
-	shards := int64(0)
-	if perRank > 0 {
-		shards = int64(j.o.WorldSize) * int64((perRank+j.o.ShardSize-1)/j.o.ShardSize)
-	}
-	return n*(j.rec+24) + shards*int64(len(j.mods)+1)*npy.DataAlign
+	return n*(j.rec+24) + j.epochFiles(perRank)*npy.DataAlign
 }
 
 // checkSpace refuses to start when the filesystem of out lacks the room
-// for the shards (the external path's piles lie in the shards' files).
-func checkSpace(out string, shards int64) error {
+// for need bytes: the shards and manifests (the external path's piles lie
+// in the shards' files).
+func checkSpace(out string, need int64) error {
 	dir := out
 	for {
 		if _, err := os.Stat(dir); err == nil {
@@ -383,8 +400,8 @@ func checkSpace(out string, shards int64) error {
 		return nil // cannot tell; go ahead
 	}
 	free := int64(st.Bavail) * int64(st.Bsize)
-	if free < shards {
-		return fmt.Errorf("%w: %s needs %d bytes for the shards, the filesystem has %d free", ErrUsage, out, shards, free)
+	if free < need {
+		return fmt.Errorf("%w: %s needs %d bytes for the shards and manifests, the filesystem has %d free", ErrUsage, out, need, free)
 	}
 	return nil
 }

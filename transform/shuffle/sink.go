@@ -170,7 +170,7 @@ func openManifest(j *job) (*Epochs, error) {
 				}
 			}
 		}
-		return fresh, os.MkdirAll(o.Out, 0o755)
+		return fresh, nil // Run makes o.Out once the run is known to fit
 	}
 	sameOptions := old.Seed == fresh.Seed && old.Window == fresh.Window &&
 		old.Sampling == fresh.Sampling && old.PerClip == fresh.PerClip && old.Short == fresh.Short &&
