@@ -202,7 +202,8 @@ func isPartial(name string) bool { return len(name) > 9 && name[:9] == ".partial
 // ownName reports whether name is one shuffle itself writes in --out.
 // Concurrent runs (one per epoch) may have committed an epoch folder, or be
 // writing the manifests, when another one looks at a folder that has no
-// epochs.json yet.
+// epochs.json yet. (".work-" folders held the piles in earlier versions;
+// a run removes those a killed run left.)
 func ownName(name string) bool {
 	var e int
 	if n, _ := fmt.Sscanf(name, "epoch-%04d", &e); n == 1 && name == epochDir(e) {
