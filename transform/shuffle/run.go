@@ -558,7 +558,6 @@ func (j *job) external(ctx context.Context, s *sink) error {
 	// and the file offset of its first byte in each modality's file.
 	shardOf := make([]int, len(piles))
 	region := make([]int64, len(piles)*nm)
-	hdrLen := make([]int64, len(units)*nm)
 	paths := make([]string, len(units)*nm)
 	if err := s.startUpTo(len(j.epochs) - 1); err != nil {
 		return err
@@ -573,13 +572,10 @@ func (j *job) external(ctx context.Context, s *sink) error {
 			if err != nil {
 				return err
 			}
-			hdrLen[u*nm+k] = int64(len(hdr))
 			paths[u*nm+k] = filepath.Join(j.partialDir(ep.epoch), rankDir(rank), shardName(shard, m.name))
-		}
-		for _, p := range un.piles {
-			shardOf[p] = u
-			for k, m := range j.mods {
-				region[p*nm+k] = hdrLen[u*nm+k] + (piles[p].lo-un.lo)*m.winBytes
+			for _, p := range un.piles {
+				shardOf[p] = u
+				region[p*nm+k] = int64(len(hdr)) + (piles[p].lo-un.lo)*m.winBytes
 			}
 		}
 	}
