@@ -10,9 +10,10 @@ import (
 	"testing"
 )
 
-// TestPiles: the piles cover every output position once, in order, hold
-// at most pileCap samples and never straddle a shard boundary; the units
-// are the shards, in order, each listing its piles in order.
+// TestPiles: the units are the shards, in order (epoch, rank, shard); the
+// piles cover every output position once, in order, hold at most pileCap
+// samples and never straddle a shard boundary, each unit listing its piles
+// in order.
 func TestPiles(t *testing.T) {
 	for _, tc := range []struct {
 		world, shard int
@@ -29,13 +30,24 @@ func TestPiles(t *testing.T) {
 			j := &job{o: Options{WorldSize: tc.world, ShardSize: tc.shard}}
 			var base int64
 			for e, per := range tc.perRank {
-				j.epochs = append(j.epochs, epochPlan{index: e, epoch: e, perRank: per, base: base})
+				j.epochs = append(j.epochs, epochPlan{epoch: e, perRank: per, base: base})
 				base += int64(per * tc.world)
 			}
 			j.total = base
-			var shards [][2]int64
-			j.eachShard(func(e int, lo, hi int64) { shards = append(shards, [2]int64{lo, hi}) })
-			piles, units := j.piles(tc.pileCap)
+			// The shards, counted out independently: each epoch's ranks in
+			// turn, each rank's samples in runs of tc.shard.
+			var shards []unit
+			for e, ep := range j.epochs {
+				for r := 0; r < tc.world; r++ {
+					for k, sh := 0, 0; k < ep.perRank; k, sh = k+tc.shard, sh+1 {
+						lo := ep.base + int64(r*ep.perRank+k)
+						shards = append(shards, unit{ep: e, rank: r, shard: sh, idx: r*((ep.perRank+tc.shard-1)/tc.shard) + sh,
+							seq: len(shards), lo: lo, hi: lo + int64(min(tc.shard, ep.perRank-k))})
+					}
+				}
+			}
+			units := j.shards()
+			piles := piles(units, tc.pileCap)
 			next := int64(0)
 			for _, pl := range piles {
 				if pl.lo != next || pl.hi <= pl.lo || pl.hi-pl.lo > tc.pileCap {
@@ -51,8 +63,9 @@ func TestPiles(t *testing.T) {
 			}
 			nextPile := 0
 			for i, u := range units {
-				if u.lo != shards[i][0] || u.hi != shards[i][1] {
-					t.Fatalf("unit %d is [%d, %d), shard [%d, %d)", i, u.lo, u.hi, shards[i][0], shards[i][1])
+				if want := shards[i]; u.ep != want.ep || u.rank != want.rank || u.shard != want.shard || u.idx != want.idx ||
+					u.seq != want.seq || u.lo != want.lo || u.hi != want.hi {
+					t.Fatalf("unit %d is %+v, want %+v", i, u, want)
 				}
 				if len(u.piles) == 0 || piles[u.piles[0]].lo != u.lo || piles[u.piles[len(u.piles)-1]].hi != u.hi {
 					t.Fatalf("unit [%d, %d): piles %v", u.lo, u.hi, u.piles)

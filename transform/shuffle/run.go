@@ -93,7 +93,6 @@ type modInfo struct {
 }
 
 type epochPlan struct {
-	index   int // in job.epochs
 	epoch   int
 	samples []Sample // shuffled, cut to perRank*worldSize
 	perRank int
@@ -348,7 +347,7 @@ func (j *job) plan(epochs []int) {
 	for _, e := range epochs {
 		all := Samples(j.lengths, j.o.Sampling, j.o.Seed, e)
 		per, dropped := RankSplit(len(all), j.o.WorldSize)
-		ep := epochPlan{index: len(j.epochs), epoch: e, samples: all[:per*j.o.WorldSize], perRank: per, dropped: dropped, base: base}
+		ep := epochPlan{epoch: e, samples: all[:per*j.o.WorldSize], perRank: per, dropped: dropped, base: base}
 		base += int64(len(ep.samples))
 		j.epochs = append(j.epochs, ep)
 	}
@@ -437,31 +436,32 @@ func (j *job) gatherInMemory(ctx context.Context, s *sink) error {
 		return blobs[k][first*rb : (first+n)*rb]
 	}
 	s.work = func(u unit, c *cursor) error {
+		if err := c.open(u); err != nil {
+			return err
+		}
+		ep := &j.epochs[u.ep]
 		win := make([][]byte, len(j.mods))
-		for pos := u.lo; pos < u.hi; pos++ {
-			if (pos-u.lo)%1024 == 0 && ctx.Err() != nil {
+		for i, smp := range ep.samples[u.lo-ep.base : u.hi-ep.base] {
+			if i%1024 == 1023 && ctx.Err() != nil {
 				return ctx.Err()
 			}
-			ep, i := j.position(pos)
-			smp := ep.samples[i]
 			for k, m := range j.mods {
 				win[k] = rows(k, (j.starts[smp.Clip]+smp.Start)*m.rate, smp.Valid*m.rate)
 			}
-			if err := c.put(pos, win); err != nil {
+			if err := c.put(win); err != nil {
 				return err
 			}
 		}
-		return nil
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return c.close()
 	}
 	defer s.quiesce()
-	var err error
-	j.eachShard(func(_ int, lo, hi int64) {
-		if err == nil {
-			err = s.submit(unit{lo: lo, hi: hi})
+	for _, u := range s.shards {
+		if err := s.submit(u); err != nil {
+			return err
 		}
-	})
-	if err != nil {
-		return err
 	}
 	return s.finish()
 }
@@ -494,41 +494,24 @@ func (j *job) workers() int {
 type pile struct{ lo, hi int64 }
 
 // piles cuts every shard into piles of at most pileCap samples (of about
-// equal size); each shard is a unit, listing its piles in order.
-func (j *job) piles(pileCap int64) ([]pile, []unit) {
+// equal size), listing them in the shard's unit.
+func piles(units []unit, pileCap int64) []pile {
 	var piles []pile
-	var units []unit
-	j.eachShard(func(e int, lo, hi int64) {
-		n := hi - lo
+	for u := range units {
+		lo, n := units[u].lo, units[u].hi-units[u].lo
 		k := (n + pileCap - 1) / pileCap
-		u := unit{lo: lo, hi: hi}
 		for i := int64(0); i < k; i++ {
-			u.piles = append(u.piles, len(piles))
+			units[u].piles = append(units[u].piles, len(piles))
 			piles = append(piles, pile{lo + n*i/k, lo + n*(i+1)/k})
 		}
-		units = append(units, u)
-	})
-	return piles, units
-}
-
-// shardAt locates the shard that starts at output position pos: its
-// epoch, rank, shard number in the rank, index in the epoch's entry and
-// sample count.
-func (j *job) shardAt(pos int64) (ep *epochPlan, rank, shard, idx, n int, err error) {
-	ep, i := j.position(pos)
-	rank, k := i/ep.perRank, i%ep.perRank
-	shard = k / j.o.ShardSize
-	if k%j.o.ShardSize != 0 {
-		return nil, 0, 0, 0, 0, fmt.Errorf("shuffle: internal error: position %d is not the first of its shard", pos)
 	}
-	return ep, rank, shard, rank*j.shardsPerRank(ep) + shard, min(j.o.ShardSize, ep.perRank-k), nil
+	return piles
 }
 
 // shardHeader is the .npy header of modality m's file of a shard of n
 // samples.
 func (j *job) shardHeader(m modInfo, n int) ([]byte, error) {
-	shape := append([]int{n, int(int64(j.o.Sampling.Window) * m.rate)}, m.frameShape...)
-	return npy.EncodeHeader(m.dtype.Descr(), false, shape, npy.DataAlign)
+	return npy.EncodeHeader(m.dtype.Descr(), false, j.shardShape(m, n), npy.DataAlign)
 }
 
 // partialDir is where epoch e is written before its commit.
@@ -552,7 +535,8 @@ var (
 func (j *job) external(ctx context.Context, s *sink) error {
 	workers := j.workers()
 	pileCap := max(1, (j.o.Mem/2)/int64(workers)/j.rec)
-	piles, units := j.piles(pileCap)
+	units := s.shards
+	piles := piles(units, pileCap)
 	nm := len(j.mods)
 	// Each pile's place in its shard's files: shard (index into units),
 	// and the file offset of its first byte in each modality's file.
@@ -563,16 +547,12 @@ func (j *job) external(ctx context.Context, s *sink) error {
 		return err
 	}
 	for u, un := range units {
-		ep, rank, shard, _, n, err := j.shardAt(un.lo)
-		if err != nil {
-			return err
-		}
 		for k, m := range j.mods {
-			hdr, err := j.shardHeader(m, n)
+			hdr, err := j.shardHeader(m, int(un.hi-un.lo))
 			if err != nil {
 				return err
 			}
-			paths[u*nm+k] = filepath.Join(j.partialDir(ep.epoch), rankDir(rank), shardName(shard, m.name))
+			paths[u*nm+k] = j.shardPath(un, m.name)
 			for _, p := range un.piles {
 				shardOf[p] = u
 				region[p*nm+k] = int64(len(hdr)) + (piles[p].lo-un.lo)*m.winBytes
@@ -746,14 +726,9 @@ func (j *job) external(ctx context.Context, s *sink) error {
 		}
 	}
 
-	// Pass 2: each unit is a shard; its worker orders it pile by pile.
-	unitOf := make(map[int64]int, len(units))
-	for u, un := range units {
-		unitOf[un.lo] = u
-	}
-	s.work = func(un unit, c *cursor) error {
-		u := unitOf[un.lo]
-		return j.orderShard(ctx, c, un, piles, paths[u*nm:(u+1)*nm], region)
+	// Pass 2: a worker orders a shard pile by pile.
+	s.work = func(u unit, c *cursor) error {
+		return j.orderShard(ctx, c, u, piles, paths[u.seq*nm:(u.seq+1)*nm], region)
 	}
 	for _, u := range units {
 		if err := s.submit(u); err != nil {
@@ -769,10 +744,7 @@ func (j *job) external(ctx context.Context, s *sink) error {
 // shard's headers and samples file, hashes every file and reports the
 // shard.
 func (j *job) orderShard(ctx context.Context, c *cursor, un unit, piles []pile, paths []string, region []int64) error {
-	ep, rank, shard, idx, n, err := j.shardAt(un.lo)
-	if err != nil {
-		return err
-	}
+	ep, n := &j.epochs[un.ep], int(un.hi-un.lo)
 	nm := len(j.mods)
 	files := make([]*os.File, nm)
 	defer func() {
@@ -782,8 +754,6 @@ func (j *job) orderShard(ctx context.Context, c *cursor, un unit, piles []pile, 
 			}
 		}
 	}()
-	r := shardResult{ep: ep.index, idx: idx, samples: int64(n), bytes: int64(n) * (j.rec + 24)}
-	rel := func(what string) string { return relJoin(epochDir(ep.epoch), rankDir(rank), shardName(shard, what)) }
 	hashes := make([]hash.Hash, nm)
 	for k, m := range j.mods {
 		f, err := os.OpenFile(paths[k], os.O_RDWR, 0)
@@ -844,6 +814,7 @@ func (j *job) orderShard(ctx context.Context, c *cursor, un unit, piles []pile, 
 			}
 		}
 	}
+	var sums [][2]string
 	for k, m := range j.mods {
 		if !j.o.NoFsync {
 			unix.SyncFileRange(int(files[k].Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE) // the header, and anything left
@@ -853,21 +824,9 @@ func (j *job) orderShard(ctx context.Context, c *cursor, un unit, piles []pile, 
 		if err != nil {
 			return err
 		}
-		r.sums = append(r.sums, [2]string{rel(m.name), hex.EncodeToString(hashes[k].Sum(nil))})
+		sums = append(sums, [2]string{j.shardRel(un, m.name), hex.EncodeToString(hashes[k].Sum(nil))})
 	}
-	sm, err := newPageShard(filepath.Join(j.partialDir(ep.epoch), rankDir(rank), shardName(shard, "samples")), rel("samples"),
-		array.DType{Kind: array.Int, Size: 8}, []int{n, 3})
-	if err != nil {
-		return err
-	}
-	sm.write(j.samplesRows(ep, un.lo, un.hi, nil))
-	sum, err := sm.close()
-	if err != nil {
-		return err
-	}
-	r.sums = append(r.sums, [2]string{rel("samples"), sum})
-	c.s.results <- r
-	return nil
+	return c.report(un, sums)
 }
 
 // LockPrefix starts the names of the per-epoch lock files in an epochs

@@ -215,12 +215,9 @@ func ownName(name string) bool {
 
 // shardFile writes one shard file.
 type shardFile interface {
-	// write hashes p and writes it; p must not change until the next flush.
+	// write hashes p and writes it; p must not change until close.
 	write(p []byte)
-	// flush writes what write keeps references to; it returns the first
-	// error of any write.
-	flush() error
-	// close flushes and closes the file (not synced: the epoch commit
+	// close writes what write left pending, closes the file (not synced: the epoch commit
 	// fsyncs every file) and returns its sha256.
 	close() (string, error)
 	name() string // relative to the epochs directory
@@ -308,7 +305,7 @@ func (s *pageShard) close() (string, error) {
 // written (the row count is known up front). The bytes are on disk when
 // it closes, so the epoch commit's fsync has nothing left to wait for, and
 // a shard, read later by a trainer (usually on another node), does not
-// take this node's page cache. write copies: flush has nothing to do.
+// take this node's page cache. write copies.
 type blobShard struct {
 	w   *blob.Writer
 	rel string
@@ -323,20 +320,20 @@ func newBlobShard(path, rel string, dt array.DType, shape []int) (*blobShard, er
 }
 
 func (s *blobShard) write(p []byte)         { s.w.Write(p) } // an error comes back from Finish
-func (s *blobShard) flush() error           { return nil }
 func (s *blobShard) close() (string, error) { return s.w.Finish() }
 func (s *blobShard) abort()                 { s.w.Close() }
 func (s *blobShard) name() string           { return s.rel }
 
-// sink writes the shards of the planned epochs. Its caller submits units
-// (runs of consecutive output positions made of whole shards, in output
-// order); worker goroutines write them, each shard by one worker, so the
-// shards' sha256 chains run on several cores at once. The caller's
-// goroutine commits an epoch once all its shards are written.
+// sink writes the shards of the planned epochs. Its caller submits them
+// in output order; worker goroutines write them, each shard by one
+// worker, so the shards' sha256 chains run on several cores at once. The
+// caller's goroutine commits an epoch once all its shards are written.
 type sink struct {
 	j       *job
+	shards  []unit        // the run's shards, in output order
 	eps     []*epochState // per j.epochs
 	started int           // epochs started (partial directory made)
+	entered int           // shards listed in started epochs' entries
 	units   chan unit
 	results chan shardResult
 	wg      sync.WaitGroup
@@ -345,16 +342,18 @@ type sink struct {
 	closed  bool
 	bytes   int64 // written in shards whose result came back
 	written int64 // samples in those shards
-	// work writes the samples of u through c, in order.
+	// work writes shard u (its files, then c.report).
 	work func(u unit, c *cursor) error
 }
 
-// unit is a run of output positions [lo, hi) that starts and ends on shard
-// boundaries, in one epoch; piles lists the external path's piles that
-// hold them, in order.
+// unit is one shard: output positions [lo, hi) of epoch ep (index into
+// j.epochs), the shard-th of rank; idx is its index in the epoch's entry,
+// seq its index in the run. piles lists the external path's piles that
+// hold it, in order.
 type unit struct {
-	lo, hi int64
-	piles  []int
+	ep, rank, shard, idx, seq int
+	lo, hi                    int64
+	piles                     []int
 }
 
 type epochState struct {
@@ -381,7 +380,7 @@ var errStopped = errors.New("shuffle: stopped")
 
 // newSink starts the workers; s.work must be set before the first submit.
 func newSink(j *job, workers int) *sink {
-	s := &sink{j: j, eps: make([]*epochState, len(j.epochs)), units: make(chan unit),
+	s := &sink{j: j, shards: j.shards(), eps: make([]*epochState, len(j.epochs)), units: make(chan unit),
 		results: make(chan shardResult, 64)}
 	for range max(1, workers) {
 		s.wg.Add(1)
@@ -395,25 +394,43 @@ func (j *job) shardsPerRank(ep *epochPlan) int {
 	return (ep.perRank + j.o.ShardSize - 1) / j.o.ShardSize
 }
 
-// eachShard calls f with the position range of every planned shard, in
-// output order (epoch, rank, shard).
-func (j *job) eachShard(f func(ep int, lo, hi int64)) {
+// shards lists the planned shards, in output order (epoch, rank, shard).
+func (j *job) shards() []unit {
+	var us []unit
 	for e := range j.epochs {
 		ep := &j.epochs[e]
 		for r := 0; r < j.o.WorldSize; r++ {
 			for k := 0; k < ep.perRank; k += j.o.ShardSize {
 				lo := ep.base + int64(r*ep.perRank+k)
-				f(e, lo, lo+int64(min(j.o.ShardSize, ep.perRank-k)))
+				sh := k / j.o.ShardSize
+				us = append(us, unit{ep: e, rank: r, shard: sh, idx: r*j.shardsPerRank(ep) + sh, seq: len(us),
+					lo: lo, hi: lo + int64(min(j.o.ShardSize, ep.perRank-k))})
 			}
 		}
 	}
+	return us
+}
+
+// shardRel names file what ("samples" or a modality) of shard u relative
+// to the epochs directory, and shardPath is where it is written (in the
+// epoch's partial directory).
+func (j *job) shardRel(u unit, what string) string {
+	return relJoin(epochDir(j.epochs[u.ep].epoch), rankDir(u.rank), shardName(u.shard, what))
+}
+
+func (j *job) shardPath(u unit, what string) string {
+	return filepath.Join(j.partialDir(j.epochs[u.ep].epoch), rankDir(u.rank), shardName(u.shard, what))
+}
+
+// shardShape is the shape of modality m's file of a shard of n samples.
+func (j *job) shardShape(m modInfo, n int) []int {
+	return append([]int{n, int(int64(j.o.Sampling.Window) * m.rate)}, m.frameShape...)
 }
 
 // submit hands u to a worker, committing the epochs finished meanwhile.
 // It returns the first error of any worker.
 func (s *sink) submit(u unit) error {
-	ep, _ := s.j.position(u.lo)
-	if err := s.startUpTo(ep.index); err != nil {
+	if err := s.startUpTo(u.ep); err != nil {
 		return err
 	}
 	for {
@@ -447,20 +464,19 @@ func (s *sink) startUpTo(e int) error {
 		}
 		st.entry = &EpochEntry{Epoch: ep.epoch, Dir: epochDir(ep.epoch), Samples: int64(len(ep.samples)), PerRank: ep.perRank,
 			Dropped: ep.dropped, Shards: []ShardEntry{}}
-		for r := 0; r < s.j.o.WorldSize; r++ {
-			if ep.perRank > 0 {
-				if err := os.Mkdir(filepath.Join(st.tmp, rankDir(r)), 0o755); err != nil {
-					return err
-				}
+		for r := 0; r < s.j.o.WorldSize && ep.perRank > 0; r++ {
+			if err := os.Mkdir(filepath.Join(st.tmp, rankDir(r)), 0o755); err != nil {
+				return err
 			}
-			for k := 0; k < ep.perRank; k += s.j.o.ShardSize {
-				sh := k / s.j.o.ShardSize
-				entry := ShardEntry{Rank: r, Shard: sh, First: k, Samples: min(s.j.o.ShardSize, ep.perRank-k), Files: map[string]string{}}
-				for _, what := range s.j.shardFileNames() {
-					entry.Files[what] = relJoin(epochDir(ep.epoch), rankDir(r), shardName(sh, what))
-				}
-				st.entry.Shards = append(st.entry.Shards, entry)
+		}
+		for ; s.entered < len(s.shards) && s.shards[s.entered].ep == i; s.entered++ {
+			u := s.shards[s.entered]
+			entry := ShardEntry{Rank: u.rank, Shard: u.shard, First: int(u.lo-ep.base) - u.rank*ep.perRank, Samples: int(u.hi - u.lo),
+				Files: map[string]string{}}
+			for _, what := range s.j.shardFileNames() {
+				entry.Files[what] = s.j.shardRel(u, what)
 			}
+			st.entry.Shards = append(st.entry.Shards, entry)
 		}
 		st.left = len(st.entry.Shards)
 		if st.left == 0 {
@@ -573,9 +589,6 @@ func (s *sink) worker() {
 			continue
 		}
 		err := s.work(u, c)
-		if err == nil {
-			err = c.close()
-		}
 		if err != nil {
 			c.abort()
 		}
@@ -583,32 +596,23 @@ func (s *sink) worker() {
 	}
 }
 
-// cursor is a worker's open shard.
+// cursor is a worker's open shard (see open) and memory.
 type cursor struct {
 	s       *sink
-	files   []shardFile // the modalities', then samples
-	ep, idx int         // epoch, shard index in its entry
-	hi      int64       // one past the shard's last position
-	n, want int64       // samples written, samples of the shard
-	samples []byte      // the shard's samples.npy rows, made at close
+	u       unit
+	files   []shardFile // the modalities'
+	n       int64       // samples written
+	samples []byte      // samples.npy rows (see report)
 	buf     []byte      // see buffer
 }
 
-// put writes the sample at output position pos: win[k] holds its rows of
+// put writes the next sample of the open shard: win[k] holds its rows of
 // modality k, zeros follow up to the window's size. The memory of win must
-// not change until c.flush (or the shard's end).
-func (c *cursor) put(pos int64, win [][]byte) error {
+// not change until c.close.
+func (c *cursor) put(win [][]byte) error {
 	j := c.s.j
 	if c.s.stop.Load() {
 		return errStopped
-	}
-	if c.files == nil || pos >= c.hi {
-		if err := c.close(); err != nil {
-			return err
-		}
-		if err := c.open(pos); err != nil {
-			return err
-		}
 	}
 	for k, m := range j.mods {
 		f := c.files[k]
@@ -650,77 +654,64 @@ func (c *cursor) release() {
 	}
 }
 
-// flush writes what the open shard's files hold, before the memory they
-// point into goes away.
-func (c *cursor) flush() error {
-	for _, f := range c.files {
-		if err := f.flush(); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (c *cursor) open(pos int64) error {
+// open starts writing shard u's modality files.
+func (c *cursor) open(u unit) error {
 	j := c.s.j
-	ep, rank, shard, idx, n, err := j.shardAt(pos)
-	if err != nil {
-		return err
-	}
-	c.ep, c.idx, c.hi, c.n, c.want = ep.index, idx, pos+int64(n), 0, int64(n)
-	st := c.s.eps[ep.index]
-	dir := filepath.Join(st.tmp, rankDir(rank))
-	open := func(what string, dt array.DType, shape []int) error {
-		name := shardName(shard, what)
-		path, rel := filepath.Join(dir, name), relJoin(epochDir(ep.epoch), rankDir(rank), name)
+	c.u, c.n = u, 0
+	for _, m := range j.mods {
 		var sf shardFile
 		var err error
 		if j.o.NoFsync {
-			sf, err = newPageShard(path, rel, dt, shape)
+			sf, err = newPageShard(j.shardPath(u, m.name), j.shardRel(u, m.name), m.dtype, j.shardShape(m, int(u.hi-u.lo)))
 		} else {
-			sf, err = newBlobShard(path, rel, dt, shape)
+			sf, err = newBlobShard(j.shardPath(u, m.name), j.shardRel(u, m.name), m.dtype, j.shardShape(m, int(u.hi-u.lo)))
 		}
 		if err != nil {
 			return err
 		}
 		c.files = append(c.files, sf)
-		return nil
 	}
-	for _, m := range j.mods {
-		shape := append([]int{n, int(int64(j.o.Sampling.Window) * m.rate)}, m.frameShape...)
-		if err := open(m.name, m.dtype, shape); err != nil {
-			return err
-		}
-	}
-	return open("samples", array.DType{Kind: array.Int, Size: 8}, []int{n, 3})
+	return nil
 }
 
-// close finishes the open shard, if any, and reports it.
+// close finishes the open shard and reports it.
 func (c *cursor) close() error {
-	if c.files == nil {
-		return nil
-	}
-	ep := &c.s.j.epochs[c.ep]
-	c.samples = c.s.j.samplesRows(ep, c.hi-c.want, c.hi, c.samples[:0])
-	c.files[len(c.files)-1].write(c.samples)
-	r := shardResult{ep: c.ep, idx: c.idx, samples: c.n}
+	var sums [][2]string
 	var first error
 	for _, f := range c.files {
 		sum, err := f.close()
 		if err != nil && first == nil {
 			first = err
 		}
-		r.sums = append(r.sums, [2]string{f.name(), sum})
+		sums = append(sums, [2]string{f.name(), sum})
 	}
 	c.files = nil
 	if first != nil {
 		return first
 	}
-	if c.n != c.want {
-		return fmt.Errorf("shuffle: internal error: shard %d of epoch %d got %d samples", c.idx, c.s.j.epochs[c.ep].epoch, c.n)
+	if want := c.u.hi - c.u.lo; c.n != want {
+		return fmt.Errorf("shuffle: internal error: shard %d of epoch %d got %d samples, want %d", c.u.idx, c.s.j.epochs[c.u.ep].epoch, c.n, want)
 	}
-	r.bytes = c.n * (c.s.j.rec + 24)
-	c.s.results <- r
+	return c.report(c.u, sums)
+}
+
+// report writes shard u's samples file and hands the sink the shard's
+// file sums (its modalities', in sums).
+func (c *cursor) report(u unit, sums [][2]string) error {
+	j := c.s.j
+	n := int(u.hi - u.lo)
+	sm, err := newPageShard(j.shardPath(u, "samples"), j.shardRel(u, "samples"), array.DType{Kind: array.Int, Size: 8}, []int{n, 3})
+	if err != nil {
+		return err
+	}
+	c.samples = j.samplesRows(&j.epochs[u.ep], u.lo, u.hi, c.samples[:0])
+	sm.write(c.samples)
+	sum, err := sm.close()
+	if err != nil {
+		return err
+	}
+	c.s.results <- shardResult{ep: u.ep, idx: u.idx, sums: append(sums, [2]string{sm.name(), sum}), samples: int64(n),
+		bytes: int64(n) * (j.rec + 24)}
 	return nil
 }
 
