@@ -104,18 +104,8 @@ class _ReadArray:
 
     def __init__(self, path):
         self.path = path
+        self.offset, self.shape, self.dtype, self.row = _header(path)
         self.fd = os.open(path, os.O_RDONLY)
-        with open(path, "rb") as f:
-            version = np.lib.format.read_magic(f)
-            if version == (1, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-            else:
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-            self.offset = f.tell()
-        if fortran:
-            raise ValueError("%s: Fortran order: not a clipshard shard" % path)
-        self.shape, self.dtype = shape, dtype
-        self.row = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
 
     def __getitem__(self, sl):
         out = np.empty((sl.stop - sl.start,) + tuple(self.shape[1:]), dtype=self.dtype)
@@ -154,12 +144,8 @@ class _Ahead:
             out = []
             for name in self.r.modalities + ["samples"]:
                 path = os.path.join(self.r.dir, *self.r.shards[s]["files"][name].split("/"))
-                fd = os.open(path, os.O_RDONLY)
-                with open(path, "rb") as f:
-                    version = np.lib.format.read_magic(f)
-                    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-                    shape, _, dtype = read(f)
-                    out.append((fd, f.tell(), int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize))
+                offset, _, _, row = _header(path)
+                out.append((os.open(path, os.O_RDONLY), offset, row))
             self.files[s] = out
         return self.files[s]
 
@@ -196,6 +182,18 @@ class _Ahead:
         self.files = {}
 
     __del__ = close
+
+
+def _header(path):
+    """The data offset, shape, dtype and bytes per row of the .npy at path."""
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read(f)
+        offset = f.tell()
+    if fortran:
+        raise ValueError("%s: Fortran order: not a clipshard shard" % path)
+    return offset, shape, dtype, int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
 
 
 def _join(parts):
