@@ -12,6 +12,7 @@ import (
 	"github.com/apache/arrow-go/v18/parquet/schema"
 
 	"github.com/clipshard/clipshard/formats/atomicfile"
+	"github.com/clipshard/clipshard/formats/regfile"
 )
 
 // ClipRow is one row of clips.parquet.
@@ -197,7 +198,12 @@ func ReadClips(path string, modalities []string) (rows []ClipRow, err error) {
 			err = fmt.Errorf("%w: %s: %v", ErrManifest, path, r)
 		}
 	}()
-	rd, err := file.OpenParquetFile(path, false)
+	f, _, err := regfile.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrManifest, err)
+	}
+	defer f.Close()
+	rd, err := file.NewParquetReader(f)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %w", ErrManifest, path, err)
 	}

@@ -18,6 +18,7 @@ import (
 	"strings"
 
 	"github.com/clipshard/clipshard/formats/atomicfile"
+	"github.com/clipshard/clipshard/formats/regfile"
 )
 
 // Errors returned by this package; test with errors.Is.
@@ -148,11 +149,15 @@ func CheckRelPath(p string) error {
 	return nil
 }
 
+// MaxManifest bounds the size of a JSON manifest that LoadDataset (and
+// the epochs loader) will read.
+const MaxManifest = 1 << 30
+
 // LoadDataset reads and checks DIR/dataset.json: format, version, and that
 // every path in it is relative and inside DIR. It opens nothing else.
 func LoadDataset(dir string) (*Dataset, error) {
 	p := filepath.Join(dir, DatasetFile)
-	b, err := os.ReadFile(p)
+	b, err := regfile.ReadFile(p, MaxManifest)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrManifest, err)
 	}

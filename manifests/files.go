@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -14,6 +13,7 @@ import (
 	"github.com/clipshard/clipshard/formats/array"
 	"github.com/clipshard/clipshard/formats/atomicfile"
 	"github.com/clipshard/clipshard/formats/npy"
+	"github.com/clipshard/clipshard/formats/regfile"
 )
 
 // WriteIndex writes index.npy: int64 [N, 2] of (start, length) per clip.
@@ -73,7 +73,7 @@ func WriteSums(path string, sums map[string]string) error {
 
 // ReadSums reads a SHA256SUMS file. Names are checked with CheckRelPath.
 func ReadSums(path string) (map[string]string, error) {
-	f, err := os.Open(path)
+	f, _, err := regfile.Open(path)
 	if err != nil {
 		return nil, err
 	}

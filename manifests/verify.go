@@ -1,6 +1,7 @@
 package manifests
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -18,6 +19,7 @@ import (
 	"github.com/clipshard/clipshard/formats"
 	"github.com/clipshard/clipshard/formats/array"
 	"github.com/clipshard/clipshard/formats/npy"
+	"github.com/clipshard/clipshard/formats/regfile"
 	"github.com/clipshard/clipshard/transform/f16"
 )
 
@@ -186,22 +188,18 @@ func checkBlobs(dir string, d *Dataset, present map[string]bool, r *Report) {
 		if !present[m.File] {
 			continue
 		}
-		f, err := os.Open(filepath.Join(dir, m.File))
+		f, st, err := regfile.Open(filepath.Join(dir, m.File))
 		if err != nil {
 			r.add(Problem{File: m.File, What: oneLine(err)})
 			continue
 		}
-		st, err := f.Stat()
-		if err == nil && st.Size() != m.Size {
+		if st.Size() != m.Size {
 			r.add(Problem{File: m.File, What: fmt.Sprintf("size %d, dataset.json says %d (truncated or extended)", st.Size(), m.Size)})
 		}
-		var h *npy.Header
-		if err == nil {
-			h, err = npy.ReadHeader(f, st.Size())
-		}
+		h, err := npy.ReadHeader(f, st.Size())
 		f.Close()
 		if err != nil {
-			if st != nil && st.Size() == m.Size {
+			if st.Size() == m.Size {
 				r.add(Problem{File: m.File, What: oneLine(err)})
 			}
 			continue
@@ -333,7 +331,7 @@ func CheckSums(dir string, sums map[string]string, present map[string]bool, o Ve
 // deepClips checks every clip's xxHash64 in every blob.
 func deepClips(dir string, d *Dataset, rows []ClipRow, r *Report) {
 	for k, m := range d.Modalities {
-		f, err := os.Open(filepath.Join(dir, m.File))
+		f, _, err := regfile.Open(filepath.Join(dir, m.File))
 		if err != nil {
 			continue // reported already
 		}
@@ -370,9 +368,23 @@ func dtypeSize(descr string) int {
 	return dt.Size
 }
 
-// checkSources re-decodes every clip's sources and compares the converted
-// bytes with the recorded xxHash64.
+// checkSources re-decodes every clip's sources, converts them as convert
+// would, and compares the bytes with the clip's rows in the blob itself
+// (not with a recorded hash, which an edit of the manifests could have
+// made agree with a tampered blob).
 func checkSources(dir string, d *Dataset, rows []ClipRow, r *Report) {
+	blobs := make([]*os.File, len(d.Modalities))
+	rowBytes := make([]int64, len(d.Modalities))
+	for k, m := range d.Modalities {
+		f, _, err := regfile.Open(filepath.Join(dir, m.File))
+		if err != nil {
+			continue // reported by the structure checks
+		}
+		defer f.Close()
+		blobs[k] = f
+		rowBytes[k], _ = array.ByteSize(m.FrameShape, dtypeSize(m.DType))
+	}
+	var blobRows []byte
 	for _, row := range rows {
 		for k, m := range d.Modalities {
 			s := row.Sources[k]
@@ -387,12 +399,28 @@ func checkSources(dir string, d *Dataset, rows []ClipRow, r *Report) {
 				r.add(Problem{File: s.Path, Clip: row.Clip, What: "source no longer decodes: " + oneLine(err)})
 				continue
 			}
-			got, err := convertedHash(a, row.Length*int64(m.Rate), m.DType)
-			switch {
-			case err != nil:
+			n := row.Length * int64(m.Rate)
+			got, err := converted(a, n, m.DType)
+			if err != nil {
 				r.add(Problem{File: s.Path, Clip: row.Clip, What: oneLine(err)})
-			case got != s.XXH64:
-				what := "content drift: converted source differs from the blob"
+				continue
+			}
+			if blobs[k] == nil {
+				continue
+			}
+			first := row.Start * int64(m.Rate)
+			off := m.DataOffset + first*rowBytes[k]
+			if int64(cap(blobRows)) < int64(len(got)) {
+				blobRows = make([]byte, len(got))
+			}
+			blobRows = blobRows[:len(got)]
+			if k, err := blobs[k].ReadAt(blobRows, off); k != len(got) {
+				r.add(Problem{File: m.File, Clip: row.Clip, What: fmt.Sprintf("rows %d..%d (bytes %d..%d): %v", first, first+n, off, off+int64(len(got)), err)})
+				continue
+			}
+			switch {
+			case !bytes.Equal(got, blobRows):
+				what := fmt.Sprintf("content drift: the converted source differs from %s rows %d..%d", m.File, first, first+n)
 				if changed {
 					what += fmt.Sprintf(" (changed since conversion: size %d -> %d, mtime %d -> %d)", s.Size, st.Size, s.MtimeNS, st.MtimeNS)
 				}
@@ -404,11 +432,11 @@ func checkSources(dir string, d *Dataset, rows []ClipRow, r *Report) {
 	}
 }
 
-// convertedHash converts the first rows of a as convert would (float16, or
-// kept in its dtype) and returns the xxHash64.
-func convertedHash(a *array.Array, rows int64, dtype string) (uint64, error) {
-	if int64(a.Rows()) < rows || len(a.Shape) == 0 {
-		return 0, fmt.Errorf("source has %d rows, the dataset holds %d", a.Rows(), rows)
+// converted converts the first rows of a as convert would (float16, or
+// kept in its dtype) and returns the bytes.
+func converted(a *array.Array, rows int64, dtype string) ([]byte, error) {
+	if len(a.Shape) == 0 || int64(a.Rows()) < rows {
+		return nil, fmt.Errorf("source has %d rows, the dataset holds %d", a.Rows(), rows)
 	}
 	frame := int64(1)
 	for _, d := range a.FrameShape() {
@@ -417,20 +445,20 @@ func convertedHash(a *array.Array, rows int64, dtype string) (uint64, error) {
 	src := a.Data[:rows*frame*int64(a.DType.Size)]
 	if dtype != array.Float16.Descr() {
 		if a.DType.Descr() != dtype {
-			return 0, fmt.Errorf("source dtype %s, dataset keeps %s", a.DType.Descr(), dtype)
+			return nil, fmt.Errorf("source dtype %s, dataset keeps %s", a.DType.Descr(), dtype)
 		}
-		return xxhash.Sum64(src), nil
+		return src, nil
 	}
 	out := make([]byte, 2*rows*frame)
 	if err := f16.Convert(out, src, a.DType, nil); err != nil {
-		return 0, err
+		return nil, err
 	}
-	return xxhash.Sum64(out), nil
+	return out, nil
 }
 
 // hashFileCounting is HashFile reporting progress as it reads.
 func hashFileCounting(path string, progress func(int64)) (string, int64, error) {
-	f, err := os.Open(path)
+	f, _, err := regfile.Open(path)
 	if err != nil {
 		return "", 0, err
 	}

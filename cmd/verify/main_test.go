@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -163,6 +164,54 @@ func TestCorruption(t *testing.T) {
 			future := time.Now().Add(time.Hour)
 			os.Chtimes(p, future, future)
 		}, []string{"--sources"}, 1, []string{"emotion/clip010.npy", `clip "clip010"`, "content drift", "changed since conversion"}},
+		{"blob tampered, dataset.json and SHA256SUMS edited to match", func(t *testing.T, src, dir string) {
+			off, _ := clipRange(t, dir, 5, "emotion")
+			p := filepath.Join(dir, "emotion.npy")
+			flipByte(t, p, off+3)
+			sum, _ := manifests.HashFile(p)
+			d, _ := manifests.LoadDataset(dir)
+			d.Modality("emotion").SHA256 = sum
+			d.Write(dir)
+			rewriteSums(t, dir, "emotion.npy", "dataset.json")
+			if r := verify(t, dir); r.Code != 0 {
+				t.Fatalf("the edit is not consistent: %s", r.Stdout)
+			}
+		}, []string{"--sources"}, 1, []string{`emotion/clip005.npy: clip "clip005": content drift`, "emotion.npy rows"}},
+		{"blob is a FIFO", func(t *testing.T, src, dir string) {
+			p := filepath.Join(dir, "whisper.npy")
+			os.Remove(p)
+			if err := syscall.Mkfifo(p, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}, []string{"--deep", "--sources"}, 1, []string{"whisper.npy", "not a regular file (a FIFO)"}},
+		{"blob is a symlink to /dev/zero", func(t *testing.T, src, dir string) {
+			p := filepath.Join(dir, "motion.npy")
+			os.Remove(p)
+			os.Symlink("/dev/zero", p)
+		}, []string{"--deep", "--sources"}, 1, []string{"motion.npy", "not a regular file (a character device)"}},
+		{"blob is a symlink to a FIFO", func(t *testing.T, src, dir string) {
+			fifo := filepath.Join(t.TempDir(), "fifo")
+			if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			p := filepath.Join(dir, "emotion.npy")
+			os.Remove(p)
+			os.Symlink(fifo, p)
+		}, []string{"--deep"}, 1, []string{"emotion.npy", "not a regular file (a FIFO)"}},
+		{"SHA256SUMS is a FIFO", func(t *testing.T, src, dir string) {
+			p := filepath.Join(dir, "SHA256SUMS")
+			os.Remove(p)
+			if err := syscall.Mkfifo(p, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}, nil, 1, []string{"SHA256SUMS", "not a regular file (a FIFO)"}},
+		{"dataset.json is a FIFO", func(t *testing.T, src, dir string) {
+			p := filepath.Join(dir, "dataset.json")
+			os.Remove(p)
+			if err := syscall.Mkfifo(p, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}, nil, 2, []string{"dataset.json", "not a regular file (a FIFO)"}},
 		{"source gone", func(t *testing.T, src, dir string) {
 			os.Remove(filepath.Join(src, "motion", "clip010.pkl"))
 		}, []string{"--sources"}, 1, []string{"motion/clip010.pkl", `clip "clip010"`, "gone"}},
@@ -285,6 +334,22 @@ func TestEpochCorruption(t *testing.T) {
 		rewriteSums(t, dir, files...)
 		r := verify(t, "--deep", dir)
 		if r.Code != 1 || !strings.Contains(r.Stdout, "epoch-0000/rank-00/shard-00000.samples.npy") || !strings.Contains(r.Stdout, "seed 7 says") {
+			t.Fatalf("%d %s", r.Code, r.Stdout)
+		}
+	})
+	t.Run("shard is a FIFO, or a link to /dev/zero", func(t *testing.T) {
+		dir := shuffleDemo(t, ds, 7)
+		p := filepath.Join(dir, shard+".whisper.npy")
+		os.Remove(p)
+		if err := syscall.Mkfifo(p, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		q := filepath.Join(dir, shard+".motion.npy")
+		os.Remove(q)
+		os.Symlink("/dev/zero", q)
+		r := verify(t, "--deep", dir)
+		if r.Code != 1 || !strings.Contains(r.Stdout, shard+".whisper.npy: "+p+": not a regular file (a FIFO)") ||
+			!strings.Contains(r.Stdout, shard+".motion.npy: "+q+": not a regular file (a character device)") {
 			t.Fatalf("%d %s", r.Code, r.Stdout)
 		}
 	})

@@ -3,9 +3,9 @@ package npy
 import (
 	"fmt"
 	"io"
-	"os"
 
 	"github.com/clipshard/clipshard/formats/array"
+	"github.com/clipshard/clipshard/formats/regfile"
 )
 
 // headerProbe is how many bytes ReadHeader reads first; a header that is
@@ -74,15 +74,11 @@ func ReadBuffer(r io.ReaderAt, size int64, buf []byte) (*array.Array, error) {
 // ReadFile opens, reads and closes the .npy file at path. Errors name the
 // path.
 func ReadFile(path string) (*array.Array, error) {
-	f, err := os.Open(path)
+	f, st, err := regfile.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
 	a, err := Read(f, st.Size())
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)

@@ -4,12 +4,14 @@ package clitest
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 // Build builds the command in the current directory (a test's package)
@@ -44,11 +46,18 @@ type Result struct {
 	Stdout, Stderr string
 }
 
+// RunTimeout bounds a Run: a command that hangs (on a FIFO, say) fails
+// its test instead of the whole test binary's timeout.
+const RunTimeout = 3 * time.Minute
+
 // Run runs bin with args, the test environment plus SOURCE_DATE_EPOCH (so
-// that outputs are byte-comparable) plus env.
+// that outputs are byte-comparable) plus env. A run that takes longer than
+// RunTimeout is killed and fails the test.
 func Run(t testing.TB, bin string, env []string, args ...string) Result {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
+	ctx, cancel := context.WithTimeout(context.Background(), RunTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = append(append(os.Environ(), "SOURCE_DATE_EPOCH=1700000000"), env...)
 	var so, se bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &so, &se
@@ -61,6 +70,9 @@ func Run(t testing.TB, bin string, env []string, args ...string) Result {
 		}
 	} else if err != nil {
 		t.Fatal(err)
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("%s %v: still running after %v (hangs?); killed", filepath.Base(bin), args, RunTimeout)
 	}
 	if bytes.Contains(se.Bytes(), []byte("goroutine ")) {
 		t.Fatalf("%s printed a stack trace:\n%s", filepath.Base(bin), se.String())

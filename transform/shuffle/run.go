@@ -25,6 +25,7 @@ import (
 	"github.com/clipshard/clipshard/formats/blob"
 	"github.com/clipshard/clipshard/formats/directio"
 	"github.com/clipshard/clipshard/formats/npy"
+	"github.com/clipshard/clipshard/formats/regfile"
 	"github.com/clipshard/clipshard/manifests"
 )
 
@@ -313,10 +314,11 @@ func newJob(o Options) (*job, error) {
 // paths read every row, and learning it half-way would waste the run.
 func (j *job) checkBlob(m modInfo, rows int64) error {
 	path := filepath.Join(j.o.Dataset, m.file)
-	fi, err := os.Stat(path)
+	f, fi, err := regfile.Open(path)
 	if err != nil {
 		return err
 	}
+	f.Close()
 	need := m.dataOffset + rows*m.rowBytes
 	if fi.Size() >= need {
 		return nil
@@ -417,7 +419,7 @@ func (j *job) gatherInMemory(ctx context.Context, s *sink) error {
 	blobs := make([][]byte, len(j.mods))
 	for k, m := range j.mods {
 		rows := j.ds.Modality(m.name).Rows
-		f, err := os.Open(filepath.Join(j.o.Dataset, m.file))
+		f, _, err := regfile.Open(filepath.Join(j.o.Dataset, m.file))
 		if err != nil {
 			return err
 		}
@@ -950,7 +952,7 @@ func (j *job) readChunks(limit int64) (<-chan *chunk, func(), error) {
 		}
 	}
 	for _, m := range j.mods {
-		f, err := os.Open(filepath.Join(j.o.Dataset, m.file))
+		f, _, err := regfile.Open(filepath.Join(j.o.Dataset, m.file))
 		if err != nil {
 			closeFiles()
 			return nil, nil, err

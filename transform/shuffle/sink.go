@@ -22,6 +22,7 @@ import (
 	"github.com/clipshard/clipshard/formats/blob"
 	"github.com/clipshard/clipshard/formats/directio"
 	"github.com/clipshard/clipshard/formats/npy"
+	"github.com/clipshard/clipshard/formats/regfile"
 	"github.com/clipshard/clipshard/manifests"
 )
 
@@ -108,7 +109,7 @@ func (m *Epochs) has(e int) bool {
 // inside EDIR).
 func LoadEpochs(dir string) (*Epochs, error) {
 	p := filepath.Join(dir, EpochsFile)
-	b, err := os.ReadFile(p)
+	b, err := regfile.ReadFile(p, manifests.MaxManifest)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", manifests.ErrManifest, err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/clipshard/clipshard/formats/array"
 	"github.com/clipshard/clipshard/formats/npy"
+	"github.com/clipshard/clipshard/formats/regfile"
 	"github.com/clipshard/clipshard/manifests"
 )
 
@@ -104,16 +105,12 @@ func checkShardHeaders(dir string, man *Epochs, s ShardEntry, present map[string
 		if !present[rel] {
 			return
 		}
-		f, err := os.Open(filepath.Join(dir, filepath.FromSlash(rel)))
+		f, st, err := regfile.Open(filepath.Join(dir, filepath.FromSlash(rel)))
 		if err != nil {
 			r.Add(manifests.Problem{File: rel, What: err.Error()})
 			return
 		}
 		defer f.Close()
-		st, err := f.Stat()
-		if err != nil {
-			return
-		}
 		h, err := npy.ReadHeader(f, st.Size())
 		if err != nil {
 			r.Add(manifests.Problem{File: rel, What: err.Error()})
@@ -170,7 +167,7 @@ func deepEpochs(dir string, man *Epochs, r *manifests.Report) {
 			r.Add(manifests.Problem{File: EpochsFile, What: "modality " + m.Name + " is not in the dataset"})
 			return
 		}
-		f, err := os.Open(filepath.Join(ds, dm.File))
+		f, _, err := regfile.Open(filepath.Join(ds, dm.File))
 		if err != nil {
 			r.Add(manifests.Problem{File: EpochsFile, What: err.Error()})
 			return
@@ -198,11 +195,10 @@ func deepEpochs(dir string, man *Epochs, r *manifests.Report) {
 			wins := make([]*os.File, len(man.Modalities))
 			offs := make([]int64, len(man.Modalities))
 			for k, m := range man.Modalities {
-				f, err := os.Open(filepath.Join(dir, filepath.FromSlash(sh.Files[m.Name])))
+				f, st, err := regfile.Open(filepath.Join(dir, filepath.FromSlash(sh.Files[m.Name])))
 				if err != nil {
 					continue
 				}
-				st, _ := f.Stat()
 				h, err := npy.ReadHeader(f, st.Size())
 				if err != nil {
 					f.Close()
