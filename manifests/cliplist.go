@@ -21,7 +21,11 @@ var ErrClipList = errors.New("manifests: bad clip list")
 // .parquet file with a "clip" column, or text with one id per line (blank
 // lines and lines starting with # are ignored, surrounding space trimmed).
 // Duplicate or empty ids are an error naming the line (or row).
-func ReadClipList(path string) ([]string, error) {
+func ReadClipList(path string) ([]string, error) { return ReadClipListChecked(path, nil) }
+
+// ReadClipListChecked is ReadClipList that also refuses an id for which
+// check (if not nil) returns an error, naming the line (or row).
+func ReadClipListChecked(path string, check func(id string) error) ([]string, error) {
 	var ids []string
 	var where []string
 	var err error
@@ -45,8 +49,13 @@ func ReadClipList(path string) ([]string, error) {
 		if id == "" {
 			return nil, fmt.Errorf("%w: %s: %s: empty clip id", ErrClipList, path, loc)
 		}
-		if strings.ContainsAny(id, "\t\n\r") {
-			return nil, fmt.Errorf("%w: %s: %s: clip id %q contains a tab or newline", ErrClipList, path, loc, id)
+		if strings.ContainsAny(id, "\t\n\r\x00") {
+			return nil, fmt.Errorf("%w: %s: %s: clip id %q contains a tab, newline or NUL", ErrClipList, path, loc, id)
+		}
+		if check != nil {
+			if err := check(id); err != nil {
+				return nil, fmt.Errorf("%w: %s: %s: clip id %q: %w", ErrClipList, path, loc, id, err)
+			}
 		}
 		if j, dup := seen[id]; dup {
 			prev := fmt.Sprintf("row %d", j+1)
@@ -61,6 +70,21 @@ func ReadClipList(path string) ([]string, error) {
 		return nil, fmt.Errorf("%w: %s: no clip ids", ErrClipList, path)
 	}
 	return ids, nil
+}
+
+// InsideRoot returns an error for a clip id that, put into a template,
+// could name a file outside the root folder: an absolute id, or one with
+// a ".." component.
+func InsideRoot(id string) error {
+	if strings.HasPrefix(id, "/") || filepath.IsAbs(id) {
+		return errors.New("is an absolute path: ids are joined to --root (--allow-outside-root accepts it)")
+	}
+	for _, part := range strings.Split(id, "/") {
+		if part == ".." {
+			return errors.New(`has a ".." component, which leads outside --root (--allow-outside-root accepts it)`)
+		}
+	}
+	return nil
 }
 
 func readTextClips(path string) (ids, where []string, err error) {

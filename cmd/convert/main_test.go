@@ -182,6 +182,7 @@ func TestBadInput(t *testing.T) {
 		{"emotion/clip003.npy", filepath.Join(broken, "int_emotion.npy"), nil, []string{`modality "emotion"`, "int64", "--allow-int"}},
 		{"emotion/clip003.npy", filepath.Join(broken, "short_emotion.npy"), nil, []string{`clip "clip003"`, "disagree", "emotion=50", "motion=51", "whisper=102(@2)"}},
 		{"emotion/clip003.npy", filepath.Join(broken, "wide_emotion.npy"), nil, []string{`clip "clip003"`, "frame shape [9] differs from [8] of clip \"clip000\""}},
+		{"emotion/clip003.npy", filepath.Join(broken, "zerowidth_emotion.npy"), nil, []string{"emotion/clip003.npy", `clip "clip003"`, "frames hold no values"}},
 		{"motion/clip003.pkl", filepath.Join(broken, "nopose_motion.pkl"), nil, []string{"motion/clip003.pkl", `clip "clip003"`, `(keys "exp+pose")`, `key "pose" not found`, `"exp", "fps"`}},
 		{"motion/clip003.pkl", filepath.Join(broken, "truncated_motion.pkl"), nil, []string{"motion/clip003.pkl", `clip "clip003"`, "truncated", "offset"}},
 		{"motion/clip003.pkl", evil, nil, []string{"motion/clip003.pkl", `clip "clip003"`, "refused", "posix.system"}},

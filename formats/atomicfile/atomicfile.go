@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/clipshard/clipshard/internal/faults"
 )
 
 // File is an *os.File being written under a temporary name. Call Commit to
@@ -54,6 +56,7 @@ func (f *File) Commit() error {
 		return fmt.Errorf("atomicfile: %s: already finished", f.final)
 	}
 	f.done = true
+	faults.Point("atomicfile.written")
 	err := f.Sync()
 	if cerr := f.Close(); err == nil {
 		err = cerr
@@ -65,6 +68,7 @@ func (f *File) Commit() error {
 		os.Remove(f.Name())
 		return err
 	}
+	faults.Point("atomicfile.renamed")
 	return Sync(filepath.Dir(f.final))
 }
 
@@ -97,7 +101,12 @@ func WriteFile(path string, data []byte) error {
 		return err
 	}
 	defer f.Abort()
-	if _, err := f.Write(data); err != nil {
+	half := len(data) / 2
+	if _, err := f.Write(data[:half]); err != nil {
+		return err
+	}
+	faults.Point("atomicfile.half")
+	if _, err := f.Write(data[half:]); err != nil {
 		return err
 	}
 	return f.Commit()

@@ -35,6 +35,7 @@ save("overflow_emotion.npy", bad)
 save("int_emotion.npy", (emo * 100).astype(np.int64))
 save("short_emotion.npy", emo[:-1])
 save("wide_emotion.npy", np.concatenate([emo, emo[:, :1]], axis=1))
+save("zerowidth_emotion.npy", emo[:, :0])  # shape (T, 0): frames hold no values
 with open(os.path.join(out, "nopose_motion.pkl"), "wb") as f:
     pickle.dump({"exp": motion["exp"], "fps": 30}, f, protocol=4)
 data = pickle.dumps(motion, protocol=4)

@@ -3,6 +3,7 @@ package convert
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 
 	"github.com/cespare/xxhash/v2"
@@ -100,6 +101,9 @@ func (j *job) processClip(i int) *clipOut {
 		out.bytesIn += info.Size()
 		if len(a.Shape) == 0 {
 			return fail(m, path, fmt.Errorf("array is 0-d (%s); clips need a time axis [T, ...]", a))
+		}
+		if slices.Contains(a.FrameShape(), 0) {
+			return fail(m, path, fmt.Errorf("array is %s: its frames hold no values (an axis of length 0 after the time axis)", a))
 		}
 		if !a.DType.IsFloat() && !j.opts.AllowInt {
 			return fail(m, path, fmt.Errorf("array is %s, an integer/bool array; pass --allow-int to convert it", a))

@@ -2,6 +2,7 @@ package convert
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -21,6 +22,7 @@ import (
 	"github.com/clipshard/clipshard/formats/atomicfile"
 	"github.com/clipshard/clipshard/formats/blob"
 	"github.com/clipshard/clipshard/formats/npy"
+	"github.com/clipshard/clipshard/internal/faults"
 	"github.com/clipshard/clipshard/manifests"
 )
 
@@ -273,26 +275,40 @@ func hashFiles(dir string, names []string, workers int) (map[string]string, erro
 }
 
 // commit publishes the staging directory as o.Out: an atomic exchange with
-// a previous dataset (then removed), or a rename if there is none.
-func (j *job) commit() error {
+// a previous dataset (whose listed files are then removed), or a rename if
+// there is none. The staging directory must hold exactly the dataset d.
+func (j *job) commit(d *manifests.Dataset) error {
 	out := j.opts.Out
 	parent := filepath.Dir(out)
-	err := unix.Renameat2(unix.AT_FDCWD, j.staging, unix.AT_FDCWD, out, unix.RENAME_EXCHANGE)
+	if err := sweepTemp(j.staging); err != nil {
+		return err
+	}
+	if extra, err := manifests.Unlisted(j.staging, d.OwnFiles(), nil); err != nil || len(extra) > 0 {
+		return cmp.Or(err, fmt.Errorf("convert: internal error: %w", manifests.NotOurs(j.staging, extra)))
+	}
+	// Checked again now: files may have been put into out since the start.
+	old, err := checkOut(out)
+	if err != nil {
+		return err
+	}
+	faults.Point("convert.commit")
+	err = unix.Renameat2(unix.AT_FDCWD, j.staging, unix.AT_FDCWD, out, unix.RENAME_EXCHANGE)
 	switch {
 	case err == nil:
 		// j.staging now holds the previous dataset.
 		if err := atomicfile.Sync(parent); err != nil {
 			return err
 		}
-		return os.RemoveAll(j.staging)
+		faults.Point("convert.exchanged")
+		return removeOld(j.staging, old)
 	case errors.Is(err, unix.ENOENT):
 		if err := os.Rename(j.staging, out); err != nil {
 			return err
 		}
 	case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOSYS):
 		// Filesystem without RENAME_EXCHANGE: move the old one aside first.
-		old := j.staging + ".old"
-		if err := os.Rename(out, old); err != nil {
+		aside := j.staging + ".old"
+		if err := os.Rename(out, aside); err != nil {
 			return err
 		}
 		if err := os.Rename(j.staging, out); err != nil {
@@ -301,7 +317,7 @@ func (j *job) commit() error {
 		if err := atomicfile.Sync(parent); err != nil {
 			return err
 		}
-		return os.RemoveAll(old)
+		return removeOld(aside, old)
 	default:
 		return fmt.Errorf("convert: publishing %s: %w", out, err)
 	}

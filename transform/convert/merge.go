@@ -91,7 +91,7 @@ func Merge(ctx context.Context, o MergeOptions) (*Result, error) {
 			return nil, fmt.Errorf("%w: part %d (%s) is not intact: %s (run verify on it)", ErrInput, parts[i].Part.Index, p, r.Problems[0])
 		}
 	}
-	if err := checkOut(out); err != nil {
+	if _, err := checkOut(out); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
@@ -110,7 +110,7 @@ func Merge(ctx context.Context, o MergeOptions) (*Result, error) {
 	if err := unix.Flock(int(jf.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		return nil, fmt.Errorf("%w: another clipshard convert is writing %s", ErrUsage, out)
 	}
-	if err := os.RemoveAll(j.staging); err != nil {
+	if err := removeStaging(j.staging); err != nil {
 		return nil, err
 	}
 	if err := os.Mkdir(j.staging, 0o755); err != nil {
@@ -185,7 +185,7 @@ func Merge(ctx context.Context, o MergeOptions) (*Result, error) {
 	if err := writeManifests(j.staging, d, names, rows, func() (map[string]string, error) { return known, nil }, o.Workers); err != nil {
 		return nil, err
 	}
-	if err := j.commit(); err != nil {
+	if err := j.commit(d); err != nil {
 		return nil, err
 	}
 	res.Dataset = d

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -20,6 +19,7 @@ import (
 	"github.com/clipshard/clipshard/formats"
 	"github.com/clipshard/clipshard/formats/array"
 	"github.com/clipshard/clipshard/formats/blob"
+	"github.com/clipshard/clipshard/internal/faults"
 	"github.com/clipshard/clipshard/manifests"
 	"github.com/clipshard/clipshard/transform/f16"
 )
@@ -77,7 +77,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			return &Result{Dir: o.Out, Dataset: d, UpToDate: true, Elapsed: time.Since(began)}, nil
 		}
 	}
-	if err := checkOut(o.Out); err != nil {
+	if _, err := checkOut(o.Out); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(filepath.Dir(j.opts.Out), 0o755); err != nil {
@@ -111,7 +111,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := j.commit(); err != nil {
+	if err := j.commit(d); err != nil {
 		return nil, err
 	}
 	os.Remove(j.journalPath)
@@ -137,6 +137,9 @@ func newJob(o Options) (*job, error) {
 	}
 	seen := map[string]bool{}
 	for _, m := range o.Modalities {
+		if err := CheckName(m.Name); err != nil {
+			return nil, err
+		}
 		if seen[m.Name] {
 			return nil, fmt.Errorf("%w: modality %q given twice", ErrUsage, m.Name)
 		}
@@ -159,7 +162,11 @@ func newJob(o Options) (*job, error) {
 		return nil, err
 	}
 	o.Out = out
-	clips, err := manifests.ReadClipList(o.ClipList)
+	check := manifests.InsideRoot
+	if o.AllowOutsideRoot {
+		check = nil
+	}
+	clips, err := manifests.ReadClipListChecked(o.ClipList, check)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInput, err)
 	}
@@ -204,31 +211,6 @@ func PartRange(total, i, n int) (lo, hi int) {
 	return total * i / n, total * (i + 1) / n
 }
 
-// checkOut refuses to replace a directory that is not a clipshard dataset.
-func checkOut(out string) error {
-	st, err := os.Stat(out)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if !st.IsDir() {
-		return fmt.Errorf("%w: --out %s exists and is not a directory", ErrUsage, out)
-	}
-	if _, err := os.Stat(filepath.Join(out, manifests.DatasetFile)); err == nil {
-		return nil
-	}
-	entries, err := os.ReadDir(out)
-	if err != nil {
-		return err
-	}
-	if len(entries) > 0 {
-		return fmt.Errorf("%w: --out %s exists, is not empty and holds no %s: refusing to replace it", ErrUsage, out, manifests.DatasetFile)
-	}
-	return nil
-}
-
 // upToDate reports whether o.Out holds a dataset made from the same inputs
 // whose sources are unchanged (size and mtime).
 func (j *job) upToDate() (*manifests.Dataset, bool) {
@@ -269,17 +251,16 @@ func (j *job) upToDate() (*manifests.Dataset, bool) {
 func (j *job) removeStale() {
 	jf, err := os.OpenFile(j.journalPath, os.O_RDWR, 0)
 	if err != nil {
-		if _, serr := os.Stat(j.staging); serr == nil {
-			os.RemoveAll(j.staging)
-		}
+		removeStaging(j.staging)
 		return
 	}
 	defer jf.Close()
 	if unix.Flock(int(jf.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
 		return // a run is in progress
 	}
-	os.RemoveAll(j.staging)
-	os.Remove(j.journalPath)
+	if removeStaging(j.staging) == nil {
+		os.Remove(j.journalPath)
+	}
 }
 
 // writer is the state of the ordered writer.
@@ -414,12 +395,16 @@ func (j *job) prepare(jf *os.File) (*writer, error) {
 		}
 	}
 	if len(recs) == 0 {
-		if err := os.RemoveAll(j.staging); err != nil {
+		if err := removeStaging(j.staging); err != nil {
 			return nil, err
 		}
 		if err := os.Mkdir(j.staging, 0o755); err != nil {
 			return nil, err
 		}
+	} else if err := sweepTemp(j.staging); err != nil {
+		// A kill while a manifest was being written left its temporary
+		// file: it must not be committed with the dataset.
+		return nil, err
 	}
 	for _, r := range recs {
 		if err := w.replay(r); err != nil {
@@ -620,6 +605,7 @@ func (w *writer) write(c *clipOut) error {
 	w.trimmed += c.trimmed
 	w.next++
 	w.startHashers()
+	faults.Point("convert.clip")
 	return nil
 }
 

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -42,6 +43,24 @@ type Modality struct {
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]*$`)
 
+// ReservedNames are the modality names that collide with the files and
+// columns clipshard writes: NAME.npy beside index.npy and dataset.json,
+// NAME_file beside samples_file in shards.parquet, and so on.
+var ReservedNames = []string{"clip", "clips", "dataset", "epoch", "epochs", "files", "index", "length", "rank",
+	"samples", "sha256sums", "shard", "shards", "skipped", "start", "trimmed", "first"}
+
+// CheckName refuses a modality name that is not letters, digits, _ . -
+// or that is one of ReservedNames (in any case).
+func CheckName(name string) error {
+	if !nameRE.MatchString(name) {
+		return fmt.Errorf("%w: modality name %q: use letters, digits, _ . - (starting with a letter, digit or _)", ErrUsage, name)
+	}
+	if slices.Contains(ReservedNames, strings.ToLower(name)) {
+		return fmt.Errorf("%w: modality name %q is reserved (clipshard's own files and columns use: %s)", ErrUsage, name, strings.Join(ReservedNames, ", "))
+	}
+	return nil
+}
+
 // ParseModality parses NAME[@RATE]=TEMPLATE[:KEYS]. TEMPLATE must contain
 // {clip} and end in .npy, .pkl or .pickle; KEYS follow a pickle template.
 func ParseModality(s string) (Modality, error) {
@@ -57,8 +76,8 @@ func ParseModality(s string) (Modality, error) {
 		}
 		m.Name, m.Rate = name, r
 	}
-	if !nameRE.MatchString(m.Name) || m.Name == "index" || m.Name == "dataset" {
-		return Modality{}, fmt.Errorf("%w: modality name %q: use letters, digits, _ . - (not \"index\" or \"dataset\")", ErrUsage, m.Name)
+	if err := CheckName(m.Name); err != nil {
+		return Modality{}, err
 	}
 	lower := strings.ToLower(tmpl)
 	for _, ext := range []string{".pkl:", ".pickle:"} {
@@ -100,11 +119,15 @@ type Options struct {
 	Out        string     // --out
 	Align      string     // "strict" (default) or "trim"
 
-	AllowInt       bool
-	AllowNonFinite bool
-	AllowOverflow  bool
-	SkipBadClips   bool // --on-error skip
-	Force          bool
+	// AllowOutsideRoot accepts clip ids that are absolute or have ".."
+	// components (otherwise refused: a template must not reach outside
+	// the root through an id).
+	AllowOutsideRoot bool
+	AllowInt         bool
+	AllowNonFinite   bool
+	AllowOverflow    bool
+	SkipBadClips     bool // --on-error skip
+	Force            bool
 
 	// Part and Parts select part Part (0-based) of Parts contiguous ranges
 	// of the clip list (convert --part I/N); Parts 0 converts everything.

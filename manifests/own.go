@@ -1,0 +1,119 @@
+package manifests
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+// ErrNotOurs marks a directory that holds files no manifest of ours lists:
+// they are the user's, and clipshard never removes or replaces them.
+var ErrNotOurs = errors.New("holds files that are not clipshard's")
+
+// OwnFiles returns the files the dataset in its directory consists of, by
+// the manifest: dataset.json, the other manifests and the blobs.
+func (d *Dataset) OwnFiles() map[string]bool {
+	own := map[string]bool{DatasetFile: true, d.Files.Clips: true, d.Files.Index: true, d.Files.Sums: true}
+	if d.Files.Skipped != "" {
+		own[d.Files.Skipped] = true
+	}
+	for _, m := range d.Modalities {
+		own[m.File] = true
+	}
+	return own
+}
+
+// Unlisted returns, sorted, the paths under dir (slash-separated, relative
+// to dir) that are neither in listed nor a folder on the way to a listed
+// file, nor accepted by extra (which may be nil). A folder that is not
+// ours is named, not entered.
+func Unlisted(dir string, listed map[string]bool, extra func(rel string, isDir bool) bool) ([]string, error) {
+	folders := map[string]bool{}
+	for f := range listed {
+		for d := path.Dir(f); d != "."; d = path.Dir(d) {
+			folders[d] = true
+		}
+	}
+	var out []string
+	err := filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if p == dir {
+			return nil
+		}
+		rel, _ := filepath.Rel(dir, p)
+		rel = filepath.ToSlash(rel)
+		isDir := e.IsDir()
+		switch {
+		case extra != nil && extra(rel, isDir):
+			if isDir {
+				return fs.SkipDir
+			}
+		case isDir && folders[rel]:
+		case !isDir && listed[rel]:
+		default:
+			if isDir {
+				rel += "/"
+			}
+			out = append(out, rel)
+			if isDir {
+				return fs.SkipDir
+			}
+		}
+		return nil
+	})
+	slices.Sort(out)
+	return out, err
+}
+
+// NotOurs words the error for a directory holding the unlisted files.
+func NotOurs(dir string, unlisted []string) error {
+	names := unlisted
+	more := ""
+	if len(names) > 5 {
+		names, more = names[:5], fmt.Sprintf(" and %d more", len(unlisted)-5)
+	}
+	return fmt.Errorf("%s %w: %s%s", dir, ErrNotOurs, strings.Join(names, ", "), more)
+}
+
+// RemoveListed removes the listed files of dir (slash paths relative to
+// it), then the folders the removals left empty, dir included. It removes
+// nothing else: a file that is not listed stays, and so do the folders
+// that hold it; the error then names what is left.
+func RemoveListed(dir string, listed map[string]bool) error {
+	folders := map[string]bool{}
+	for f := range listed {
+		if CheckRelPath(f) != nil {
+			return fmt.Errorf("%s: %w", dir, CheckRelPath(f))
+		}
+		if err := os.Remove(filepath.Join(dir, filepath.FromSlash(f))); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		for d := path.Dir(f); d != "."; d = path.Dir(d) {
+			folders[d] = true
+		}
+	}
+	// Deepest first.
+	order := make([]string, 0, len(folders))
+	for d := range folders {
+		order = append(order, d)
+	}
+	slices.SortFunc(order, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
+	for _, d := range append(order, ".") {
+		err := os.Remove(filepath.Join(dir, filepath.FromSlash(d)))
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			left, _ := Unlisted(dir, nil, nil)
+			if len(left) > 0 {
+				return NotOurs(dir, left)
+			}
+			return err
+		}
+	}
+	return nil
+}

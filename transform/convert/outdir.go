@@ -1,0 +1,118 @@
+package convert
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/clipshard/clipshard/formats/atomicfile"
+	"github.com/clipshard/clipshard/manifests"
+)
+
+// checkOut decides whether --out may be replaced: it may if it does not
+// exist, is an empty directory, or is a clipshard dataset (a dataset.json
+// of ours that loads) holding no file its manifest does not list. It
+// returns the files to remove once the new dataset has replaced it (nil
+// if none). Anything else is refused, naming the files that are not ours:
+// a replace never deletes what the old manifest does not list.
+func checkOut(out string) (map[string]bool, error) {
+	st, err := os.Lstat(out)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if !st.IsDir() {
+		return nil, fmt.Errorf("%w: --out %s exists and is not a directory", ErrUsage, out)
+	}
+	entries, err := os.ReadDir(out)
+	if err != nil {
+		return nil, err
+	}
+	if len(entries) == 0 {
+		return map[string]bool{}, nil
+	}
+	d, err := manifests.LoadDataset(out)
+	if err != nil {
+		if _, serr := os.Lstat(filepath.Join(out, manifests.DatasetFile)); serr != nil {
+			return nil, fmt.Errorf("%w: --out %s exists, is not empty and holds no %s: refusing to replace it (choose another --out)", ErrUsage, out, manifests.DatasetFile)
+		}
+		return nil, fmt.Errorf("%w: --out %s is not a clipshard dataset (%v): refusing to replace it (choose another --out)", ErrUsage, out, err)
+	}
+	own := d.OwnFiles()
+	extra, err := manifests.Unlisted(out, own, nil)
+	if err != nil {
+		return nil, err
+	}
+	if len(extra) > 0 {
+		return nil, fmt.Errorf("%w: --out %w: refusing to replace it (move them elsewhere, or choose another --out)", ErrUsage, manifests.NotOurs(out, extra))
+	}
+	return own, nil
+}
+
+// removeOld removes the previous dataset, moved to dir by the commit: its
+// listed files and then dir. Files someone put there meanwhile stay, and
+// the error says where.
+func removeOld(dir string, own map[string]bool) error {
+	if err := manifests.RemoveListed(dir, own); err != nil {
+		return fmt.Errorf("the new dataset is in place, but the previous one's folder %s was kept: %w", dir, err)
+	}
+	return nil
+}
+
+// stagingName reports whether name is one of the files convert writes
+// into its staging directory (see writeManifests and blobPath).
+func stagingName(name string) bool {
+	switch name {
+	case manifests.DatasetFile, manifests.ClipsFile, manifests.IndexFile, manifests.SumsFile, manifests.SkippedFile:
+		return true
+	}
+	return strings.HasSuffix(name, ".npy") || strings.HasPrefix(name, atomicfile.TempPrefix)
+}
+
+// removeStaging removes a staging directory (a killed or finished run's)
+// if it holds only files convert writes there; otherwise it is not ours,
+// and it is left alone with an error naming what it holds.
+func removeStaging(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	own := map[string]bool{}
+	var extra []string
+	for _, e := range entries {
+		if e.Type().IsRegular() && stagingName(e.Name()) {
+			own[e.Name()] = true
+		} else {
+			extra = append(extra, e.Name())
+		}
+	}
+	if len(extra) > 0 {
+		return fmt.Errorf("%w: %w: it is not a staging folder of convert's; move it away", ErrUsage, manifests.NotOurs(dir, extra))
+	}
+	return manifests.RemoveListed(dir, own)
+}
+
+// sweepTemp removes the temporary files of atomic writes that a killed run
+// left in dir.
+func sweepTemp(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), atomicfile.TempPrefix) && e.Type().IsRegular() {
+			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
