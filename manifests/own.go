@@ -83,16 +83,21 @@ func NotOurs(dir string, unlisted []string) error {
 }
 
 // RemoveListed removes the listed files of dir (slash paths relative to
-// it), then the folders the removals left empty, dir included. It removes
+// it; a path ending in "/" lists a folder), then the listed folders and
+// those on the way to listed files, if empty, dir included. It removes
 // nothing else: a file that is not listed stays, and so do the folders
 // that hold it; the error then names what is left.
 func RemoveListed(dir string, listed map[string]bool) error {
 	folders := map[string]bool{}
 	for f := range listed {
-		if CheckRelPath(f) != nil {
-			return fmt.Errorf("%s: %w", dir, CheckRelPath(f))
-		}
-		if err := os.Remove(filepath.Join(dir, filepath.FromSlash(f))); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if d, ok := strings.CutSuffix(f, "/"); ok {
+			if err := CheckRelPath(d); err != nil {
+				return fmt.Errorf("%s: %w", dir, err)
+			}
+			f = d + "/x" // its folders, below
+		} else if err := CheckRelPath(f); err != nil {
+			return fmt.Errorf("%s: %w", dir, err)
+		} else if err := os.Remove(filepath.Join(dir, filepath.FromSlash(f))); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return err
 		}
 		for d := path.Dir(f); d != "."; d = path.Dir(d) {

@@ -48,7 +48,10 @@ type Report struct {
 	Clips    int       `json:"clips,omitempty"`
 	Samples  int64     `json:"samples,omitempty"` // epochs: samples over all epochs and ranks
 	Problems []Problem `json:"problems"`
-	mu       *sync.Mutex
+	// InProgress names what a live run is writing (an epoch's partial
+	// folder): not damage, and not checked.
+	InProgress []string `json:"in_progress,omitempty"`
+	mu         *sync.Mutex
 }
 
 func (r *Report) add(p Problem) {

@@ -21,6 +21,7 @@ import (
 )
 
 const usage = `usage: shuffle --dataset DIR --out EDIR --window W (--epochs N | --epoch-range A:B) [flags]
+       shuffle --out EDIR --drop A:B
 
 Materialise, for each epoch and DDP rank, the windows a trainer would sample
 from the dataset, in shuffled order, into shard files read strictly in
@@ -34,8 +35,10 @@ Example:
     --window 15 --epochs 2 --world-size 2 --shard-samples 16 --seed 7
 
 Storage: N epochs take N times the dataset. Produce epoch e+1 while epoch e
-trains and delete e-1 (--epoch-range E:E+1), or replay one epoch in a seeded
-shard order (see the README).
+trains and drop e-1 (--epoch-range E:E+1, then --drop E-1:E: the manifests
+are rewritten without it, then its files removed), or replay one epoch in a
+seeded shard order (see the README). A re-run writes again an epoch whose
+files are gone.
 
 Flags:
 `
@@ -77,6 +80,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		o               shuffle.Options
 		epochs          int
 		epochRange, mem string
+		drop            string
 		quiet, jsonOut  bool
 		seed            uint64
 	)
@@ -95,12 +99,17 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	fs.IntVar(&o.Workers, "workers", 0, "shard writers (default: the CPUs, at most 8; same bytes whatever the count)")
 	fs.BoolVar(&o.NoFsync, "no-fsync", false, "do not fsync shards before committing an epoch (kill -9 stays safe, a power cut may not; for scratch space)")
 	fs.BoolVar(&o.Force, "force", false, "rewrite epochs that are already done (or replace other options' epochs)")
+	fs.BoolVar(&o.AllowEmpty, "allow-empty", false, "write epochs without samples (window longer than every clip, more ranks than samples) instead of failing")
+	fs.StringVar(&drop, "drop", "", "remove epochs `A:B` (A..B-1) from --out: manifests first, then their files")
 	fs.BoolVar(&quiet, "quiet", false, "no progress on stderr")
 	fs.BoolVar(&jsonOut, "json", false, "print the summary as JSON")
 	if done, code := ui.Parse(fs, args, stderr, usage, exitCodes, false); done {
 		return code
 	}
 	o.Seed = seed
+	if drop != "" {
+		return runDrop(fs, o.Out, drop, jsonOut, stdout, stderr)
+	}
 	switch {
 	case epochRange != "" && epochs != 0:
 		fmt.Fprintln(stderr, "shuffle: give --epochs or --epoch-range, not both")
@@ -195,5 +204,44 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	if res.Replaced > 0 {
 		fmt.Fprintf(stdout, "  replaced %d stale epochs (the dataset changed since they were cut, or --force)\n", res.Replaced)
 	}
+	return 0
+}
+
+// runDrop is shuffle --out EDIR --drop A:B.
+func runDrop(fs *flag.FlagSet, out, drop string, jsonOut bool, stdout, stderr io.Writer) int {
+	var other []string
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name != "out" && f.Name != "drop" && f.Name != "json" && f.Name != "quiet" {
+			other = append(other, "--"+f.Name)
+		}
+	})
+	if len(other) > 0 || out == "" || fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "shuffle: --drop takes --out EDIR only (not %s)\n", strings.Join(append(other, fs.Args()...), " "))
+		return 2
+	}
+	a, b, ok := strings.Cut(drop, ":")
+	ai, err1 := strconv.Atoi(a)
+	bi, err2 := strconv.Atoi(b)
+	if !ok || err1 != nil || err2 != nil {
+		fmt.Fprintf(stderr, "shuffle: --drop %q: want A:B\n", drop)
+		return 2
+	}
+	dropped, err := shuffle.Drop(out, ai, bi)
+	if err != nil {
+		return ui.ExitCode(stderr, "shuffle", err, shuffle.ErrUsage)
+	}
+	if jsonOut {
+		if dropped == nil {
+			dropped = []int{}
+		}
+		b, _ := json.MarshalIndent(map[string]any{"dir": out, "dropped": dropped}, "", "  ")
+		fmt.Fprintln(stdout, string(b))
+		return 0
+	}
+	if len(dropped) == 0 {
+		fmt.Fprintf(stdout, "nothing to drop: %s lists no epoch in %d:%d\n", out, ai, bi)
+		return 0
+	}
+	fmt.Fprintf(stdout, "dropped epochs %v from %s\n", dropped, out)
 	return 0
 }

@@ -100,6 +100,9 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		for _, p := range r.Problems {
 			fmt.Fprintln(stdout, ui.OneLine(p.String()))
 		}
+		for _, p := range r.InProgress {
+			fmt.Fprintf(stdout, "%s: in progress (a shuffle is writing it; not checked)\n", ui.OneLine(p))
+		}
 		if r.OK() {
 			what := fmt.Sprintf("%d clips", r.Clips)
 			if r.Kind == "epochs" {

@@ -5,7 +5,9 @@
 // (counting from 1, over the whole process) kills the process with
 // SIGKILL, as kill -9 would; with CLIPSHARD_FAULT_LOG=FILE, every Point
 // reached appends its name to FILE, so that a test can count them and
-// pick where to kill. Without either variable, Point costs an atomic load.
+// pick where to kill; with CLIPSHARD_FAULT_DELAY=DURATION (e.g. 20ms),
+// every Point sleeps that long, so that concurrent runs overlap. Without
+// these variables, Point costs an atomic load.
 package faults
 
 import (
@@ -14,12 +16,14 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 )
 
 var (
 	once    sync.Once
 	active  atomic.Bool
 	killAt  int64
+	delay   time.Duration
 	reached atomic.Int64
 	logMu   sync.Mutex
 	logFile *os.File
@@ -30,7 +34,8 @@ func setup() {
 	if p := os.Getenv("CLIPSHARD_FAULT_LOG"); p != "" {
 		logFile, _ = os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	}
-	active.Store(killAt > 0 || logFile != nil)
+	delay, _ = time.ParseDuration(os.Getenv("CLIPSHARD_FAULT_DELAY"))
+	active.Store(killAt > 0 || logFile != nil || delay > 0)
 }
 
 // Point marks a moment where the process may be killed (see the package
@@ -45,6 +50,9 @@ func Point(name string) {
 		logMu.Lock()
 		logFile.WriteString(name + "\n")
 		logMu.Unlock()
+	}
+	if delay > 0 {
+		time.Sleep(delay)
 	}
 	if n == killAt {
 		syscall.Kill(os.Getpid(), syscall.SIGKILL)

@@ -82,6 +82,9 @@ func ExitCode(stderr io.Writer, cmd string, err error, usage error) int {
 // as defer ui.Recover(stderr, "convert", &code).
 func Recover(stderr io.Writer, cmd string, code *int) {
 	if p := recover(); p != nil {
+		if os.Getenv("CLIPSHARD_PANIC_TRACE") != "" { // for debugging clipshard itself
+			fmt.Fprintf(stderr, "%v\n%s", p, debug.Stack())
+		}
 		fmt.Fprintf(stderr, "%s: internal error: %v (a bug in clipshard: please report it with the command line)\n", cmd, p)
 		*code = 1
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/clipshard/clipshard/formats/directio"
 	"github.com/clipshard/clipshard/formats/npy"
 	"github.com/clipshard/clipshard/formats/regfile"
+	"github.com/clipshard/clipshard/internal/faults"
 	"github.com/clipshard/clipshard/manifests"
 )
 
@@ -45,6 +46,9 @@ type Options struct {
 	Mem        int64 // memory budget in bytes; default 2 GiB
 	Workers    int   // shard writers; default GOMAXPROCS, at most 8 (fewer if --mem is small)
 	Force      bool
+	// AllowEmpty writes epochs without samples (every clip shorter than
+	// the window, or fewer samples than ranks) instead of refusing them.
+	AllowEmpty bool
 	// NoFsync skips the fsync of the shard files before an epoch is
 	// committed, and writes them through the page cache: a killed run
 	// still leaves nothing half-written under a final name, but a power
@@ -112,8 +116,9 @@ type job struct {
 	epochs  []epochPlan
 	total   int64 // samples to write
 	man     *Epochs
-	// replaced counts stale epochs removed because the dataset changed (or
-	// --force replaced other options' epochs).
+	// stale: the epochs in Out are of another dataset or (with --force)
+	// other options, and are replaced (setup); replaced counts them.
+	stale    bool
 	replaced int
 	ext      bool // the external (two-pass) path
 }
@@ -127,30 +132,29 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	res := &Result{Dir: j.o.Out, Dropped: map[int]int{}, Replaced: j.replaced}
-	var todo []int
-	for e := j.o.EpochStart; e < j.o.EpochEnd; e++ {
-		if j.man.has(e) && !j.o.Force {
-			res.Skipped = append(res.Skipped, e)
-			continue
-		}
-		todo = append(todo, e)
-	}
+	res := &Result{Dir: j.o.Out, Dropped: map[int]int{}}
+	todo, skipped := j.toDo()
 	if len(todo) == 0 {
+		if err := j.tidy(); err != nil {
+			return nil, err
+		}
+		res.Skipped = skipped
 		res.UpToDate, res.Manifest, res.Elapsed = true, j.man, time.Since(began)
 		return res, nil
 	}
 	// Count each epoch's samples first (the lists themselves are derived
 	// again per group): the sample lists of all epochs at once could
 	// outgrow the memory budget on a large dataset.
-	type count struct{ epoch, kept int }
-	var counts []count
+	var counts []epochCount
 	var files int64 // shard files to write
 	for _, e := range todo {
 		all := Samples(j.lengths, j.o.Sampling, j.o.Seed, e)
 		per, dropped := RankSplit(len(all), j.o.WorldSize)
+		if per == 0 && !j.o.AllowEmpty {
+			return nil, j.emptyErr(e, len(all))
+		}
 		res.Dropped[e] = dropped
-		counts = append(counts, count{e, per * j.o.WorldSize})
+		counts = append(counts, epochCount{e, per * j.o.WorldSize})
 		res.Planned += j.epochBytes(per)
 		files += j.epochFiles(per)
 	}
@@ -164,24 +168,13 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if j.o.Progress != nil {
 		j.o.Progress(Progress{Phase: "plan", Total: totalSamples, Planned: res.Planned, Epochs: todo})
 	}
-	// Epochs are processed in groups whose sample metadata (about
-	// sampleMeta bytes a sample) fits a quarter of --mem; the blobs are
-	// read once per group. The in-memory path needs the blobs to fit the
-	// other three quarters.
+	// Epochs are processed in groups whose sample metadata fits a quarter
+	// of --mem. The in-memory path needs the blobs to fit the other three
+	// quarters.
 	metaBudget := j.o.Mem / 4
 	res.External = res.DataBytes > j.o.Mem-metaBudget
 	j.ext = res.External
-	var groups [][]int
-	for g := 0; g < len(counts); {
-		var group []int
-		var meta int64
-		for g < len(counts) && (len(group) == 0 || meta+int64(counts[g].kept)*sampleMeta <= metaBudget) {
-			group = append(group, counts[g].epoch)
-			meta += int64(counts[g].kept) * sampleMeta
-			g++
-		}
-		groups = append(groups, group)
-	}
+	groups := groupEpochs(counts, metaBudget)
 	// On disk, each file's last block is whole; the manifests take a few
 	// more (shards.parquet and epochs.json grow with the shards).
 	if err := checkSpace(j.o.Out, res.Planned+files*(diskBlock+256)+64<<10); err != nil {
@@ -190,20 +183,40 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err := os.MkdirAll(j.o.Out, 0o755); err != nil {
 		return nil, err
 	}
-	// Claim the epochs: two runs must not write the same epoch at once
-	// (array tasks share the directory, each with its own epochs).
-	release, err := claimEpochs(j.o.Out, todo)
+	release, done, err := j.setup(todo)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
-	// Leftovers of a killed run of these epochs. Other epochs' partial
-	// directories may belong to a run writing them right now: they are
-	// left alone.
-	for _, e := range todo {
-		os.RemoveAll(j.partialDir(e))
+	faults.Point("shuffle.setup")
+	res.Replaced = j.replaced
+	if len(done) > 0 { // committed by another run meanwhile
+		var left []int
+		var kept []epochCount
+		for i, e := range todo {
+			if slices.Contains(done, e) {
+				delete(res.Dropped, e)
+				continue
+			}
+			left = append(left, e)
+			kept = append(kept, counts[i])
+		}
+		todo, counts = left, kept
+		skipped = append(skipped, done...)
+		slices.Sort(skipped)
+		if len(todo) == 0 {
+			release()
+			if err := j.tidy(); err != nil { // the claims just given back
+				return nil, err
+			}
+			res.Skipped = skipped
+			res.UpToDate, res.Manifest, res.Elapsed = true, j.man, time.Since(began)
+			return res, nil
+		}
+		groups = groupEpochs(counts, metaBudget)
 	}
-	// (and the pile folders of earlier versions)
+	res.Skipped = skipped
+	// The pile folders of earlier versions.
 	if entries, err := os.ReadDir(j.o.Out); err == nil {
 		for _, e := range entries {
 			var a, b int
@@ -234,6 +247,27 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	res.Done, res.Bytes, res.Manifest = todo, bytes, j.man
 	res.Elapsed = time.Since(began)
 	return res, nil
+}
+
+// epochCount is the number of samples an epoch keeps (over all ranks).
+type epochCount struct{ epoch, kept int }
+
+// groupEpochs cuts the epochs into groups whose sample metadata (about
+// sampleMeta bytes a sample) fits metaBudget; the blobs are read once per
+// group.
+func groupEpochs(counts []epochCount, metaBudget int64) [][]int {
+	var groups [][]int
+	for g := 0; g < len(counts); {
+		var group []int
+		var meta int64
+		for g < len(counts) && (len(group) == 0 || meta+int64(counts[g].kept)*sampleMeta <= metaBudget) {
+			group = append(group, counts[g].epoch)
+			meta += int64(counts[g].kept) * sampleMeta
+			g++
+		}
+		groups = append(groups, group)
+	}
+	return groups
 }
 
 func newJob(o Options) (*job, error) {
@@ -282,6 +316,17 @@ func newJob(o Options) (*job, error) {
 	if int64(len(starts)) != ds.Clips {
 		return nil, fmt.Errorf("%w: %s: index.npy has %d clips, dataset.json %d (run verify)", manifests.ErrManifest, o.Dataset, len(starts), ds.Clips)
 	}
+	var next int64
+	for i := range starts {
+		if starts[i] != next || lengths[i] < 0 {
+			return nil, fmt.Errorf("%w: %s: index.npy row %d: start %d length %d, want start %d (contiguous from 0; run verify)",
+				manifests.ErrManifest, o.Dataset, i, starts[i], lengths[i], next)
+		}
+		next += lengths[i]
+	}
+	if next != ds.Frames {
+		return nil, fmt.Errorf("%w: %s: index.npy's lengths add up to %d frames, dataset.json says %d (run verify)", manifests.ErrManifest, o.Dataset, next, ds.Frames)
+	}
 	j := &job{o: o, ds: ds, starts: starts, lengths: lengths}
 	for _, m := range ds.Modalities {
 		dt, _, err := array.ParseDescr(m.DType)
@@ -312,14 +357,42 @@ func newJob(o Options) (*job, error) {
 // checkBlob refuses a blob shorter than the manifest says (a damaged or
 // replaced dataset), naming the first clip whose rows are missing: both
 // paths read every row, and learning it half-way would waste the run.
+//
+// It also refuses a blob that disagrees with dataset.json and index.npy in
+// any number the shuffle relies on (rows, header, size): every window is
+// cut from the rows those numbers locate.
 func (j *job) checkBlob(m modInfo, rows int64) error {
 	path := filepath.Join(j.o.Dataset, m.file)
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s: %s (run verify)", manifests.ErrManifest, path, fmt.Sprintf(format, args...))
+	}
+	if m.rowBytes <= 0 {
+		return bad("modality %q: frame shape %v holds no values", m.name, m.frameShape)
+	}
+	if want := j.ds.Frames * m.rate; rows != want {
+		return bad("dataset.json says %d rows, but %d frames at rate %d make %d", rows, j.ds.Frames, m.rate, want)
+	}
 	f, fi, err := regfile.Open(path)
 	if err != nil {
 		return err
 	}
+	h, herr := npy.ReadHeader(f, fi.Size())
 	f.Close()
 	need := m.dataOffset + rows*m.rowBytes
+	if herr != nil && fi.Size() >= need {
+		return bad("%v", herr)
+	}
+	if herr == nil {
+		wantShape := append([]int{int(rows)}, m.frameShape...)
+		switch {
+		case h.Descr != m.dtype.Descr() || h.Fortran || !slices.Equal(h.Shape, wantShape):
+			return bad("the header says %s %s, dataset.json %s %s", h.Descr, array.FormatShape(h.Shape), m.dtype.Descr(), array.FormatShape(wantShape))
+		case h.DataOffset != m.dataOffset:
+			return bad("data at byte %d, dataset.json says %d", h.DataOffset, m.dataOffset)
+		case fi.Size() > need:
+			return bad("%d bytes, dataset.json needs %d: %d bytes too many", fi.Size(), need, fi.Size()-need)
+		}
+	}
 	if fi.Size() >= need {
 		return nil
 	}
@@ -715,6 +788,7 @@ func (j *job) external(ctx context.Context, s *sink) error {
 		if j.o.Progress != nil {
 			j.o.Progress(Progress{Phase: "read", Done: done, Total: j.total})
 		}
+		faults.Point("shuffle.read")
 	}
 	if err := stopWriters(); err != nil {
 		return err
@@ -837,8 +911,12 @@ func (j *job) orderShard(ctx context.Context, c *cursor, un unit, piles []pile, 
 const LockPrefix = ".lock-epoch-"
 
 // claimEpochs takes a non-blocking exclusive flock on a lock file per
-// epoch, and returns the func that releases (and removes) them.
-func claimEpochs(out string, epochs []int) (func(), error) {
+// epoch, writes key (the run's options, see optionsKey) into it, and
+// returns the func that releases (and removes) them. If key is not empty,
+// a live run claiming other epochs with another key is a conflict: two
+// runs with different options must not share a directory. The caller
+// holds out's directory lock.
+func claimEpochs(out string, epochs []int, key string) (func(), error) {
 	var held []*os.File
 	release := func() {
 		for _, f := range held {
@@ -846,22 +924,8 @@ func claimEpochs(out string, epochs []int) (func(), error) {
 			f.Close()
 		}
 	}
-	// Lock files left by killed runs: removable when nobody holds them.
-	// (Another run probing them this way holds such a lock for a moment;
-	// a claim below retries past that.)
-	if entries, err := os.ReadDir(out); err == nil {
-		for _, ent := range entries {
-			if !strings.HasPrefix(ent.Name(), LockPrefix) {
-				continue
-			}
-			p := filepath.Join(out, ent.Name())
-			if f, err := os.Open(p); err == nil {
-				if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil && sameFile(f, p) {
-					os.Remove(p)
-				}
-				f.Close()
-			}
-		}
+	if err := scanLocks(out, key); err != nil {
+		return nil, err
 	}
 	for _, e := range epochs {
 		p := filepath.Join(out, fmt.Sprintf("%s%04d", LockPrefix, e))
@@ -874,6 +938,15 @@ func claimEpochs(out string, epochs []int) (func(), error) {
 			return nil, err
 		}
 		held = append(held, f)
+		if key != "" {
+			if err := f.Truncate(0); err == nil {
+				_, err = f.WriteAt([]byte(key), 0)
+			}
+			if err != nil {
+				release()
+				return nil, err
+			}
+		}
 	}
 	return release, nil
 }
@@ -1051,4 +1124,41 @@ func pwritevAll(f *os.File, pieces [][]byte, off int64) (int64, error) {
 		}
 	}
 	return total, nil
+}
+
+// scanLocks removes the lock files in out that killed runs left (nobody
+// holds them), and, if key is not empty, refuses a live run's claim made
+// with another key (see claimEpochs).
+func scanLocks(out, key string) error {
+	// (Another run probing a lock this way holds it for a moment; a claim
+	// retries past that, see lockFile.)
+	entries, err := os.ReadDir(out)
+	if err != nil {
+		return nil
+	}
+	for _, ent := range entries {
+		if !strings.HasPrefix(ent.Name(), LockPrefix) {
+			continue
+		}
+		p := filepath.Join(out, ent.Name())
+		f, err := os.Open(p)
+		if err != nil {
+			continue
+		}
+		if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {
+			if sameFile(f, p) {
+				os.Remove(p)
+			}
+			f.Close()
+			continue
+		}
+		// Held by a live run: its options must be ours.
+		theirs, _ := io.ReadAll(io.LimitReader(f, 4096))
+		f.Close()
+		if key != "" && len(theirs) > 0 && string(theirs) != key {
+			return fmt.Errorf("%w: another shuffle is writing %s with other options (%s): wait for it, or use another --out",
+				ErrConflict, out, keyDiff(string(theirs), key))
+		}
+	}
+	return nil
 }

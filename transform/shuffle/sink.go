@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"hash"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,14 +16,13 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/clipshard/clipshard/formats/array"
 	"github.com/clipshard/clipshard/formats/atomicfile"
 	"github.com/clipshard/clipshard/formats/blob"
 	"github.com/clipshard/clipshard/formats/directio"
 	"github.com/clipshard/clipshard/formats/npy"
 	"github.com/clipshard/clipshard/formats/regfile"
+	"github.com/clipshard/clipshard/internal/faults"
 	"github.com/clipshard/clipshard/manifests"
 )
 
@@ -138,8 +138,11 @@ func LoadEpochs(dir string) (*Epochs, error) {
 }
 
 // openManifest loads o.Out's epochs.json if it describes the same dataset
-// and options (then its epochs are kept), or starts a new one. A
-// different one is replaced only with --force.
+// and options (then its epochs are kept), or starts a new one. It changes
+// nothing on disk: a manifest of other options is refused without
+// --force, one of another dataset (or any, with --force) is noted in
+// j.stale and replaced by setup, under the directory lock; a directory
+// that holds what shuffle did not write is refused.
 func openManifest(j *job) (*Epochs, error) {
 	o := j.o
 	dsSum, err := manifests.HashFile(filepath.Join(o.Dataset, manifests.DatasetFile))
@@ -161,58 +164,48 @@ func openManifest(j *job) (*Epochs, error) {
 		fresh.Modalities = append(fresh.Modalities, EpochModality{Name: m.name, DType: m.dtype.Descr(), Rate: int(m.rate),
 			FrameShape: m.frameShape, WindowRows: o.Sampling.Window * int(m.rate)})
 	}
+	if st, err := os.Lstat(o.Out); err == nil && !st.IsDir() {
+		return nil, fmt.Errorf("%w: --out %s exists and is not a directory", ErrUsage, o.Out)
+	}
 	old, err := LoadEpochs(o.Out)
 	if err != nil {
-		if _, serr := os.Stat(o.Out); serr == nil {
-			entries, _ := os.ReadDir(o.Out)
-			for _, e := range entries {
-				if !ownName(e.Name()) {
-					return nil, fmt.Errorf("%w: --out %s exists, is not empty and holds no valid %s: refusing to write into it", ErrUsage, o.Out, EpochsFile)
-				}
-			}
+		if _, serr := os.Lstat(filepath.Join(o.Out, EpochsFile)); serr == nil {
+			return nil, fmt.Errorf("%w: --out %s is not a clipshard epochs directory (%v): refusing to write into it", ErrUsage, o.Out, err)
+		}
+		if err := checkForeign(o.Out, nil); err != nil {
+			return nil, err
 		}
 		return fresh, nil // Run makes o.Out once the run is known to fit
 	}
-	sameOptions := old.Seed == fresh.Seed && old.Window == fresh.Window &&
-		old.Sampling == fresh.Sampling && old.PerClip == fresh.PerClip && old.Short == fresh.Short &&
-		old.WorldSize == fresh.WorldSize && old.ShardSamples == fresh.ShardSamples
 	switch {
-	case sameOptions && old.Dataset.SHA256 == fresh.Dataset.SHA256:
+	case optionsKey(old) == optionsKey(fresh):
 		old.Tool = fresh.Tool
 		return old, nil
-	case !sameOptions && !o.Force:
+	case !sameOptions(old, fresh) && !o.Force:
 		return nil, fmt.Errorf("%w: %s holds epochs cut with other options (seed, window, sampling, ranks or shard size); use --force to replace them, or another --out", ErrUsage, o.Out)
 	}
 	// The dataset was rebuilt since (or --force): the old epochs are stale.
-	// Remove the manifest first, so that no epochs.json ever lists a
-	// removed epoch.
-	j.replaced = len(old.Epochs)
-	for _, f := range []string{EpochsFile, ShardsFile, manifests.SumsFile} {
-		if err := os.Remove(filepath.Join(o.Out, f)); err != nil && !os.IsNotExist(err) {
-			return nil, err
-		}
+	if err := checkForeign(o.Out, old); err != nil {
+		return nil, err
 	}
-	for _, e := range old.Epochs {
-		os.RemoveAll(filepath.Join(o.Out, e.Dir))
-	}
+	j.stale = true
 	return fresh, nil
 }
 
-func isPartial(name string) bool { return len(name) > 9 && name[:9] == ".partial-" }
-
-// ownName reports whether name is one shuffle itself writes in --out.
-// Concurrent runs (one per epoch) may have committed an epoch folder, or be
-// writing the manifests, when another one looks at a folder that has no
-// epochs.json yet. (".work-" folders held the piles in earlier versions;
-// a run removes those a killed run left.)
-func ownName(name string) bool {
-	var e int
-	if n, _ := fmt.Sscanf(name, "epoch-%04d", &e); n == 1 && name == epochDir(e) {
-		return true
+// checkForeign refuses an epochs directory holding files shuffle did not
+// write (see foreignFiles), naming them.
+func checkForeign(out string, man *Epochs) error {
+	foreign, err := foreignFiles(out, man)
+	if err != nil {
+		return err
 	}
-	return strings.HasPrefix(name, ".work-") || isPartial(name) || strings.HasPrefix(name, LockPrefix) ||
-		strings.HasPrefix(name, atomicfile.TempPrefix) || name == ShardsFile || name == manifests.SumsFile
+	if len(foreign) > 0 {
+		return fmt.Errorf("%w: --out %w: refusing to write into it or replace it (move them elsewhere, or choose another --out)", ErrUsage, manifests.NotOurs(out, foreign))
+	}
+	return nil
 }
+
+func isPartial(name string) bool { return len(name) > 9 && name[:9] == ".partial-" }
 
 // shardFile writes one shard file.
 type shardFile interface {
@@ -509,6 +502,7 @@ func (s *sink) handle(r shardResult) {
 	if r.finished {
 		return
 	}
+	faults.Point("shuffle.shard")
 	st := s.eps[r.ep]
 	for _, kv := range r.sums {
 		st.sums[kv[0]] = kv[1]
@@ -724,9 +718,13 @@ func (c *cursor) abort() {
 	c.files = nil
 }
 
-// commit publishes epoch e (index into j.epochs): its directory is renamed
-// into place, then shards.parquet, SHA256SUMS and, last, epochs.json are
-// rewritten.
+// commit publishes epoch e (index into j.epochs). Under the directory's
+// lock, with the manifests as other runs left them: if the epoch is
+// listed already (--force, or its files were damaged), the manifests are
+// rewritten without it and its old folder removed; then its partial
+// folder is renamed into place, and shards.parquet, SHA256SUMS and, last,
+// epochs.json are rewritten with it. A directory that another run has
+// meanwhile given other options is not written into (ErrConflict).
 func (s *sink) commit(e int) error {
 	j := s.j
 	st := s.eps[e]
@@ -737,11 +735,54 @@ func (s *sink) commit(e int) error {
 			return err
 		}
 	}
-	if _, err := os.Stat(final); err == nil { // --force over an old epoch
-		if err := os.RemoveAll(final); err != nil {
-			return err
+	unlock, err := lockDir(out)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	man := j.man
+	disk, err := LoadEpochs(out)
+	switch {
+	case err == nil && optionsKey(disk) != optionsKey(man):
+		return fmt.Errorf("%w: another run committed epochs with other options into %s meanwhile (%s); epoch %d is not committed",
+			ErrConflict, out, keyDiff(optionsKey(disk), optionsKey(man)), st.entry.Epoch)
+	case err == nil:
+		man.Epochs = disk.Epochs // what other runs committed meanwhile
+	case errors.Is(err, fs.ErrNotExist):
+		// Nothing committed, or the manifest was removed by hand: keep
+		// the epochs this run knows of that are still whole.
+		kept := man.Epochs[:0]
+		for _, x := range man.Epochs {
+			if j.whole(x) {
+				kept = append(kept, x)
+			}
+		}
+		man.Epochs = kept
+	default:
+		return err
+	}
+	var prev *EpochEntry
+	kept := man.Epochs[:0]
+	for i, x := range man.Epochs {
+		if x.Epoch == st.entry.Epoch {
+			prev = &man.Epochs[i]
+		} else {
+			kept = append(kept, x)
 		}
 	}
+	if prev != nil {
+		listed := epochListed(*prev)
+		man.Epochs = kept
+		if err := writeManifests(out, man, nil); err != nil {
+			return err
+		}
+		if err := removeEpochFolder(final, listed); err != nil {
+			return err
+		}
+	} else if err := removeEpochFolder(final, nil); err != nil {
+		return err
+	}
+	faults.Point("shuffle.commit")
 	if err := os.Rename(st.tmp, final); err != nil {
 		return err
 	}
@@ -749,43 +790,11 @@ func (s *sink) commit(e int) error {
 	if err := atomicfile.Sync(out); err != nil {
 		return err
 	}
-	// Array tasks may commit epochs into the same directory at once: the
-	// manifests are read, merged and rewritten under a lock on it.
-	unlock, err := lockDir(out)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	man := j.man
-	if disk, err := LoadEpochs(out); err == nil && disk.Dataset.SHA256 == man.Dataset.SHA256 && disk.Seed == man.Seed &&
-		disk.Window == man.Window && disk.Sampling == man.Sampling && disk.PerClip == man.PerClip &&
-		disk.Short == man.Short && disk.WorldSize == man.WorldSize && disk.ShardSamples == man.ShardSamples {
-		man.Epochs = disk.Epochs // what other tasks committed meanwhile
-	}
-	kept := man.Epochs[:0]
-	for _, e := range man.Epochs {
-		if e.Epoch != st.entry.Epoch {
-			kept = append(kept, e)
-		}
-	}
+	faults.Point("shuffle.renamed")
 	man.Epochs = append(kept, *st.entry)
 	sortEpochs(man.Epochs)
 	man.Created = j.o.Now().UTC().Format(time.RFC3339)
 	return writeManifests(out, man, st.sums)
-}
-
-// lockDir takes an exclusive flock on a directory; the returned func
-// releases it.
-func lockDir(dir string) (func(), error) {
-	f, err := os.Open(dir)
-	if err != nil {
-		return nil, err
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
-		f.Close()
-		return nil, err
-	}
-	return func() { f.Close() }, nil
 }
 
 func sortEpochs(es []EpochEntry) {

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/clipshard/clipshard/formats/array"
+	"github.com/clipshard/clipshard/formats/atomicfile"
 	"github.com/clipshard/clipshard/formats/npy"
 	"github.com/clipshard/clipshard/formats/regfile"
 	"github.com/clipshard/clipshard/manifests"
@@ -23,6 +24,19 @@ import (
 // every sample's windows against the dataset. The error is non-nil only
 // when epochs.json cannot be used.
 func Verify(dir string, o manifests.VerifyOptions) (*manifests.Report, error) {
+	// The manifest and the listing are taken while no run commits (a
+	// commit renames an epoch folder and rewrites the manifests under the
+	// directory's lock); the hashing below runs without the lock.
+	unlock, err := LockDirShared(dir)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", manifests.ErrManifest, err)
+	}
+	locked := true
+	defer func() {
+		if locked {
+			unlock()
+		}
+	}()
 	man, err := LoadEpochs(dir)
 	if err != nil {
 		return nil, err
@@ -43,13 +57,29 @@ func Verify(dir string, o manifests.VerifyOptions) (*manifests.Report, error) {
 	}
 	present := map[string]bool{}
 	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
+		if err != nil {
 			return nil
 		}
 		rel, _ := filepath.Rel(dir, p)
 		rel = filepath.ToSlash(rel)
+		if d.IsDir() {
+			var e int
+			if n, _ := fmt.Sscanf(rel, ".partial-epoch-%04d", &e); n == 1 && rel == ".partial-"+epochDir(e) {
+				if EpochInProgress(dir, e) {
+					r.InProgress = append(r.InProgress, rel)
+				} else {
+					r.Add(manifests.Problem{File: rel, What: fmt.Sprintf("left by a killed shuffle: a re-run of epoch %d, or shuffle --drop %d:%d, removes it", e, e, e+1)})
+				}
+				return fs.SkipDir
+			}
+			return nil
+		}
 		if strings.HasPrefix(rel, LockPrefix) {
 			return nil // a run's epoch claim, not output
+		}
+		if strings.HasPrefix(rel, atomicfile.TempPrefix) {
+			r.Add(manifests.Problem{File: rel, What: "temporary file of a manifest write that a killed shuffle left; the next shuffle into this directory removes it"})
+			return nil
 		}
 		present[rel] = true
 		if !want[rel] {
@@ -63,6 +93,8 @@ func Verify(dir string, o manifests.VerifyOptions) (*manifests.Report, error) {
 		}
 	}
 	sums, err := manifests.ReadSums(filepath.Join(dir, man.Files.Sums))
+	unlock()
+	locked = false
 	if err != nil {
 		r.Add(manifests.Problem{File: man.Files.Sums, What: err.Error()})
 	} else {
