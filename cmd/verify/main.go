@@ -22,11 +22,13 @@ Check a dataset directory written by convert (found by its dataset.json):
              dataset.json, index.npy, clips.parquet and dataset.json agree,
              offsets contiguous, and the sha256 of every file (SHA256SUMS)
   --deep     also the xxHash64 of every clip of every blob (names the clip)
-  --sources  also re-decode every source and compare with the blob; reports
-             sources changed since conversion and content drift, by clip
+  --sources  also re-decode every source and compare it, converted, with
+             the clip's rows in the blob; reports sources changed since
+             conversion and content drift, by clip
 or an epochs directory written by shuffle (found by its epochs.json):
   default    files present and no others, shard headers, equal shares per
-             rank, and the sha256 of every file
+             rank, and the sha256 of every file; an epoch a running
+             shuffle is writing is reported as in progress, not a problem
   --deep     also re-derive every epoch's samples from the seed and check
              every sample's windows against the dataset
 
