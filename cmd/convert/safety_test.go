@@ -2,7 +2,6 @@ package main_test
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -241,7 +240,7 @@ func TestKillAtFaultPoints(t *testing.T) {
 				}
 				return runConvert(t, env, args(out)...)
 			})
-			for _, k := range spread(t, len(points), 20) {
+			for _, k := range clitest.Spread(t, len(points), 20) {
 				t.Run(fmt.Sprintf("%d-%s", k, points[k-1]), func(t *testing.T) {
 					parent := t.TempDir()
 					out := filepath.Join(parent, "ds")
@@ -276,27 +275,6 @@ func TestKillAtFaultPoints(t *testing.T) {
 			}
 		})
 	}
-}
-
-// spread picks about n of the points 1..total: all of them if there are
-// few more, otherwise evenly spaced from a random start, and the last
-// one always (the commit's). The choice is logged: a failure names its point.
-func spread(t *testing.T, total, n int) []int {
-	t.Helper()
-	var ks []int
-	if total <= n+n/2 {
-		for k := 1; k <= total; k++ {
-			ks = append(ks, k)
-		}
-	} else {
-		off := rand.IntN(total / n)
-		for i := range n - 1 {
-			ks = append(ks, 1+off+i*total/n)
-		}
-		ks = append(ks, total)
-	}
-	t.Logf("%d kill points, killing at %v", total, ks)
-	return ks
 }
 
 func sameFiles(a, b map[string][]byte) bool {

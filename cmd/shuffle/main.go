@@ -115,14 +115,11 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		fmt.Fprintln(stderr, "shuffle: give --epochs or --epoch-range, not both")
 		return 2
 	case epochRange != "":
-		a, b, ok := strings.Cut(epochRange, ":")
-		ai, err1 := strconv.Atoi(a)
-		bi, err2 := strconv.Atoi(b)
-		if !ok || err1 != nil || err2 != nil {
-			fmt.Fprintf(stderr, "shuffle: --epoch-range %q: want A:B\n", epochRange)
+		var err error
+		if o.EpochStart, o.EpochEnd, err = parseRange("--epoch-range", epochRange); err != nil {
+			fmt.Fprintln(stderr, "shuffle:", err)
 			return 2
 		}
-		o.EpochStart, o.EpochEnd = ai, bi
 	case epochs > 0:
 		o.EpochStart, o.EpochEnd = 0, epochs
 	default:
@@ -207,6 +204,17 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	return 0
 }
 
+// parseRange parses A:B for the flag named.
+func parseRange(flag, s string) (int, int, error) {
+	a, b, ok := strings.Cut(s, ":")
+	ai, err1 := strconv.Atoi(a)
+	bi, err2 := strconv.Atoi(b)
+	if !ok || err1 != nil || err2 != nil {
+		return 0, 0, fmt.Errorf("%s %q: want A:B", flag, s)
+	}
+	return ai, bi, nil
+}
+
 // runDrop is shuffle --out EDIR --drop A:B.
 func runDrop(fs *flag.FlagSet, out, drop string, jsonOut bool, stdout, stderr io.Writer) int {
 	var other []string
@@ -219,11 +227,9 @@ func runDrop(fs *flag.FlagSet, out, drop string, jsonOut bool, stdout, stderr io
 		fmt.Fprintf(stderr, "shuffle: --drop takes --out EDIR only (not %s)\n", strings.Join(append(other, fs.Args()...), " "))
 		return 2
 	}
-	a, b, ok := strings.Cut(drop, ":")
-	ai, err1 := strconv.Atoi(a)
-	bi, err2 := strconv.Atoi(b)
-	if !ok || err1 != nil || err2 != nil {
-		fmt.Fprintf(stderr, "shuffle: --drop %q: want A:B\n", drop)
+	ai, bi, err := parseRange("--drop", drop)
+	if err != nil {
+		fmt.Fprintln(stderr, "shuffle:", err)
 		return 2
 	}
 	dropped, err := shuffle.Drop(out, ai, bi)

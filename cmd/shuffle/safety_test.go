@@ -3,7 +3,6 @@ package main_test
 import (
 	"encoding/json"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -265,14 +264,28 @@ func TestDatasetDisagrees(t *testing.T) {
 			})
 		}
 	}
-	// The blob's header disagreeing with dataset.json.
+	// A dataset (of an earlier version) with a modality named "samples".
 	bad := filepath.Join(t.TempDir(), "ds")
+	copyTree(t, ds, bad)
+	d := must(manifests.LoadDataset(bad))
+	d.Modality("emotion").Name = "samples"
+	d.Write(bad)
+	out := filepath.Join(t.TempDir(), "ep")
+	r := shuffleRun(t, nil, base(bad, out, "--epochs", "1")...)
+	if r.Code != 1 || !strings.Contains(r.Stderr, `modality "samples" collides`) {
+		t.Fatalf("samples: %d %q", r.Code, r.Stderr)
+	}
+	if _, err := os.Stat(out); err == nil {
+		t.Fatal("output made")
+	}
+	// The blob's header disagreeing with dataset.json.
+	bad = filepath.Join(t.TempDir(), "ds")
 	copyTree(t, ds, bad)
 	p := filepath.Join(bad, "emotion.npy")
 	b := must(os.ReadFile(p))
 	copy(b[strings.Index(string(b[:200]), "(599,"):], "(598,")
 	os.WriteFile(p, b, 0o644)
-	r := shuffleRun(t, nil, base(bad, filepath.Join(t.TempDir(), "ep"), "--epochs", "1")...)
+	r = shuffleRun(t, nil, base(bad, filepath.Join(t.TempDir(), "ep"), "--epochs", "1")...)
 	if r.Code != 1 || !strings.Contains(r.Stderr, "emotion.npy: npy: invalid file: 16 trailing bytes after the 9568 data bytes of <f2 [598, 8] (run verify)") {
 		t.Fatalf("header: %d %q", r.Code, r.Stderr)
 	}
@@ -373,7 +386,7 @@ func TestKillAtFaultPoints(t *testing.T) {
 				t.Fatal(r.Stderr)
 			}
 			points := strings.Fields(string(must(os.ReadFile(log))))
-			for _, k := range spread(t, len(points), 20) {
+			for _, k := range clitest.Spread(t, len(points), 20) {
 				t.Run(fmt.Sprintf("%d-%s", k, points[k-1]), func(t *testing.T) {
 					out := filepath.Join(t.TempDir(), "ep")
 					prepare(t, out)
@@ -414,25 +427,4 @@ func TestKillAtFaultPoints(t *testing.T) {
 			}
 		})
 	}
-}
-
-// spread picks about n of the points 1..total: all of them if there are
-// few more, otherwise evenly spaced from a random start, and the last one
-// always. The choice is logged: a failure names its point.
-func spread(t *testing.T, total, n int) []int {
-	t.Helper()
-	var ks []int
-	if total <= n+n/2 {
-		for k := 1; k <= total; k++ {
-			ks = append(ks, k)
-		}
-	} else {
-		off := rand.IntN(total / n)
-		for i := range n - 1 {
-			ks = append(ks, 1+off+i*total/n)
-		}
-		ks = append(ks, total)
-	}
-	t.Logf("%d kill points, killing at %v", total, ks)
-	return ks
 }

@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -145,4 +146,26 @@ func CopyTree(t testing.TB, src, dst string) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// Spread picks about n of the points 1..total for a crash test: all of
+// them if there are few more, otherwise evenly spaced from a random start,
+// and the last one always (a commit's). The choice is logged, so that a
+// failure names its point.
+func Spread(t testing.TB, total, n int) []int {
+	t.Helper()
+	var ks []int
+	if total <= n+n/2 {
+		for k := 1; k <= total; k++ {
+			ks = append(ks, k)
+		}
+	} else {
+		off := rand.IntN(total / n)
+		for i := range n - 1 {
+			ks = append(ks, 1+off+i*total/n)
+		}
+		ks = append(ks, total)
+	}
+	t.Logf("%d kill points, killing at %v", total, ks)
+	return ks
 }

@@ -329,6 +329,9 @@ func newJob(o Options) (*job, error) {
 	}
 	j := &job{o: o, ds: ds, starts: starts, lengths: lengths}
 	for _, m := range ds.Modalities {
+		if strings.EqualFold(m.Name, "samples") {
+			return nil, fmt.Errorf("%w: %s: modality %q collides with the shards' samples files; convert again with another name", manifests.ErrManifest, o.Dataset, m.Name)
+		}
 		dt, _, err := array.ParseDescr(m.DType)
 		if err != nil {
 			return nil, err
