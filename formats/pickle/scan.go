@@ -94,6 +94,18 @@ var opcodes = func() [256]opInfo {
 // size; a pickle of numpy arrays has a few per array.
 const MaxOpcodes = 1 << 20
 
+// Bounds on numbers: LONG1/LONG4 integers (bytes) and the text lines of
+// INT, LONG, FLOAT, GET and PUT. Arbitrary-precision integers decode in
+// quadratic time, so a small file could cost minutes.
+const (
+	maxIntBytes   = 16
+	maxNumberLine = 64
+	// maxMarks bounds the MARKs open at once: each makes the unpickler
+	// set a stack aside, and a pickle of numpy arrays nests containers a
+	// few levels deep.
+	maxMarks = 1000
+)
+
 // scanner reads a pickle held by an io.ReaderAt through a small window,
 // skipping over payloads without reading them.
 type scanner struct {
@@ -141,7 +153,7 @@ func scan(r io.ReaderAt, size int64, mem []byte) error {
 	if mem == nil {
 		s.win, s.woff = make([]byte, 0, min(size, 64<<10)), -1
 	}
-	ops := 0
+	ops, marks := 0, 0
 	if size == 0 {
 		return fmt.Errorf("%w: empty file", ErrTruncated)
 	}
@@ -208,6 +220,11 @@ func scan(r io.ReaderAt, size int64, mem []byte) error {
 			case 8:
 				n = binary.LittleEndian.Uint64(b)
 			}
+			if (op == 0x8a || op == 0x8b) && n > maxIntBytes { // LONG1, LONG4
+				// Python ints of any size decode in time quadratic in their
+				// length; numpy pickles never need one beyond 64 bits.
+				return fmt.Errorf("%w: %s at offset %d is an integer of %d bytes; a pickle of numpy arrays needs at most %d", ErrRefused, info.name, at, n, maxIntBytes)
+			}
 			if info.kind == argFrame {
 				// The frame's contents are opcodes: check its length, then
 				// keep scanning inside it.
@@ -222,10 +239,14 @@ func scan(r io.ReaderAt, size int64, mem []byte) error {
 			if info.kind == argLine2 {
 				lines = 2
 			}
+			numeric := op == 'I' || op == 'L' || op == 'F' || op == 'g' || op == 'p'
 			for l := 0; l < lines; l++ {
-				for {
+				for start := s.off; ; {
 					if s.off >= size {
 						return fmt.Errorf("%w: %s at offset %d: line not terminated before the end of the file", ErrTruncated, info.name, at)
+					}
+					if numeric && s.off-start > maxNumberLine {
+						return fmt.Errorf("%w: %s at offset %d: a number longer than %d characters; a pickle of numpy arrays has none", ErrRefused, info.name, at, maxNumberLine)
 					}
 					c, rerr := s.byteAt(s.off)
 					if rerr != nil {
@@ -242,6 +263,14 @@ func scan(r io.ReaderAt, size int64, mem []byte) error {
 		}
 		if err != nil {
 			return err
+		}
+		switch op {
+		case '(': // MARK
+			if marks++; marks > maxMarks {
+				return fmt.Errorf("%w: more than %d MARKs open at once (at offset %d): not a pickle of numpy arrays", ErrRefused, maxMarks, at)
+			}
+		case 'e', 'u', 't', 'l', 'd', '1', 0x90, 0x91: // APPENDS, SETITEMS, TUPLE, LIST, DICT, POP_MARK, ADDITEMS, FROZENSET
+			marks = max(0, marks-1)
 		}
 		if op == 0x80 { // PROTO
 			if v, _ := s.byteAt(at + 1); v > 5 {
