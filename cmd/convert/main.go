@@ -56,7 +56,7 @@ func (m *multi) String() string     { return strings.Join(*m, ",") }
 func (m *multi) Set(s string) error { *m = append(*m, s); return nil }
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	ui.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
 // splitMerge takes the part directories that follow --merge out of args

@@ -48,7 +48,7 @@ Exit status: 0 done or up to date; 1 failure; 2 usage error (including not
 enough free space).
 `
 
-func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+func main() { ui.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 // parseSize parses 2GiB, 512MiB, 1G, 1000000.
 func parseSize(s string) (int64, error) {

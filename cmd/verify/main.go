@@ -44,7 +44,7 @@ Exit status: 0 intact; 1 problems found (each printed: file, clip, what);
 `
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	ui.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
 func run(args []string, stdout, stderr io.Writer) (code int) {

@@ -5,14 +5,21 @@ package clitest
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io/fs"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/x448/float16"
+
+	"github.com/clipshard/clipshard/formats/array"
+	"github.com/clipshard/clipshard/formats/npy"
 )
 
 // Build builds the command in the current directory (a test's package)
@@ -42,9 +49,13 @@ func Main(m *testing.M, name string, bin *string) {
 }
 
 // Result is how a run ended. Code is -1 when the process was killed.
+// MaxRSS is the command's peak resident memory (VmHWM, as it reports it
+// when it exits; 0 if killed), and Elapsed its wall time.
 type Result struct {
 	Code           int
 	Stdout, Stderr string
+	MaxRSS         int64
+	Elapsed        time.Duration
 }
 
 // RunTimeout bounds a Run: a command that hangs (on a FIFO, say) fails
@@ -59,10 +70,13 @@ func Run(t testing.TB, bin string, env []string, args ...string) Result {
 	ctx, cancel := context.WithTimeout(context.Background(), RunTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Env = append(append(os.Environ(), "SOURCE_DATE_EPOCH=1700000000"), env...)
+	peak := filepath.Join(t.TempDir(), "peak")
+	cmd.Env = append(append(os.Environ(), "SOURCE_DATE_EPOCH=1700000000", "CLIPSHARD_PEAK_FILE="+peak), env...)
 	var so, se bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &so, &se
+	began := time.Now()
 	err := cmd.Run()
+	elapsed := time.Since(began)
 	code := 0
 	if ee, ok := err.(*exec.ExitError); ok {
 		code = ee.ExitCode()
@@ -78,7 +92,12 @@ func Run(t testing.TB, bin string, env []string, args ...string) Result {
 	if bytes.Contains(se.Bytes(), []byte("goroutine ")) {
 		t.Fatalf("%s printed a stack trace:\n%s", filepath.Base(bin), se.String())
 	}
-	return Result{code, so.String(), se.String()}
+	var rss int64
+	if b, err := os.ReadFile(peak); err == nil {
+		fmt.Sscanf(string(b), "%d kB", &rss)
+		rss <<= 10
+	}
+	return Result{code, so.String(), se.String(), rss, elapsed}
 }
 
 // Tree returns every regular file under dir, by slash path relative to dir.
@@ -168,4 +187,41 @@ func Spread(t testing.TB, total, n int) []int {
 	}
 	t.Logf("%d kill points, killing at %v", total, ks)
 	return ks
+}
+
+// BigNPY writes a C-order .npy of rows x cols values of dt (float16, 32 or
+// 64) at path, in pieces (memory stays small whatever its size): finite
+// values in [-2, 2) that vary with row and column, so that every clip's
+// bytes differ.
+func BigNPY(t testing.TB, path string, dt array.DType, rows, cols int) {
+	t.Helper()
+	w, err := npy.Create(path, dt, []int{cols})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Abort()
+	const piece = 4096 // rows
+	buf := make([]byte, 0, piece*cols*dt.Size)
+	for r0 := 0; r0 < rows; r0 += piece {
+		buf = buf[:0]
+		for r := r0; r < min(rows, r0+piece); r++ {
+			for c := 0; c < cols; c++ {
+				v := float64((r*31+c*7)%4096)/1024 - 2
+				switch dt.Size {
+				case 2:
+					buf = binary.LittleEndian.AppendUint16(buf, float16.Fromfloat32(float32(v)).Bits())
+				case 4:
+					buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(float32(v)))
+				default:
+					buf = binary.LittleEndian.AppendUint64(buf, math.Float64bits(v))
+				}
+			}
+		}
+		if _, err := w.Write(buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -89,3 +90,25 @@ func Recover(stderr io.Writer, cmd string, code *int) {
 		*code = 1
 	}
 }
+
+// Exit reports the peak memory (see PeakFileEnv) and exits with code; the
+// commands' mains end with it.
+func Exit(code int) {
+	if p := os.Getenv(PeakFileEnv); p != "" {
+		if b, err := os.ReadFile("/proc/self/status"); err == nil {
+			for _, line := range strings.Split(string(b), "\n") {
+				if strings.HasPrefix(line, "VmHWM:") {
+					os.WriteFile(p, []byte(strings.TrimSpace(strings.TrimPrefix(line, "VmHWM:"))+"\n"), 0o644)
+				}
+			}
+		}
+	}
+	os.Exit(code)
+}
+
+// PeakFileEnv names the environment variable that asks a command to write
+// its peak resident memory (VmHWM, e.g. "65536 kB") into a file as it
+// exits: the tests' measure of --mem. (getrusage of a child counts the
+// memory of the process that started it, which the child shares until it
+// execs.)
+const PeakFileEnv = "CLIPSHARD_PEAK_FILE"

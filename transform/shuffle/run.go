@@ -142,16 +142,23 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		res.UpToDate, res.Manifest, res.Elapsed = true, j.man, time.Since(began)
 		return res, nil
 	}
-	// Count each epoch's samples first (the lists themselves are derived
-	// again per group): the sample lists of all epochs at once could
-	// outgrow the memory budget on a large dataset.
+	// Count each epoch's samples first, without making the lists (they
+	// are made per group of epochs, within the memory budget): sizes and
+	// refusals come before anything is allocated.
+	metaBudget := j.o.Mem / 4
 	var counts []epochCount
 	var files int64 // shard files to write
 	for _, e := range todo {
-		all := Samples(j.lengths, j.o.Sampling, j.o.Seed, e)
-		per, dropped := RankSplit(len(all), j.o.WorldSize)
+		n := CountSamples(j.lengths, j.o.Sampling, j.o.Seed, e)
+		per, dropped := RankSplit(int(n), j.o.WorldSize)
 		if per == 0 && !j.o.AllowEmpty {
-			return nil, j.emptyErr(e, len(all))
+			return nil, j.emptyErr(e, int(n))
+		}
+		// One epoch's plan is made whole: it may take a quarter of --mem
+		// and part of the 64 MiB beyond it that the budget allows.
+		if meta := j.epochMeta(n); meta > metaBudget+metaSlack {
+			return nil, fmt.Errorf("%w: epoch %d has %d samples: planning it takes %s (%d bytes a sample, and the shards' entries), more than a quarter of --mem %s and %s; give --mem %s or more, or cut fewer samples (a larger --window, a smaller --per-clip)",
+				ErrUsage, e, n, sizeString(meta), sampleMeta, sizeString(j.o.Mem), sizeString(metaSlack), sizeString(4*(meta-metaSlack)))
 		}
 		res.Dropped[e] = dropped
 		counts = append(counts, epochCount{e, per * j.o.WorldSize})
@@ -171,7 +178,6 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	// Epochs are processed in groups whose sample metadata fits a quarter
 	// of --mem. The in-memory path needs the blobs to fit the other three
 	// quarters.
-	metaBudget := j.o.Mem / 4
 	res.External = res.DataBytes > j.o.Mem-metaBudget
 	j.ext = res.External
 	groups := groupEpochs(counts, metaBudget)
@@ -432,6 +438,33 @@ func (j *job) plan(epochs []int) {
 	j.total = base
 }
 
+// epochMeta is the memory that planning an epoch of n samples takes: its
+// samples and the entries of its shards (in the plan and the manifest).
+func (j *job) epochMeta(n int64) int64 {
+	shards := int64(j.o.WorldSize) + n/int64(j.o.ShardSize)
+	return n*sampleMeta + shards*int64(shardMeta+64*len(j.mods))
+}
+
+// metaSlack is how far one epoch's plan may go past a quarter of --mem.
+const metaSlack = 16 << 20
+
+// shardMeta is about what a shard's entries take in the plan and the
+// manifest, besides 64 bytes per modality file.
+const shardMeta = 512
+
+// sizeString words a byte count for a person: 2.5GiB.
+func sizeString(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1fGiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1fMiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1fKiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%dB", n)
+}
+
 // sampleMeta is the memory a planned sample takes: its Sample in the
 // epoch's list and, on the external path, its position in the per-clip
 // index.
@@ -642,12 +675,17 @@ func (j *job) external(ctx context.Context, s *sink) error {
 	}
 	defer s.quiesce()
 
-	// Which samples (by global position) come from each clip, in order.
+	// Which samples (by global position) come from each clip, in the
+	// order pass 1 meets them: by start, then position (a clip larger
+	// than a read is read in pieces, in the order of its frames).
 	byClip := make([][]int64, len(j.lengths))
 	for _, ep := range j.epochs {
 		for i, smp := range ep.samples {
 			byClip[smp.Clip] = append(byClip[smp.Clip], ep.base+int64(i))
 		}
+	}
+	for _, list := range byClip {
+		slices.SortFunc(list, j.passOneOrder)
 	}
 
 	// Pass 1: a goroutine reads the blobs a run of clips at a time, in
@@ -742,15 +780,22 @@ func (j *job) external(ctx context.Context, s *sink) error {
 	pending := make([][][]byte, len(piles)*nm)
 	var touched []int
 	var done int64
+	c, next := 0, 0 // pass 1's place: the next sample is byClip[c][next]
 	for ch := range chunks {
 		if ch.err != nil {
 			return ch.err
 		}
 		b := &batch{ch: ch, lists: make([][]pileWrite, nWriters)}
-		for c := ch.c0; c < ch.c1; c++ {
-			for _, pos := range byClip[c] {
+		// The samples that start in the chunk's frames [g0, g1): the next
+		// ones of clip c on.
+		for ; c < len(byClip) && j.starts[c] < ch.g1; c++ {
+			for ; next < len(byClip[c]); next++ {
+				pos := byClip[c][next]
 				ep, i := j.position(pos)
 				smp := ep.samples[i]
+				if j.starts[c]+smp.Start >= ch.g1 {
+					break
+				}
 				p := pileOf(pos)
 				if len(pending[p*nm]) == 0 {
 					touched = append(touched, p)
@@ -768,7 +813,10 @@ func (j *job) external(ctx context.Context, s *sink) error {
 				}
 				done++
 			}
-			byClip[c] = nil
+			if next < len(byClip[c]) {
+				break // the clip goes on in the next chunk
+			}
+			byClip[c], next = nil, 0
 		}
 		for _, p := range touched {
 			w := shardOf[p] % nWriters
@@ -819,11 +867,11 @@ func (j *job) external(ctx context.Context, s *sink) error {
 
 // orderShard puts in order the samples of the shard un, which pass 1
 // left in its files (paths, one per modality) as piles, each in the
-// order pass 1 met its samples (by clip, then position); it writes the
+// order pass 1 met its samples (see passOneOrder); it writes the
 // shard's headers and samples file, hashes every file and reports the
 // shard.
 func (j *job) orderShard(ctx context.Context, c *cursor, un unit, piles []pile, paths []string, region []int64) error {
-	ep, n := &j.epochs[un.ep], int(un.hi-un.lo)
+	n := int(un.hi - un.lo)
 	nm := len(j.mods)
 	files := make([]*os.File, nm)
 	defer func() {
@@ -862,10 +910,7 @@ func (j *job) orderShard(ctx context.Context, c *cursor, un unit, piles []pile, 
 		for pos := pl.lo; pos < pl.hi; pos++ {
 			order = append(order, pos)
 		}
-		clip := func(pos int64) int64 { return ep.samples[pos-ep.base].Clip }
-		slices.SortFunc(order, func(a, b int64) int {
-			return cmp.Or(cmp.Compare(clip(a), clip(b)), cmp.Compare(a, b))
-		})
+		slices.SortFunc(order, j.passOneOrder)
 		slot := make([]int64, pl.hi-pl.lo) // slot[pos-lo]: where pos is in the pile
 		for i, pos := range order {
 			slot[pos-pl.lo] = int64(i)
@@ -1003,10 +1048,21 @@ func sameFile(f *os.File, p string) bool {
 // relJoin joins slash paths for manifests.
 func relJoin(parts ...string) string { return strings.Join(parts, "/") }
 
-// chunk is a run of clips [c0, c1) of the dataset, read from every
-// modality's blob: rows[k] holds blob k's rows from row first[k] on.
+// passOneOrder orders global positions as pass 1 meets their samples: by
+// clip, start, then position.
+func (j *job) passOneOrder(a, b int64) int {
+	ea, ia := j.position(a)
+	eb, ib := j.position(b)
+	sa, sb := ea.samples[ia], eb.samples[ib]
+	return cmp.Or(cmp.Compare(sa.Clip, sb.Clip), cmp.Compare(sa.Start, sb.Start), cmp.Compare(a, b))
+}
+
+// chunk is a run of the dataset's frames, read from every modality's
+// blob: the samples that start in frames [g0, g1) (global frame numbers,
+// as in index.npy) are cut from it. rows[k] holds blob k's rows from row
+// first[k] = g0*rate on, through frame g1 plus a window (or the end).
 type chunk struct {
-	c0, c1 int
+	g0, g1 int64
 	first  []int64
 	rows   [][]byte
 	err    error
@@ -1016,10 +1072,15 @@ type chunk struct {
 // release hands the chunk's buffers back to the reader.
 func (c *chunk) release() { c.free <- c }
 
-// readChunks reads the dataset's clips in order, strictly sequentially,
-// runs of clips of about limit bytes (one clip if larger), from a
-// goroutine that runs up to three runs ahead of the receiver, which
-// releases each run when done with it; stop ends the goroutine.
+// readChunks reads the dataset's frames in order, in runs of about limit
+// bytes over all modalities (a clip larger than that is read in pieces),
+// from a goroutine that runs up to three runs ahead of the receiver, which
+// releases each run when done with it; stop ends the goroutine. Reads are
+// sequential: each run starts where the last one's frames end, and also
+// reads the window after them again (those rows were just read, and are
+// in the page cache), so that every sample that starts in a run lies
+// whole in it. The buffers are bounded by limit plus a window, whatever
+// the size of a clip.
 func (j *job) readChunks(limit int64) (<-chan *chunk, func(), error) {
 	var files []*os.File
 	closeFiles := func() {
@@ -1047,36 +1108,36 @@ func (j *job) readChunks(limit int64) (<-chan *chunk, func(), error) {
 	for _, m := range j.mods {
 		frameBytes += m.rate * m.rowBytes
 	}
-	clipBytes := func(c int) int64 { return j.lengths[c] * frameBytes }
+	total := j.ds.Frames
+	w := int64(j.o.Sampling.Window)
+	step := max(1, limit/max(1, frameBytes)) // frames a run starts
+	clipAt := func(g int64) int {            // the clip frame g belongs to
+		return sort.Search(len(j.starts), func(c int) bool { return j.starts[c]+j.lengths[c] > g })
+	}
 	go func() {
 		defer close(finished)
 		defer close(out)
 		defer closeFiles()
-		for c0 := 0; c0 < len(j.lengths); {
-			c1, size := c0+1, clipBytes(c0)
-			for c1 < len(j.lengths) && size+clipBytes(c1) <= limit {
-				size += clipBytes(c1)
-				c1++
-			}
+		for g0 := int64(0); g0 < total; g0 += step {
+			g1 := min(total, g0+step)
+			end := min(total, g1+w)
 			var ch *chunk
 			select {
 			case ch = <-free:
 			case <-quit:
 				return
 			}
-			ch.c0, ch.c1 = c0, c1
+			ch.g0, ch.g1 = g0, g1
 			for k, m := range j.mods {
-				first := j.starts[c0] * m.rate
-				n := ((j.starts[c1-1]+j.lengths[c1-1])*m.rate - first) * m.rowBytes
+				first := g0 * m.rate
+				n := (end - g0) * m.rate * m.rowBytes
 				ch.first[k] = first
 				if int64(cap(ch.rows[k])) < n {
-					// The modality's share of limit (runs differ a little).
-					share := limit * m.rate * m.rowBytes / frameBytes
-					ch.rows[k] = make([]byte, n, max(n, share+share/8))
+					ch.rows[k] = make([]byte, n, max(n, (step+w)*m.rate*m.rowBytes))
 				}
 				ch.rows[k] = ch.rows[k][:n]
 				if _, err := files[k].ReadAt(ch.rows[k], m.dataOffset+first*m.rowBytes); err != nil {
-					ch.err = readErr(files[k].Name(), m.dataOffset+first*m.rowBytes, c0, err)
+					ch.err = readErr(files[k].Name(), m.dataOffset+first*m.rowBytes, clipAt(g0), err)
 					break
 				}
 			}
@@ -1088,7 +1149,6 @@ func (j *job) readChunks(limit int64) (<-chan *chunk, func(), error) {
 			if ch.err != nil {
 				return
 			}
-			c0 = c1
 		}
 	}()
 	stop := func() {

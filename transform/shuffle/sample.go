@@ -103,3 +103,29 @@ func RankSplit(n, worldSize int) (perRank, dropped int) {
 	perRank = n / worldSize
 	return perRank, n - perRank*worldSize
 }
+
+// CountSamples returns len(Samples(lengths, s, seed, epoch)) without
+// making the list: random sampling is counted arithmetically, tile
+// sampling makes its one draw per clip and keeps nothing. It costs
+// O(clips), whatever the number of samples.
+func CountSamples(lengths []int64, s Sampling, seed uint64, epoch int) int64 {
+	r := RNG(seed, epoch)
+	w := int64(s.Window)
+	var n int64
+	for _, l := range lengths {
+		if l < w {
+			if s.Short == "pad" && l > 0 {
+				n++
+			}
+			continue
+		}
+		switch s.Mode {
+		case "tile":
+			o := r.Int64N(min(w, l-w+1))
+			n += (l - o) / w
+		case "random":
+			n += int64(s.PerClip)
+		}
+	}
+	return n
+}

@@ -135,3 +135,20 @@ func TestRankSplit(t *testing.T) {
 		}
 	}
 }
+
+// TestCountSamples: the count made without the list equals the list's
+// length, for every mode, window and short rule.
+func TestCountSamples(t *testing.T) {
+	lengths := randomLengths(700, 5)
+	for _, s := range []shuffle.Sampling{
+		{Window: 1, Mode: "tile", Short: "skip"}, {Window: 15, Mode: "tile", Short: "pad"},
+		{Window: 64, Mode: "tile", Short: "skip"}, {Window: 250, Mode: "tile", Short: "pad"},
+		{Window: 15, Mode: "random", PerClip: 3, Short: "skip"}, {Window: 40, Mode: "random", PerClip: 1, Short: "pad"},
+	} {
+		for epoch := range 3 {
+			if got, want := shuffle.CountSamples(lengths, s, 9, epoch), int64(len(shuffle.Samples(lengths, s, 9, epoch))); got != want {
+				t.Errorf("%+v epoch %d: counted %d, the list has %d", s, epoch, got, want)
+			}
+		}
+	}
+}
