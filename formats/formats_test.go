@@ -172,3 +172,44 @@ func TestDirs(t *testing.T) {
 		t.Fatalf("missing folder: %v", err)
 	}
 }
+
+// TestNPYRows: every readable .npy fixture (byte orders, Fortran order,
+// 1-d to 3-d), read a few rows at a time, gives the bytes Load gives.
+func TestNPYRows(t *testing.T) {
+	paths, _ := filepath.Glob(filepath.Join(fixtures, "npy", "*.npy"))
+	read := 0
+	for _, p := range paths {
+		want, err := formats.Load(p, "")
+		if err != nil || len(want.Shape) == 0 {
+			continue
+		}
+		s, err := formats.OpenNPYRows(nil, p)
+		if err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		a := s.Array()
+		if a.DType != want.DType || !reflect.DeepEqual(a.Shape, want.Shape) || a.SourceDescr != want.SourceDescr {
+			t.Errorf("%s: %v, Load says %v", p, a, want)
+		}
+		for _, step := range []int64{1, 2, 3, 1000} {
+			var raw, dst []byte
+			var got []byte
+			rows := int64(want.Shape[0])
+			for r := int64(0); r < rows; r += step {
+				b, err := s.Read(r, min(rows, r+step), &raw, &dst)
+				if err != nil {
+					t.Fatalf("%s rows %d+%d: %v", p, r, step, err)
+				}
+				got = append(got, b...)
+			}
+			if !bytes.Equal(got, want.Data) {
+				t.Errorf("%s, %d rows at a time: bytes differ from Load", p, step)
+			}
+		}
+		s.Close()
+		read++
+	}
+	if read < 8 {
+		t.Fatalf("only %d fixtures read", read)
+	}
+}

@@ -1,8 +1,11 @@
 package convert
 
 import (
+	"context"
 	"fmt"
+	"io/fs"
 	"math"
+	"os"
 	"slices"
 	"sync"
 
@@ -10,6 +13,7 @@ import (
 
 	"github.com/clipshard/clipshard/formats"
 	"github.com/clipshard/clipshard/formats/array"
+	"github.com/clipshard/clipshard/internal/faults"
 	"github.com/clipshard/clipshard/manifests"
 	"github.com/clipshard/clipshard/transform/f16"
 )
@@ -35,6 +39,8 @@ type modOut struct {
 	frameShape  []int
 	sourceDescr string
 	xxh         uint64
+	size        int64 // bytes of converted rows
+	stream      bool  // data is nil: the writer reads the source again (see processClip)
 	stats       f16.Stats
 	src         manifests.ClipSource
 }
@@ -66,15 +72,24 @@ func (c *clipOut) release() {
 
 // processClip decodes, checks, aligns and converts every modality of one
 // clip. Errors are returned in clipOut.err and name the clip, the
-// modality and the file.
-func (j *job) processClip(i int) *clipOut {
+// modality and the file. A .npy source larger than j.streamMin is not
+// loaded: it is read and converted a piece at a time, here to check it
+// and compute its hash and stats, and again by the writer (writeStream),
+// so that a clip larger than memory takes only a few pieces of it.
+func (j *job) processClip(ctx context.Context, i int) *clipOut {
 	id := j.clips[i]
 	out := &clipOut{index: i, mods: make([]modOut, len(j.opts.Modalities))}
 	arrays := make([]*array.Array, len(j.opts.Modalities))
 	srcBufs := make([]*[]byte, len(j.opts.Modalities))
+	streams := make([]*formats.NPYRows, len(j.opts.Modalities))
 	defer func() {
 		for _, b := range srcBufs {
 			putBuf(b)
+		}
+		for _, s := range streams {
+			if s != nil {
+				s.Close()
+			}
 		}
 	}()
 	fail := func(m Modality, path string, err error) *clipOut {
@@ -92,11 +107,20 @@ func (j *job) processClip(i int) *clipOut {
 	}
 	for k, m := range j.opts.Modalities {
 		path := m.Path(j.root, id)
-		b := getBuf(0)
-		srcBufs[k] = b
-		a, info, err := formats.LoadIntoDirs(&j.dirs, path, m.Keys, b)
-		if err != nil {
-			return fail(m, "", err)
+		var a *array.Array
+		var info fs.FileInfo
+		var err error
+		if j.streamed(m, path) {
+			if streams[k], err = formats.OpenNPYRows(&j.dirs, path); err != nil {
+				return fail(m, "", err)
+			}
+			a, info = streams[k].Array(), streams[k].Info
+		} else {
+			b := getBuf(0)
+			srcBufs[k] = b
+			if a, info, err = formats.LoadIntoDirs(&j.dirs, path, m.Keys, b); err != nil {
+				return fail(m, "", err)
+			}
 		}
 		out.bytesIn += info.Size()
 		if len(a.Shape) == 0 {
@@ -149,44 +173,178 @@ func (j *job) processClip(i int) *clipOut {
 		for _, d := range a.FrameShape() {
 			frameElems *= d
 		}
-		src := a.Data[:rows*int64(frameElems)*int64(a.DType.Size)]
 		mo.rows = rows
-		var st f16.Stats
+		mo.dtype = array.Float16
 		if m.KeepDType {
 			mo.dtype = a.DType
-			mo.buf = getBuf(len(src))
-			copy(*mo.buf, src)
-			// Audit only: NaN/Inf counts and the largest magnitude.
-			scratch := getBuf(2 * int(rows) * frameElems)
-			if err := f16.Convert(*scratch, src, a.DType, &st); err != nil {
-				putBuf(scratch)
-				return fail(m, mo.src.Path, err)
-			}
-			putBuf(scratch)
-			st.Overflow, st.Underflow = 0, 0
+		}
+		var c converted
+		var err error
+		if streams[k] != nil {
+			mo.stream = true
+			c, err = j.convertStream(ctx, streams[k], rows, m.KeepDType, nil)
 		} else {
-			mo.dtype = array.Float16
-			mo.buf = getBuf(2 * int(rows) * frameElems)
-			if err := f16.Convert(*mo.buf, src, a.DType, &st); err != nil {
-				return fail(m, mo.src.Path, err)
-			}
+			src := a.Data[:rows*int64(frameElems)*int64(a.DType.Size)]
+			mo.buf = getBuf(int(rows) * frameElems * mo.dtype.Size)
+			c, err = convertPiece(*mo.buf, src, a.DType, m.KeepDType, frameElems, 0)
+			mo.data = *mo.buf
 		}
-		mo.data = *mo.buf
-		mo.stats = st
-		if st.NaN+st.InfIn > 0 && !j.opts.AllowNonFinite {
-			return fail(m, mo.src.Path, fmt.Errorf("%d NaN and %d infinite values, first at row %d (pass --allow-nonfinite to keep them)",
-				st.NaN, st.InfIn, firstRow(src, a.DType, frameElems, isNonFinite)))
+		if err != nil {
+			return fail(m, mo.src.Path, err)
 		}
-		if st.Overflow > 0 && !j.opts.AllowOverflow {
-			return fail(m, mo.src.Path, fmt.Errorf("%d finite values overflow float16 to ±Inf (|x| >= 65520; largest %g), first at row %d (pass --allow-overflow, or --keep-dtype %s)",
-				st.Overflow, st.MaxAbs, firstRow(src, a.DType, frameElems, overflows), m.Name))
+		mo.stats, mo.xxh, mo.size = c.stats, c.xxh, c.size
+		if err := j.checkStats(m, c); err != nil {
+			return fail(m, mo.src.Path, err)
 		}
-		mo.xxh = xxhash.Sum64(mo.data)
 		mo.src.XXH64 = mo.xxh
 		out.cost += int64(len(mo.data))
 	}
 	out.journal = out.record(id)
 	return out
+}
+
+// converted is what converting a modality of a clip found: the stats, the
+// converted bytes' xxHash64 and size, and the first rows (clip rows, -1 if
+// none) holding a NaN or ±Inf and a value that overflows float16.
+type converted struct {
+	stats                  f16.Stats
+	xxh                    uint64
+	size                   int64
+	firstBad, firstOverflw int64
+}
+
+// convertPiece converts src (rows of frameElems elements of dt, C order,
+// little-endian) into dst as convert writes them (float16, or a copy with
+// keep), and returns what it found; row0 is the clip row of src's first.
+func convertPiece(dst, src []byte, dt array.DType, keep bool, frameElems int, row0 int64) (converted, error) {
+	c := converted{firstBad: -1, firstOverflw: -1}
+	if keep {
+		copy(dst, src)
+		// Audit only: NaN/Inf counts and the largest magnitude.
+		scratch := getBuf(2 * (len(src) / dt.Size))
+		err := f16.Convert(*scratch, src, dt, &c.stats)
+		putBuf(scratch)
+		if err != nil {
+			return c, err
+		}
+		c.stats.Overflow, c.stats.Underflow = 0, 0
+		dst = dst[:len(src)]
+	} else {
+		dst = dst[:2*(len(src)/dt.Size)]
+		if err := f16.Convert(dst, src, dt, &c.stats); err != nil {
+			return c, err
+		}
+	}
+	if c.stats.NaN+c.stats.InfIn > 0 {
+		c.firstBad = row0 + int64(firstRow(src, dt, frameElems, isNonFinite))
+	}
+	if c.stats.Overflow > 0 {
+		c.firstOverflw = row0 + int64(firstRow(src, dt, frameElems, overflows))
+	}
+	c.xxh = xxhash.Sum64(dst)
+	c.size = int64(len(dst))
+	return c, nil
+}
+
+// checkStats refuses non-finite values and float16 overflow unless
+// allowed.
+func (j *job) checkStats(m Modality, c converted) error {
+	st := c.stats
+	if st.NaN+st.InfIn > 0 && !j.opts.AllowNonFinite {
+		return fmt.Errorf("%d NaN and %d infinite values, first at row %d (pass --allow-nonfinite to keep them)",
+			st.NaN, st.InfIn, c.firstBad)
+	}
+	if st.Overflow > 0 && !j.opts.AllowOverflow {
+		return fmt.Errorf("%d finite values overflow float16 to ±Inf (|x| >= 65520; largest %g), first at row %d (pass --allow-overflow, or --keep-dtype %s)",
+			st.Overflow, st.MaxAbs, c.firstOverflw, m.Name)
+	}
+	return nil
+}
+
+// streamed reports whether the source of modality m at path is converted
+// a piece at a time: a .npy file larger than j.streamMin.
+func (j *job) streamed(m Modality, path string) bool {
+	if f, _ := formats.FormatOf(path); f != formats.NPY || m.Keys != "" {
+		return false
+	}
+	st, err := os.Stat(path)
+	return err == nil && st.Size() > j.streamMin
+}
+
+// pieceBytes is about how much of a source convertStream reads at a time.
+var pieceBytes int64 = 4 << 20
+
+// convertStream reads rows [0, rows) of s a piece at a time, converts
+// each, and hands it to write (if not nil); it returns what it found over
+// all pieces. It checks ctx between pieces.
+func (j *job) convertStream(ctx context.Context, s *formats.NPYRows, rows int64, keep bool, write func([]byte) error) (converted, error) {
+	all := converted{firstBad: -1, firstOverflw: -1}
+	h := xxhash.New()
+	step := max(1, pieceBytes/s.RowBytes())
+	raw, dst := getBuf(0), getBuf(0)
+	defer putBuf(raw)
+	defer putBuf(dst)
+	dt := s.Header.DType
+	outSize := 2
+	if keep {
+		outSize = dt.Size
+	}
+	out := getBuf(int(step * s.RowBytes() / int64(dt.Size) * int64(outSize)))
+	defer putBuf(out)
+	frameElems := int(s.RowBytes()) / dt.Size
+	for r := int64(0); r < rows; r += step {
+		if err := ctx.Err(); err != nil {
+			return all, err
+		}
+		faults.Point("convert.piece")
+		src, err := s.Read(r, min(rows, r+step), raw, dst)
+		if err != nil {
+			return all, err
+		}
+		c, err := convertPiece(*out, src, dt, keep, frameElems, r)
+		if err != nil {
+			return all, err
+		}
+		piece := (*out)[:c.size]
+		h.Write(piece)
+		all.stats.Add(c.stats)
+		all.size += c.size
+		if all.firstBad < 0 {
+			all.firstBad = c.firstBad
+		}
+		if all.firstOverflw < 0 {
+			all.firstOverflw = c.firstOverflw
+		}
+		if write != nil {
+			if err := write(piece); err != nil {
+				return all, err
+			}
+		}
+	}
+	all.xxh = h.Sum64()
+	return all, nil
+}
+
+// writeStream appends a streamed modality of a clip (see processClip) to
+// w: the source is read and converted again, a piece at a time, and must
+// give the bytes the worker hashed.
+func (j *job) writeStream(ctx context.Context, mo *modOut, keep bool, write func([]byte) error) error {
+	s, err := formats.OpenNPYRows(&j.dirs, mo.src.Path)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	if s.Info.Size() != mo.src.Size || s.Info.ModTime().UnixNano() != mo.src.MtimeNS {
+		return fmt.Errorf("%w: %s changed while it was being converted (run again)", ErrInput, mo.src.Path)
+	}
+	c, err := j.convertStream(ctx, s, mo.rows, keep, write)
+	if err != nil {
+		return err
+	}
+	if c.xxh != mo.xxh || c.size != mo.size {
+		return fmt.Errorf("%w: %s changed while it was being converted (its bytes differ from a moment ago; run again)", ErrInput, mo.src.Path)
+	}
+	return nil
 }
 
 // record encodes the journal record of a converted clip (here, in the

@@ -2,10 +2,10 @@ package convert
 
 import (
 	"context"
-	"os"
 
 	"github.com/clipshard/clipshard/formats"
 	"github.com/clipshard/clipshard/formats/npy"
+	"github.com/clipshard/clipshard/formats/regfile"
 )
 
 // predictMinClipBytes is the float16 output per clip, of the modality the
@@ -58,15 +58,11 @@ func (j *job) predictRows(ctx context.Context, from int, base int64) []int64 {
 // npyRows returns the leading dimension and the elements per row of the
 // .npy file at path.
 func npyRows(path string) (rows, frameElems int64, ok bool) {
-	f, err := os.Open(path)
+	f, st, err := regfile.Open(path) // a FIFO is not waited on
 	if err != nil {
 		return 0, 0, false
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return 0, 0, false
-	}
 	h, err := npy.ReadHeader(f, st.Size())
 	if err != nil || len(h.Shape) == 0 {
 		return 0, 0, false

@@ -49,6 +49,10 @@ type job struct {
 	staging     string // directory the dataset is built in
 	journalPath string
 	dirs        formats.Dirs // source folders kept open
+	// streamMin: a .npy source larger than this is converted a piece at a
+	// time (see processClip), so that the workers' clips stay within half
+	// the budget whatever their size.
+	streamMin int64
 }
 
 // modState is what the writer knows about a modality so far.
@@ -178,7 +182,7 @@ func newJob(o Options) (*job, error) {
 		return nil, err
 	}
 	o.Root = root
-	j := &job{opts: o, clips: clips, root: root}
+	j := &job{opts: o, clips: clips, root: root, streamMin: max(minStreamBytes, o.Budget/int64(4*o.Workers))}
 	parent, base := filepath.Split(out)
 	j.staging = filepath.Join(parent, ".clipshard-partial-"+base)
 	j.journalPath = j.staging + ".journal"
@@ -204,6 +208,10 @@ func newJob(o Options) (*job, error) {
 	}
 	return j, nil
 }
+
+// minStreamBytes is the smallest .npy source converted a piece at a time
+// (a variable for the tests).
+var minStreamBytes int64 = 1 << 20
 
 // PartRange returns the clip index range [lo, hi) of part i of n over a
 // list of total clips: contiguous, in order, sizes differing by at most one.
@@ -266,6 +274,7 @@ func (j *job) removeStale() {
 // writer is the state of the ordered writer.
 type writer struct {
 	job      *job
+	ctx      context.Context // the run's: streamed clips check it between pieces
 	journal  *journal
 	mods     []*modState
 	rows     []manifests.ClipRow
@@ -570,7 +579,16 @@ func (w *writer) write(c *clipOut) error {
 				return err
 			}
 		}
-		if _, err := st.w.Write(mo.data); err != nil {
+		var err error
+		if mo.stream {
+			err = j.writeStream(w.ctx, mo, j.opts.Modalities[k].KeepDType, func(p []byte) error {
+				_, err := st.w.Write(p)
+				return err
+			})
+		} else {
+			_, err = st.w.Write(mo.data)
+		}
+		if err != nil {
 			return fmt.Errorf("writing modality %q: %w", j.opts.Modalities[k].Name, err)
 		}
 		st.rows += mo.rows
@@ -578,8 +596,8 @@ func (w *writer) write(c *clipOut) error {
 		if !slices.Contains(st.descrs, mo.sourceDescr) {
 			st.descrs = append(st.descrs, mo.sourceDescr)
 		}
-		w.bytesOut += int64(len(mo.data))
-		w.unsynced += int64(len(mo.data))
+		w.bytesOut += mo.size
+		w.unsynced += mo.size
 		row.Sources[k] = mo.src
 	}
 	if err := w.journal.writeRaw(c.journal); err != nil {
@@ -640,8 +658,12 @@ func (w *writer) checkShapes(id string, c *clipOut) error {
 func (j *job) pipeline(ctx context.Context, w *writer, res *Result) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	w.ctx = ctx
 	n := len(j.clips)
-	b := newBudget(j.opts.Budget, w.next)
+	// Half the budget for converted clips waiting to be written; the
+	// other half for the clips the workers hold (each at most twice
+	// streamMin: its source and its converted rows).
+	b := newBudget(j.opts.Budget/2, w.next)
 	stop := context.AfterFunc(ctx, b.wake)
 	defer stop()
 
@@ -663,7 +685,7 @@ func (j *job) pipeline(ctx context.Context, w *writer, res *Result) error {
 		go func() {
 			defer wg.Done()
 			for i := range indices {
-				c := j.processClip(i)
+				c := j.processClip(ctx, i)
 				if !b.acquire(ctx, c.cost, i) {
 					c.release()
 					return

@@ -1,0 +1,89 @@
+package main_test
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/clipshard/clipshard/formats/array"
+	"github.com/clipshard/clipshard/internal/clitest"
+	"github.com/clipshard/clipshard/manifests"
+)
+
+// bigClipSources writes a clip list of three clips, the middle one a
+// frames x 1024 float32 .npy (4 KiB a frame), and returns the list.
+func bigClipSources(t *testing.T, frames int) string {
+	t.Helper()
+	src := t.TempDir()
+	os.MkdirAll(filepath.Join(src, "f"), 0o755)
+	for i, n := range []int{500, frames, 300} {
+		clitest.BigNPY(t, filepath.Join(src, "f", []string{"a", "b", "c"}[i]+".npy"), array.Float32, n, 1024)
+	}
+	list := filepath.Join(src, "clips.txt")
+	os.WriteFile(list, []byte("a\nb\nc\n"), 0o644)
+	return list
+}
+
+// TestMemoryBounded: a .npy clip larger than --mem is converted in pieces:
+// peak RSS of the real binary stays under --mem + 64 MiB (it held the
+// whole clip and its float16 copy before), and the dataset is exact.
+func TestMemoryBounded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("writes a 384 MiB clip; run without -short")
+	}
+	list := bigClipSources(t, 96<<10) // 384 MiB of float32
+	for _, workers := range []string{"1", "2"} {
+		out := filepath.Join(t.TempDir(), "ds")
+		r := runConvert(t, nil, "--clips", list, "--out", out, "-m", "f=f/{clip}.npy", "--mem", "64", "--workers", workers, "--quiet")
+		if r.Code != 0 {
+			t.Fatalf("exit %d: %s", r.Code, r.Stderr)
+		}
+		t.Logf("workers %s: peak RSS %d MiB in %v", workers, r.MaxRSS>>20, r.Elapsed)
+		if r.MaxRSS == 0 || r.MaxRSS > (64+64)<<20 {
+			t.Errorf("workers %s: peak RSS %d MiB > --mem 64 MiB + 64 MiB", workers, r.MaxRSS>>20)
+		}
+		rep, err := manifests.VerifyDataset(out, manifests.VerifyOptions{Deep: true, Sources: true})
+		if err != nil || !rep.OK() {
+			t.Fatalf("verify --deep --sources: %v %v", err, rep.Problems)
+		}
+	}
+}
+
+// TestTermDuringLongClip: SIGTERM while a large clip is being converted
+// stops the run within a second (it was acted on only after the clip),
+// with the one line that says so, and leaves --out alone.
+func TestTermDuringLongClip(t *testing.T) {
+	list := bigClipSources(t, 16<<10) // 64 MiB, 16 pieces
+	out := filepath.Join(t.TempDir(), "ds")
+	cmd := exec.Command(bin, "--clips", list, "--out", out, "-m", "f=f/{clip}.npy", "--mem", "16", "--workers", "1", "--quiet")
+	// Every piece takes 300 ms more: the clip takes about 10 s.
+	cmd.Env = append(os.Environ(), "CLIPSHARD_FAULT_DELAY=300ms")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	sent := time.Now()
+	cmd.Process.Signal(syscall.SIGTERM)
+	err := cmd.Wait()
+	took := time.Since(sent)
+	code := -1
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	}
+	if took > time.Second {
+		t.Errorf("exited %v after SIGTERM", took)
+	}
+	if code != 1 || !strings.Contains(stderr.String(), "interrupted") || strings.Count(strings.TrimSpace(stderr.String()), "\n") != 0 {
+		t.Errorf("exit %d (%v), stderr %q", code, err, stderr.String())
+	}
+	if _, err := os.Stat(out); err == nil {
+		t.Error("--out made by an interrupted run")
+	}
+}
