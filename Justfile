@@ -49,3 +49,7 @@ merge PARTS DATASET:
 # Merge peak RSS on a dataset and on one 4x larger (docs/BENCHMARKS.md).
 bench-merge:
     docs/bench_merge.sh
+
+# Peak RSS of convert and both shuffle paths at --mem 64 MiB / 256 MiB / 2 GiB (docs/BENCHMARKS.md).
+bench-memory:
+    docs/bench_memory.sh

@@ -85,4 +85,18 @@ func TestSampleListRefused(t *testing.T) {
 		}
 		t.Logf("%v: %v, %d MiB: %s", c.args, r.Elapsed, r.MaxRSS>>20, strings.TrimSpace(r.Stderr))
 	}
+	// 20 M frames of one value, W=1: 20 M tile samples.
+	src := t.TempDir()
+	clitest.BigNPY(t, filepath.Join(src, "x.npy"), array.Float16, 20_000_000, 1)
+	os.WriteFile(filepath.Join(src, "clips.txt"), []byte("x\n"), 0o644)
+	m, _ := convert.ParseModality("v={clip}.npy")
+	big := filepath.Join(t.TempDir(), "ds")
+	if _, err := convert.Run(context.Background(), convert.Options{ClipList: filepath.Join(src, "clips.txt"), Out: big, Modalities: []convert.Modality{m}}); err != nil {
+		t.Fatal(err)
+	}
+	r := shuffleRun(t, nil, "--dataset", big, "--out", filepath.Join(t.TempDir(), "ep"), "--epochs", "1", "--window", "1", "--mem", "64MiB")
+	if r.Code != 2 || !strings.Contains(r.Stderr, "epoch 0 has 20000000 samples") || !strings.Contains(r.Stderr, "give --mem") ||
+		r.Elapsed > 2*time.Second || r.MaxRSS > 128<<20 {
+		t.Errorf("20 M samples: exit %d after %v, %d MiB: %q", r.Code, r.Elapsed, r.MaxRSS>>20, r.Stderr)
+	}
 }
