@@ -32,10 +32,10 @@ cmp -s <(cd "$W/shuf-ep" && cat SHA256SUMS | grep -v epochs.json) <(cd "$W/shuf-
   && echo "  external == in-memory == external --no-fsync (SHA256SUMS)"
 rm -rf "$W/shuf-ep-nf"
 # cp reads a warm source, as shuffle does after its first run
-cat "$W/shuf-ep/epoch-0000"/rank-00/* > /dev/null
+cat "$W/shuf-ep/epoch-0000"/* > /dev/null
 FRESH="$W/cp-ep" best cp-epoch cp -r "$W/shuf-ep/epoch-0000" "$W/cp-ep"
 # cp made as durable as shuffle's output (shuffle fsyncs each epoch)
-FRESH="$W/cp-ep" best cp-epoch+fsync sh -c "cp -r '$W/shuf-ep/epoch-0000' '$W/cp-ep' && sync -f '$W/cp-ep'/rank-00/*"
+FRESH="$W/cp-ep" best cp-epoch+fsync sh -c "cp -r '$W/shuf-ep/epoch-0000' '$W/cp-ep' && sync -f '$W/cp-ep'/*"
 awk -v a="$(cat "$W/shuffle-external.best")" -v n="$(cat "$W/shuffle-ext-no-fsync.best")" -v c="$(cat "$W/cp-epoch.best")" -v f="$(cat "$W/cp-epoch+fsync.best")" \
   'BEGIN{printf "  external shuffle --no-fsync / cp = %.2fx; external shuffle / (cp+fsync) = %.2fx (/ cp = %.2fx)\n", n/c, a/f, a/c}'
 echo "epoch: $(du -sh --apparent-size "$W/shuf-ep/epoch-0000" | cut -f1)"

@@ -37,6 +37,7 @@ const (
 	IndexFile   = "index.npy"
 	SumsFile    = "SHA256SUMS"
 	SkippedFile = "skipped.tsv"
+	IDsFile     = "clips.txt" // the clip ids, one a line, in row order
 )
 
 // DatasetFormat is the value of dataset.json's "format" key.
@@ -84,6 +85,9 @@ type Files struct {
 	Index   string `json:"index"`
 	Sums    string `json:"sha256sums"`
 	Skipped string `json:"skipped,omitempty"`
+	// IDs lists the clip ids, one a line in row order, for readers
+	// without Parquet (numpy alone); datasets of earlier versions lack it.
+	IDs string `json:"ids,omitempty"`
 }
 
 // Modality describes one blob.
@@ -172,6 +176,9 @@ func LoadDataset(dir string) (*Dataset, error) {
 	paths := []string{d.Files.Clips, d.Files.Index, d.Files.Sums}
 	if d.Files.Skipped != "" {
 		paths = append(paths, d.Files.Skipped)
+	}
+	if d.Files.IDs != "" {
+		paths = append(paths, d.Files.IDs)
 	}
 	seen := map[string]bool{}
 	for _, m := range d.Modalities {

@@ -22,6 +22,9 @@ func (d *Dataset) OwnFiles() map[string]bool {
 	if d.Files.Skipped != "" {
 		own[d.Files.Skipped] = true
 	}
+	if d.Files.IDs != "" {
+		own[d.Files.IDs] = true
+	}
 	for _, m := range d.Modalities {
 		own[m.File] = true
 	}

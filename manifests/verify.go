@@ -107,13 +107,7 @@ func VerifyDataset(dir string, o VerifyOptions) (*Report, error) {
 	}
 
 	// Expected files: the manifests, the blobs, nothing else.
-	want := map[string]bool{DatasetFile: true, d.Files.Clips: true, d.Files.Index: true, d.Files.Sums: true}
-	if d.Files.Skipped != "" {
-		want[d.Files.Skipped] = true
-	}
-	for _, m := range d.Modalities {
-		want[m.File] = true
-	}
+	want := d.OwnFiles()
 	present := map[string]bool{}
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -265,6 +259,9 @@ func checkOffsets(dir string, d *Dataset, present map[string]bool, parquetOK boo
 	if int64(len(rows)) != d.Clips {
 		r.add(Problem{File: d.Files.Clips, What: fmt.Sprintf("%d rows, dataset.json says %d clips", len(rows), d.Clips)})
 	}
+	if d.Files.IDs != "" && present[d.Files.IDs] {
+		checkIDs(dir, d.Files.IDs, rows, r)
+	}
 	seen := map[string]bool{}
 	for i, row := range rows {
 		if seen[row.Clip] {
@@ -279,6 +276,32 @@ func checkOffsets(dir string, d *Dataset, present map[string]bool, parquetOK boo
 		}
 	}
 	return rows
+}
+
+// checkIDs checks that the clip id list names the clips of clips.parquet,
+// in order.
+func checkIDs(dir, name string, rows []ClipRow, r *Report) {
+	b, err := regfile.ReadFile(filepath.Join(dir, name), MaxManifest)
+	if err != nil {
+		r.add(Problem{File: name, What: oneLine(err)})
+		return
+	}
+	ids := strings.Split(string(b), "\n")
+	if len(ids) == 0 || ids[len(ids)-1] != "" {
+		r.add(Problem{File: name, What: "does not end with a newline"})
+		return
+	}
+	ids = ids[:len(ids)-1]
+	if len(ids) != len(rows) {
+		r.add(Problem{File: name, What: fmt.Sprintf("%d ids, clips.parquet has %d clips", len(ids), len(rows))})
+		return
+	}
+	for i, row := range rows {
+		if ids[i] != row.Clip {
+			r.add(Problem{File: name, Clip: row.Clip, What: fmt.Sprintf("line %d says %q, clips.parquet row %d is %q", i+1, ids[i], i, row.Clip)})
+			return
+		}
+	}
 }
 
 // CheckSums hashes every file of sums that is present (names relative to

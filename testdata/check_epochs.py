@@ -3,13 +3,14 @@
 
     python3 testdata/check_epochs.py EPOCHS_DIR
 
-For every epoch, rank and shard in epochs.json: the shard files open with
+For every epoch and shard in epochs.json: the shard files open with
 np.load(mmap_mode="r") (data 4096-aligned) with shape [S, W*rate, *frame];
-every sample (clip, start, valid) equals the dataset rows of its clip
-[start*rate, (start+W)*rate), zeros past valid; ranks hold the same number
-of samples and are disjoint; with tile sampling, each clip's windows in an
-epoch start at one offset modulo W (that every whole window is covered is
-checked in Go, before the rank remainder is dropped). Prints "ok" or raises.
+the shards hold the epoch's samples in order, shard_samples each (the last
+fewer); every sample (clip, start, valid) equals the dataset rows of its
+clip [start*rate, (start+W)*rate), zeros past valid; with tile sampling no
+window is there twice, and each clip's windows in an epoch start at one
+offset modulo W (that every whole window is covered is checked in Go).
+Prints "ok" or raises.
 """
 import collections
 import json
@@ -20,22 +21,27 @@ import numpy as np
 
 edir = sys.argv[1]
 man = json.load(open(os.path.join(edir, "epochs.json")))
-assert man["format"] == "clipshard.epochs" and man["version"] == 1
+assert man["format"] == "clipshard.epochs" and man["version"] == 2
+assert "world_size" not in man
 ds = man["dataset"]["dir"]
 dsman = json.load(open(os.path.join(ds, "dataset.json")))
 index = np.load(os.path.join(ds, "index.npy"))
 blobs = {m["name"]: np.load(os.path.join(ds, m["file"]), mmap_mode="r") for m in dsman["modalities"]}
 rates = {m["name"]: m["rate"] for m in dsman["modalities"]}
 W = man["window"]
+S = man["shard_samples"]
 total = 0
 for ep in man["epochs"]:
-    per_rank = collections.Counter()
     seen = set()
     by_clip = collections.defaultdict(list)
-    for sh in ep["shards"]:
+    first = 0
+    for k, sh in enumerate(ep["shards"]):
+        assert sh["shard"] == k and sh["first"] == first, (sh, first)
+        assert sh["samples"] == S or k == len(ep["shards"]) - 1, sh
+        assert all(f.startswith(ep["dir"] + "/") and "/" not in f[len(ep["dir"]) + 1:] for f in sh["files"].values()), sh
         smp = np.load(os.path.join(edir, sh["files"]["samples"]), mmap_mode="r")
         assert smp.dtype == np.int64 and smp.shape == (sh["samples"], 3), (sh, smp.shape)
-        per_rank[sh["rank"]] += len(smp)
+        first += len(smp)
         arrays = {}
         for m in man["modalities"]:
             a = np.load(os.path.join(edir, sh["files"][m["name"]]), mmap_mode="r")
@@ -57,9 +63,7 @@ for ep in man["epochs"]:
                 assert np.array_equal(got[: valid * r].view(np.uint16), want.view(np.uint16)), (name, clip, start)
                 assert not got[valid * r :].view(np.uint16).any(), ("padding not zero", name, clip, start)
             total += 1
-    counts = set(per_rank.values())
-    assert len(per_rank) == man["world_size"] or ep["per_rank"] == 0, per_rank
-    assert counts <= {ep["per_rank"]}, (per_rank, ep["per_rank"])
+    assert first == ep["samples"], (first, ep["samples"])
     if man["sampling"] == "tile":
         for clip, wins in by_clip.items():
             length = int(index[clip][1])
@@ -69,5 +73,5 @@ for ep in man["epochs"]:
             starts = sorted(s for s, _ in wins)
             o = starts[0] % W if starts else 0
             assert all(s % W == o for s in starts), (clip, starts)
-    print("epoch %d: %d samples on %d ranks, %d dropped" % (ep["epoch"], sum(per_rank.values()), len(per_rank), ep["dropped"]))
+    print("epoch %d: %d samples in %d shards" % (ep["epoch"], first, len(ep["shards"])))
 print("ok: %d samples checked" % total)

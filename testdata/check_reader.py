@@ -1,7 +1,23 @@
 #!/usr/bin/env python3
-"""Check python/clipshard_reader.py against the shard files.
+"""Check the clipshard Python package (python/clipshard) against the shard
+files, with numpy alone.
 
     python3 testdata/check_reader.py EPOCHS_DIR
+
+- Any world size R and batch size B: rank r's batch g is the slice
+  [g*B*R + r*B, g*B*R + (r+1)*B) of the epoch's order; the ranks' batches
+  are disjoint, equal in number, and together the first G*B*R samples
+  (remainder "drop") or all of them, padded from the start ("pad").
+- DataLoader-style workers share a rank's batches round-robin: their
+  union, taken in turn, is the single-process sequence.
+- Resume from state_dict() with another R and B goes on exactly where the
+  count says: nothing read twice, nothing skipped.
+- read=True gives the bytes of the memory-mapped views; replay and mixing
+  permute whole shards, or samples within blocks of K shards.
+- The read-ahead asks for every data byte of a rank's batches once, in
+  order, and for nothing else.
+- Dataset: rows by clip id and by row, and sample windows, equal the blobs.
+Prints "ok: reader ..." or raises.
 """
 import os
 import sys
@@ -9,68 +25,177 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-from clipshard_reader import EpochShards  # noqa: E402
+import clipshard  # noqa: E402
+from clipshard import EpochReader  # noqa: E402
 
 edir = sys.argv[1]
-reader0 = EpochShards(edir, epoch=0, rank=0)
-man = reader0.manifest
+man = clipshard.load_epochs(edir)
+checked = 0
+
+
+def order(epoch):
+    """The epoch's samples and windows in order, straight from the files."""
+    entry = next(e for e in man["epochs"] if e["epoch"] == epoch)
+    names = [m["name"] for m in man["modalities"]] + ["samples"]
+    parts = {n: [] for n in names}
+    for sh in sorted(entry["shards"], key=lambda s: s["shard"]):
+        for n in names:
+            parts[n].append(np.load(os.path.join(edir, sh["files"][n])))
+    return {n: np.concatenate(v) for n, v in parts.items()}
+
+
+def same(a, b, what):
+    assert a.dtype == b.dtype and a.shape == b.shape, (what, a.dtype, b.dtype, a.shape, b.shape)
+    assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), what
+
+
 for ep in man["epochs"]:
-    for rank in range(man["world_size"]):
-        r = EpochShards(edir, epoch=ep["epoch"], rank=rank)
-        assert len(r) == ep["per_rank"], (len(r), ep["per_rank"])
-        want = {name: [] for name in r.modalities + ["samples"]}
-        for sh in r.shards:
-            for name in want:
-                want[name].append(np.load(os.path.join(edir, sh["files"][name])))
-        want = {k: np.concatenate(v) for k, v in want.items()}
-        for read in (False, True):
-            for bs in (1, 4, 7, 1000):
-                got = list(r.batches(bs, read=read))
-                assert all(len(b["samples"]) == bs for b in got[:-1]), (bs, read)
-                for name in want:
-                    cat = np.concatenate([b[name] for b in got])
-                    assert cat.dtype == want[name].dtype and cat.shape == want[name].shape, (name, bs, read)
-                    assert np.array_equal(cat.view(np.uint8), want[name].view(np.uint8)), (name, bs, read)
-        dropped = list(r.batches(7, drop_last=True))
-        assert all(len(b["samples"]) == 7 for b in dropped)
-        replay = EpochShards(edir, epoch=ep["epoch"], rank=rank, replay_seed=1, virtual_epoch=5)
-        assert sorted(s["shard"] for s in replay.shards) == [s["shard"] for s in r.shards]
-        assert sum(len(b["samples"]) for b in replay.batches(3)) == len(r)
+    e = ep["epoch"]
+    want = order(e)
+    n = len(want["samples"])
+    assert n == ep["samples"], (n, ep["samples"])
+    for R in (1, 2, 3, 8):
+        for B in (1, 4, 7):
+            for remainder in ("drop", "pad"):
+                G = n // (B * R) if remainder == "drop" else -(-n // (B * R))
+                got = {}
+                for r in range(R):
+                    rd = EpochReader(edir, e, rank=r, world_size=R, batch_size=B, remainder=remainder)
+                    assert len(rd) == G, (len(rd), G)
+                    got[r] = list(rd.batches(0, 1))
+                    assert len(got[r]) == G and rd.consumed == G * B * R, (r, len(got[r]), rd.consumed)
+                for g in range(G):
+                    for r in range(R):
+                        pos = (np.arange(g * B * R + r * B, g * B * R + (r + 1) * B)) % n
+                        for name, a in got[r][g].items():
+                            same(np.asarray(a), want[name][pos], (e, R, B, remainder, g, r, name))
+                        checked += B
+            # Workers: round-robin, in turn, the single-process sequence.
+            single = list(EpochReader(edir, e, rank=R - 1, world_size=R, batch_size=B).batches(0, 1))
+            for W in (2, 3):
+                per = [list(EpochReader(edir, e, rank=R - 1, world_size=R, batch_size=B).batches(w, W)) for w in range(W)]
+                merged = [per[g % W][g // W] for g in range(len(single))]
+                assert sum(len(p) for p in per) == len(single), (W, [len(p) for p in per], len(single))
+                for a, b in zip(merged, single):
+                    same(np.asarray(a["samples"]), np.asarray(b["samples"]), ("workers", W))
 
-# The read-ahead asks for every data byte of every shard file of a rank
-# once, in order, and for nothing else.
-real = os.posix_fadvise
-for rank in range(man["world_size"]):
-    r = EpochShards(edir, epoch=man["epochs"][0]["epoch"], rank=rank)
-    asked = {}
-    names = {}
+    # Resume with another world size and batch size: the samples read
+    # before and after are the order's prefix, each once.
+    rng = np.random.default_rng(e)
+    for (R1, B1), (R2, B2) in (((2, 4), (3, 5)), ((1, 7), (4, 2)), ((3, 3), (3, 3)), ((8, 1), (1, 9))):
+        readers = [EpochReader(edir, e, rank=r, world_size=R1, batch_size=B1) for r in range(R1)]
+        its = [rd.batches(0, 1) for rd in readers]
+        stop = int(rng.integers(0, max(1, len(readers[0])) + 1))
+        seen = []
+        for g in range(stop):
+            for it in its:
+                seen.append(next(it)["samples"])
+        state = readers[0].state_dict()
+        assert all(rd.state_dict() == state for rd in readers), "ranks disagree on the state"
+        assert state["consumed"] == stop * B1 * R1, state
+        for it in its:
+            it.close()
+        later = [EpochReader(edir, e, rank=r, world_size=R2, batch_size=B2) for r in range(R2)]
+        for rd in later:
+            rd.load_state_dict(state)
+        its = [rd.batches(0, 1) for rd in later]
+        for g in range(len(later[0])):
+            for it in its:
+                seen.append(next(it)["samples"])
+        cat = np.concatenate(seen) if seen else np.zeros((0, 3), np.int64)
+        c2 = state["consumed"] + len(later[0]) * B2 * R2
+        assert c2 <= n and n - c2 < B2 * R2, (c2, n)
+        same(cat, want["samples"][:c2], ("resume", R1, B1, R2, B2, stop))
 
-    def record(fd, off, n, advice):
-        assert advice == os.POSIX_FADV_WILLNEED and n > 0
-        path = os.readlink("/proc/self/fd/%d" % fd)
-        asked.setdefault(path, []).append((off, n))
+    # read=True, replay and mixing.
+    for B in (3, 1000):
+        a = list(EpochReader(edir, e, batch_size=B).batches(0, 1))
+        b = list(EpochReader(edir, e, batch_size=B, read=True).batches(0, 1))
+        for x, y in zip(a, b):
+            for name in x:
+                same(np.asarray(x[name]), np.asarray(y[name]), ("read=True", B, name))
+    shards = sorted(ep["shards"], key=lambda s: s["shard"])
+    rp = EpochReader(edir, e, replay_seed=1, virtual_epoch=5, batch_size=1, remainder="pad")
+    assert sorted(s["shard"] for s in rp.shards) == [s["shard"] for s in shards]
+    assert sum(len(x["samples"]) for x in rp) == n
+    for K in (2, 3):
+        mixed = EpochReader(edir, e, replay_seed=1, virtual_epoch=5, mix_shards=K, batch_size=2, remainder="pad")
+        plain = EpochReader(edir, e, replay_seed=1, virtual_epoch=5, batch_size=2, remainder="pad")
+        m = np.concatenate([x["samples"] for x in mixed])[:n]
+        p = np.concatenate([x["samples"] for x in plain])[:n]
+        wins = np.concatenate([x[man["modalities"][0]["name"]] for x in mixed])[:n]
+        assert not np.array_equal(m, p) or n <= 2
+        for lo in range(0, len(plain.shards), K):
+            a0, a1 = plain._starts[lo], plain._starts[min(lo + K, len(plain.shards))]
+            assert sorted(map(tuple, m[a0:a1])) == sorted(map(tuple, p[a0:a1])), ("mix block", K, lo)
+        # Each mixed sample's window is its own.
+        key = {tuple(s): i for i, s in enumerate(want["samples"]) if man["sampling"] == "tile"}
+        for i, s in enumerate(m):
+            if tuple(s) in key:
+                same(wins[i], want[man["modalities"][0]["name"]][key[tuple(s)]], ("mixed window", K, i))
+        q = clipshard.quality.measure(m, 4)
+        assert q["samples"] == n
 
-    os.posix_fadvise = record
-    try:
-        for bs, prefetch, read in ((3, 1, False), (5, None, False), (1000, 2, False), (4, 3, True)):
-            asked.clear()
-            got = sum(len(b["samples"]) for b in r.batches(bs, read=read, prefetch=prefetch))
-            assert got == len(r)
-            want = {}
-            for sh in r.shards:
-                for name in r.modalities + ["samples"]:
-                    path = os.path.realpath(os.path.join(edir, sh["files"][name]))
-                    a = np.load(path, mmap_mode="r")
-                    want[path] = (a.offset, a.offset + a.nbytes)
-            assert set(asked) == set(want), (sorted(asked), sorted(want))
-            for path, ranges in asked.items():
-                pos = want[path][0]
-                for off, n in ranges:
-                    assert off == pos, (path, off, pos, bs)
-                    pos += n
-                assert pos == want[path][1], (path, pos, want[path], bs)
-        asked.clear()
-        assert sum(len(b["samples"]) for b in r.batches(4, read=True)) == len(r) and not asked
-    finally:
-        os.posix_fadvise = real
-print("ok: reader")
+    # The read-ahead: every data byte of the rank's batches, once, in order.
+    real = os.posix_fadvise
+    for R, B, prefetch in ((1, 3, 1), (2, 4, 2), (3, 5, 3)):
+        for r in range(R):
+            asked = {}
+
+            def record(fd, off, ln, advice):
+                assert advice == os.POSIX_FADV_WILLNEED and ln > 0
+                asked.setdefault(os.readlink("/proc/self/fd/%d" % fd), []).append((off, ln))
+
+            os.posix_fadvise = record
+            try:
+                rd = EpochReader(edir, e, rank=r, world_size=R, batch_size=B, prefetch=prefetch)
+                rows = {}
+                for g, _ in enumerate(rd.batches(0, 1)):
+                    lo = g * B * R + r * B
+                    for k, sh in enumerate(rd.shards):
+                        a, b = max(lo, rd._starts[k]), min(lo + B, rd._starts[k + 1])
+                        if a < b:
+                            for name in rd.names:
+                                path = os.path.realpath(rd._path(k, name))
+                                off, _, _, row = clipshard.epochs._header(path)
+                                rows.setdefault(path, []).append((off + (a - rd._starts[k]) * row, off + (b - rd._starts[k]) * row))
+            finally:
+                os.posix_fadvise = real
+            for path, spans in rows.items():
+                got = asked.get(path, [])
+                cover = []
+                for off, ln in got:
+                    if cover and cover[-1][1] == off:
+                        cover[-1] = (cover[-1][0], off + ln)
+                    else:
+                        cover.append((off, off + ln))
+                merged = []
+                for a, b in spans:
+                    if merged and merged[-1][1] == a:
+                        merged[-1] = (merged[-1][0], b)
+                    else:
+                        merged.append((a, b))
+                assert cover == merged, ("read-ahead", R, B, r, path, cover, merged)
+            assert set(asked) <= set(rows), ("asked for other files", set(asked) - set(rows))
+
+# Dataset: by id, by row, and sample windows.
+ds = clipshard.Dataset(man["dataset"]["dir"])
+assert ds.ids is not None and len(ds.ids) == len(ds)
+first = man["epochs"][0]
+smp = order(first["epoch"])
+for i, clip in enumerate(ds.ids):
+    a, b = ds[clip], ds[i]
+    for name in a:
+        same(np.asarray(a[name]), np.asarray(b[name]), ("dataset", clip, name))
+        rate = ds.modalities[name]["rate"]
+        assert len(a[name]) == ds.index[i][1] * rate
+for j, s in enumerate(smp["samples"][:50]):
+    w = ds.window(s)
+    for name, rows in w.items():
+        same(smp[name][j][: len(rows)], np.asarray(rows), ("window", j, name))
+try:
+    ds["no such clip"]
+    raise AssertionError("unknown clip id found")
+except KeyError:
+    pass
+print("ok: reader (%d samples checked)" % checked)

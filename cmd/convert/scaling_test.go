@@ -95,13 +95,13 @@ func TestSlurmScripts(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			runScript(t, filepath.Join(scripts, "shuffle.sbatch"), path, "DATASET="+dataset, "EPOCHS="+epochs,
-				fmt.Sprintf("SLURM_ARRAY_TASK_ID=%d", id), "WORLD_SIZE=2", "SHARD_SAMPLES=8", "MEM=64KiB")
+				fmt.Sprintf("SLURM_ARRAY_TASK_ID=%d", id), "SHARD_SAMPLES=8", "MEM=64KiB")
 		}()
 	}
 	wg.Wait()
 	one := filepath.Join(work, "one")
 	cmd := exec.Command(filepath.Join(filepath.Dir(bin), "shuffle"), "--dataset", dataset, "--out", one, "--epochs", "4",
-		"--window", "15", "--seed", "1", "--world-size", "2", "--shard-samples", "8", "--quiet")
+		"--window", "15", "--seed", "1", "--shard-samples", "8", "--quiet")
 	cmd.Env = append(os.Environ(), "SOURCE_DATE_EPOCH=1700000000")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("shuffle: %v %s", err, out)

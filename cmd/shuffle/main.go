@@ -81,6 +81,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		epochs          int
 		epochRange, mem string
 		drop            string
+		worldSize       int
 		quiet, jsonOut  bool
 		seed            uint64
 	)
@@ -93,7 +94,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	fs.StringVar(&o.Sampling.Mode, "sampling", "tile", "`tile`: non-overlapping windows from a random offset; random: --per-clip random windows")
 	fs.IntVar(&o.Sampling.PerClip, "per-clip", 0, "windows per clip per epoch with --sampling random")
 	fs.StringVar(&o.Sampling.Short, "short", "skip", "clips shorter than W: `skip` or pad (zeros past valid)")
-	fs.IntVar(&o.WorldSize, "world-size", 1, "DDP ranks (equal, disjoint shares; the remainder is dropped)")
+	fs.IntVar(&worldSize, "world-size", 0, "gone: an epoch is one global order that any world size reads; give the world size to the reader")
 	fs.IntVar(&o.ShardSize, "shard-samples", 1024, "samples per shard file")
 	fs.StringVar(&mem, "mem", "2GiB", "memory budget (above it: external two-pass shuffle, sequential reads)")
 	fs.IntVar(&o.Workers, "workers", 0, "shard writers (default: the CPUs, at most 8; same bytes whatever the count)")
@@ -107,6 +108,10 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		return code
 	}
 	o.Seed = seed
+	if worldSize != 0 {
+		fmt.Fprintln(stderr, "shuffle: --world-size is gone: an epoch is now one global order that any world size reads; give world_size to the reader (clipshard.EpochReader, see README)")
+		return 2
+	}
 	if drop != "" {
 		return runDrop(fs, o.Out, drop, jsonOut, stdout, stderr)
 	}
@@ -176,7 +181,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	}
 	if jsonOut {
 		b, _ := json.MarshalIndent(map[string]any{"dir": res.Dir, "up_to_date": res.UpToDate, "epochs_written": res.Done,
-			"epochs_skipped": res.Skipped, "dropped": res.Dropped, "external": res.External, "bytes": res.Bytes,
+			"epochs_skipped": res.Skipped, "external": res.External, "bytes": res.Bytes,
 			"planned_bytes": res.Planned, "seconds": res.Elapsed.Seconds()}, "", "  ")
 		fmt.Fprintln(stdout, string(b))
 		return 0
@@ -189,12 +194,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	if res.External {
 		path = "external two-pass shuffle"
 	}
-	fmt.Fprintf(stdout, "wrote epochs %v into %s in %.1fs: %s (%s, %d ranks)\n", res.Done, res.Dir, res.Elapsed.Seconds(), ui.Bytes(res.Bytes), path, o.WorldSize)
-	for _, e := range res.Done {
-		if d := res.Dropped[e]; d > 0 {
-			fmt.Fprintf(stdout, "  epoch %d: dropped %d samples to give every rank the same count\n", e, d)
-		}
-	}
+	fmt.Fprintf(stdout, "wrote epochs %v into %s in %.1fs: %s (%s)\n", res.Done, res.Dir, res.Elapsed.Seconds(), ui.Bytes(res.Bytes), path)
 	if len(res.Skipped) > 0 {
 		fmt.Fprintf(stdout, "  already done: epochs %v\n", res.Skipped)
 	}

@@ -68,8 +68,9 @@ func TestOutOnlyOurs(t *testing.T) {
 			if r := shuffleRun(t, nil, base(ds, out, "--epochs", "2")...); r.Code != 0 {
 				t.Fatal(r.Stderr)
 			}
-			os.WriteFile(filepath.Join(out, "epoch-0001", "rank-00", "notes.txt"), []byte("keep"), 0o644)
-		}, []string{"--epochs", "2", "--seed", "8", "--force"}, "epoch-0001/rank-00/notes.txt"},
+			os.MkdirAll(filepath.Join(out, "epoch-0001", "mine"), 0o755)
+			os.WriteFile(filepath.Join(out, "epoch-0001", "mine", "notes.txt"), []byte("keep"), 0o644)
+		}, []string{"--epochs", "2", "--seed", "8", "--force"}, "epoch-0001/mine/"},
 		{"the user's file in an epoch folder, --force, same options", func(t *testing.T, out string) {
 			if r := shuffleRun(t, nil, base(ds, out, "--epochs", "2")...); r.Code != 0 {
 				t.Fatal(r.Stderr)
@@ -80,8 +81,8 @@ func TestOutOnlyOurs(t *testing.T) {
 			if r := shuffleRun(t, nil, base(ds, out, "--epochs", "2")...); r.Code != 0 {
 				t.Fatal(r.Stderr)
 			}
-			os.WriteFile(filepath.Join(out, "epoch-0000", "rank-00", "notes.txt"), []byte("keep"), 0o644)
-		}, []string{"--drop", "0:1"}, "rank-00/notes.txt"},
+			os.WriteFile(filepath.Join(out, "epoch-0000", "notes.txt"), []byte("keep"), 0o644)
+		}, []string{"--drop", "0:1"}, "epoch-0000 holds files that are not clipshard's: notes.txt"},
 		{"a folder of the user's named like a partial epoch", func(t *testing.T, out string) {
 			os.MkdirAll(filepath.Join(out, ".partial-epoch-0000"), 0o755)
 			os.WriteFile(filepath.Join(out, ".partial-epoch-0000", "mine.txt"), []byte("keep"), 0o644)
@@ -203,7 +204,7 @@ func TestRolling(t *testing.T) {
 
 	// rm -r of an epoch, and a shard cut short: re-written by a re-run.
 	os.RemoveAll(filepath.Join(out, "epoch-0001"))
-	shard := filepath.Join(out, "epoch-0002", "rank-00", "shard-00001.whisper.npy")
+	shard := filepath.Join(out, "epoch-0002", "shard-00001.whisper.npy")
 	st := must(os.Stat(shard))
 	os.Truncate(shard, st.Size()-10)
 	if r := verifyReport(t, out, false); r.OK() {
@@ -291,7 +292,7 @@ func TestDatasetDisagrees(t *testing.T) {
 	}
 }
 
-// TestEmpty: a run that would write an empty epoch or rank fails, saying
+// TestEmpty: a run that would write an empty epoch fails, saying
 // which option to change, unless --allow-empty.
 func TestEmpty(t *testing.T) {
 	ds := demoDataset(t)
@@ -300,7 +301,6 @@ func TestEmpty(t *testing.T) {
 		want string
 	}{
 		{[]string{"--epochs", "1", "--window", "500"}, "every clip is shorter than --window 500 (the longest has 79 frames); lower --window or use --short pad"},
-		{[]string{"--epochs", "1", "--window", "60", "--world-size", "9"}, "for --world-size 9: every rank would get none; lower --world-size"},
 	} {
 		out := filepath.Join(t.TempDir(), "ep")
 		r := shuffleRun(t, nil, base(ds, out, c.args...)...)
@@ -325,7 +325,7 @@ func TestVerifyLiveRun(t *testing.T) {
 	if r := shuffleRun(t, nil, base(ds, out, "--epochs", "1")...); r.Code != 0 {
 		t.Fatal(r.Stderr)
 	}
-	part := filepath.Join(out, ".partial-epoch-0001", "rank-00")
+	part := filepath.Join(out, ".partial-epoch-0001")
 	os.MkdirAll(part, 0o755)
 	os.WriteFile(filepath.Join(part, "shard-00000.whisper.npy"), []byte("half"), 0o644)
 	f := must(os.Create(filepath.Join(out, ".lock-epoch-0001")))
@@ -366,10 +366,10 @@ func TestKillAtFaultPoints(t *testing.T) {
 	for _, mem := range []string{"1GiB", "64KiB"} {
 		t.Run("mem "+mem, func(t *testing.T) {
 			args := func(out string) []string {
-				return base(ds, out, "--epoch-range", "1:4", "--world-size", "2", "--mem", mem, "--workers", "2")
+				return base(ds, out, "--epoch-range", "1:4", "--mem", mem, "--workers", "2")
 			}
 			prepare := func(t *testing.T, out string) {
-				if r := shuffleRun(t, nil, base(ds, out, "--epoch-range", "0:1", "--world-size", "2")...); r.Code != 0 {
+				if r := shuffleRun(t, nil, base(ds, out, "--epoch-range", "0:1")...); r.Code != 0 {
 					t.Fatal(r.Stderr)
 				}
 			}

@@ -88,7 +88,7 @@ func TestIntact(t *testing.T) {
 	}
 	r := verify(t, "--json", "--deep", dir)
 	var rep manifests.Report
-	if err := json.Unmarshal([]byte(r.Stdout), &rep); err != nil || rep.Files != 6 || rep.Clips != 12 || len(rep.Problems) != 0 {
+	if err := json.Unmarshal([]byte(r.Stdout), &rep); err != nil || rep.Files != 7 || rep.Clips != 12 || len(rep.Problems) != 0 {
 		t.Fatalf("json: %v %+v", err, rep)
 	}
 }
@@ -212,6 +212,12 @@ func TestCorruption(t *testing.T) {
 				t.Fatal(err)
 			}
 		}, nil, 2, []string{"dataset.json", "not a regular file (a FIFO)"}},
+		{"clip ids swapped, sums updated", func(t *testing.T, src, dir string) {
+			p := filepath.Join(dir, "clips.txt")
+			b, _ := os.ReadFile(p)
+			os.WriteFile(p, []byte(strings.Replace(strings.Replace(string(b), "clip001\n", "X\n", 1), "clip002\n", "clip001\n", 1)), 0o644)
+			rewriteSums(t, dir, "clips.txt")
+		}, nil, 1, []string{`clips.txt: clip "clip001": line 2 says "X", clips.parquet row 1 is "clip001"`}},
 		{"source gone", func(t *testing.T, src, dir string) {
 			os.Remove(filepath.Join(src, "motion", "clip010.pkl"))
 		}, []string{"--sources"}, 1, []string{"motion/clip010.pkl", `clip "clip010"`, "gone"}},
@@ -252,7 +258,7 @@ func TestUsage(t *testing.T) {
 func shuffleDemo(t *testing.T, ds string, seed uint64) string {
 	t.Helper()
 	out := filepath.Join(t.TempDir(), "ep")
-	o := shuffle.Options{Dataset: ds, Out: out, EpochStart: 0, EpochEnd: 2, Seed: seed, WorldSize: 2, ShardSize: 4,
+	o := shuffle.Options{Dataset: ds, Out: out, EpochStart: 0, EpochEnd: 2, Seed: seed, ShardSize: 4,
 		Sampling: shuffle.Sampling{Window: 15, Mode: "tile", Short: "skip"}}
 	if _, err := shuffle.Run(context.Background(), o); err != nil {
 		t.Fatal(err)
@@ -281,7 +287,7 @@ func TestEpochCorruption(t *testing.T) {
 	if r := verify(t, "--deep", ep); r.Code != 0 || !strings.Contains(r.Stdout, "samples)") {
 		t.Fatalf("intact: %d %s", r.Code, r.Stdout)
 	}
-	shard := "epoch-0001/rank-01/shard-00000"
+	shard := "epoch-0001/shard-00002"
 	swap := func(t *testing.T, dir string) {
 		// Swap samples 0 and 1 of a shard: every modality and the samples file.
 		for _, what := range []string{"motion", "whisper", "emotion", "samples"} {
@@ -323,7 +329,7 @@ func TestEpochCorruption(t *testing.T) {
 		other := shuffleDemo(t, ds, 8)
 		var files []string
 		for _, what := range []string{"motion", "whisper", "emotion", "samples"} {
-			f := "epoch-0000/rank-00/shard-00000." + what + ".npy"
+			f := "epoch-0000/shard-00000." + what + ".npy"
 			b, err := os.ReadFile(filepath.Join(other, f))
 			if err != nil {
 				t.Fatal(err)
@@ -333,7 +339,7 @@ func TestEpochCorruption(t *testing.T) {
 		}
 		rewriteSums(t, dir, files...)
 		r := verify(t, "--deep", dir)
-		if r.Code != 1 || !strings.Contains(r.Stdout, "epoch-0000/rank-00/shard-00000.samples.npy") || !strings.Contains(r.Stdout, "seed 7 says") {
+		if r.Code != 1 || !strings.Contains(r.Stdout, "epoch-0000/shard-00000.samples.npy") || !strings.Contains(r.Stdout, "seed 7 says") {
 			t.Fatalf("%d %s", r.Code, r.Stdout)
 		}
 	})

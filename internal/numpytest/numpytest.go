@@ -49,3 +49,17 @@ func Run(t testing.TB, args ...string) []byte {
 	}
 	return out
 }
+
+// Module fails (with $CI set) or skips the test, saying which Debian
+// package to install, unless Python(t) can import module.
+func Module(t testing.TB, module, debian string) {
+	t.Helper()
+	p := Python(t)
+	if exec.Command(p, "-c", "import "+module).Run() == nil {
+		return
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatalf("%s cannot import %s (CI must run: apt-get install -y %s)", p, module, debian)
+	}
+	t.Skipf("needs %s for %s: apt-get install %s", module, p, debian)
+}

@@ -152,7 +152,7 @@ func writeManifests(dir string, d *manifests.Dataset, names []string, rows []man
 		blobDone <- result{sums, err}
 	}()
 	err := writeSmallManifests(dir, d, rows, names)
-	small := []string{manifests.IndexFile, manifests.ClipsFile}
+	small := []string{manifests.IndexFile, manifests.ClipsFile, manifests.IDsFile}
 	if d.Files.Skipped != "" {
 		small = append(small, manifests.SkippedFile)
 	}
@@ -200,6 +200,15 @@ func writeSmallManifests(dir string, d *manifests.Dataset, rows []manifests.Clip
 	if err := manifests.WriteClips(filepath.Join(dir, manifests.ClipsFile), names, rows); err != nil {
 		return err
 	}
+	var ids bytes.Buffer
+	for _, r := range rows {
+		ids.WriteString(r.Clip)
+		ids.WriteByte('\n')
+	}
+	if err := atomicfile.WriteFile(filepath.Join(dir, manifests.IDsFile), ids.Bytes()); err != nil {
+		return err
+	}
+	d.Files.IDs = manifests.IDsFile
 	if len(d.Skipped) > 0 {
 		var b bytes.Buffer
 		b.WriteString("clip\treason\n")

@@ -68,7 +68,7 @@ func removeOld(dir string, own map[string]bool) error {
 // into its staging directory (see writeManifests and blobPath).
 func stagingName(name string) bool {
 	switch name {
-	case manifests.DatasetFile, manifests.ClipsFile, manifests.IndexFile, manifests.SumsFile, manifests.SkippedFile:
+	case manifests.DatasetFile, manifests.ClipsFile, manifests.IndexFile, manifests.SumsFile, manifests.SkippedFile, manifests.IDsFile:
 		return true
 	}
 	return strings.HasSuffix(name, ".npy") || strings.HasPrefix(name, atomicfile.TempPrefix)

@@ -30,8 +30,8 @@ var ErrConflict = fmt.Errorf("%w: conflicting run", ErrUsage)
 // bytes: runs with the same key may share a directory (each with its own
 // epochs), runs with different keys may not.
 func optionsKey(m *Epochs) string {
-	return fmt.Sprintf("dataset=%s seed=%d window=%d sampling=%s per_clip=%d short=%s world_size=%d shard_samples=%d",
-		m.Dataset.SHA256, m.Seed, m.Window, m.Sampling, m.PerClip, m.Short, m.WorldSize, m.ShardSamples)
+	return fmt.Sprintf("dataset=%s seed=%d window=%d sampling=%s per_clip=%d short=%s shard_samples=%d",
+		m.Dataset.SHA256, m.Seed, m.Window, m.Sampling, m.PerClip, m.Short, m.ShardSamples)
 }
 
 // keyDiff words how two options keys differ: "seed 8, this run's 7".
@@ -59,18 +59,17 @@ func keyDiff(theirs, ours string) string {
 // options (whatever the dataset).
 func sameOptions(a, b *Epochs) bool {
 	return a.Seed == b.Seed && a.Window == b.Window && a.Sampling == b.Sampling && a.PerClip == b.PerClip &&
-		a.Short == b.Short && a.WorldSize == b.WorldSize && a.ShardSamples == b.ShardSamples
+		a.Short == b.Short && a.ShardSamples == b.ShardSamples
 }
 
 var (
-	rankRE  = regexp.MustCompile(`^rank-[0-9]{2,}$`)
 	shardRE = regexp.MustCompile(`^shard-[0-9]{5,}\.[A-Za-z0-9_][A-Za-z0-9_.-]*\.npy$`)
 	epochRE = regexp.MustCompile(`^epoch-[0-9]{4}$`)
 )
 
 // epochFiles lists the files of an epoch folder, relative to the folder,
-// and those in it that shuffle does not write (anything but rank-NN
-// folders holding shard-NNNNN.NAME.npy files).
+// and those in it that shuffle does not write (anything but
+// shard-NNNNN.NAME.npy files).
 func epochFolder(dir string) (own map[string]bool, foreign []string, err error) {
 	own = map[string]bool{}
 	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
@@ -82,11 +81,8 @@ func epochFolder(dir string) (own map[string]bool, foreign []string, err error) 
 		}
 		rel, _ := filepath.Rel(dir, p)
 		rel = filepath.ToSlash(rel)
-		parent, name, _ := strings.Cut(rel, "/")
 		switch {
-		case d.IsDir() && name == "" && rankRE.MatchString(parent):
-			own[rel+"/"] = true
-		case d.Type().IsRegular() && rankRE.MatchString(parent) && !strings.Contains(name, "/") && shardRE.MatchString(name):
+		case d.Type().IsRegular() && !strings.Contains(rel, "/") && shardRE.MatchString(rel):
 			own[rel] = true
 		default:
 			if d.IsDir() {
@@ -390,27 +386,22 @@ func (j *job) setup(todo []int) (release func(), done []int, err error) {
 	return claims, done, nil
 }
 
-// emptyErr words the refusal of an epoch that would have no samples for
-// a rank (n samples in all), saying which option to change.
-func (j *job) emptyErr(e, n int) error {
+// emptyErr words the refusal of an epoch that would have no samples,
+// saying which option to change.
+func (j *job) emptyErr(e int) error {
 	var longest int64
 	for _, l := range j.lengths {
 		longest = max(longest, l)
 	}
-	if n == 0 {
-		hint := "lower --window"
-		if j.o.Sampling.Short != "pad" {
-			hint += " or use --short pad"
-		}
-		return fmt.Errorf("%w: epoch %d would have no samples: every clip is shorter than --window %d (the longest has %d frames); %s (--allow-empty writes empty epochs)",
-			ErrEmpty, e, j.o.Sampling.Window, longest, hint)
+	hint := "lower --window"
+	if j.o.Sampling.Short != "pad" {
+		hint += " or use --short pad"
 	}
-	return fmt.Errorf("%w: epoch %d has %d samples for --world-size %d: every rank would get none; lower --world-size or --window (--allow-empty writes empty epochs)",
-		ErrEmpty, e, n, j.o.WorldSize)
+	return fmt.Errorf("%w: epoch %d would have no samples: every clip is shorter than --window %d (the longest has %d frames); %s (--allow-empty writes empty epochs)",
+		ErrEmpty, e, j.o.Sampling.Window, longest, hint)
 }
 
-// ErrEmpty marks a run that would write an epoch (or a rank) without
-// samples.
+// ErrEmpty marks a run that would write an epoch without samples.
 var ErrEmpty = errors.New("shuffle: nothing to write")
 
 // Drop removes epochs [from, to) from the epochs directory out, for

@@ -10,40 +10,38 @@ import (
 	"testing"
 )
 
-// TestPiles: the units are the shards, in order (epoch, rank, shard); the
+// TestPiles: the units are the shards, in order (epoch, shard); the
 // piles cover every output position once, in order, hold at most pileCap
 // samples and never straddle a shard boundary, each unit listing its piles
 // in order.
 func TestPiles(t *testing.T) {
 	for _, tc := range []struct {
-		world, shard int
-		perRank      []int
-		pileCap      int64
+		shard   int
+		samples []int
+		pileCap int64
 	}{
-		{1, 1024, []int{10600}, 530},
-		{3, 7, []int{20, 0, 13}, 16},
-		{2, 5, []int{11, 3}, 1},
-		{2, 500, []int{600, 600}, 64},
-		{1, 4, []int{9}, 1000},
+		{1024, []int{10600}, 530},
+		{7, []int{60, 0, 39}, 16},
+		{5, []int{22, 6}, 1},
+		{500, []int{1200, 1200}, 64},
+		{4, []int{9}, 1000},
 	} {
 		t.Run(fmt.Sprint(tc), func(t *testing.T) {
-			j := &job{o: Options{WorldSize: tc.world, ShardSize: tc.shard}}
+			j := &job{o: Options{ShardSize: tc.shard}}
 			var base int64
-			for e, per := range tc.perRank {
-				j.epochs = append(j.epochs, epochPlan{epoch: e, perRank: per, base: base})
-				base += int64(per * tc.world)
+			for e, n := range tc.samples {
+				j.epochs = append(j.epochs, epochPlan{epoch: e, samples: make([]Sample, n), base: base})
+				base += int64(n)
 			}
 			j.total = base
-			// The shards, counted out independently: each epoch's ranks in
-			// turn, each rank's samples in runs of tc.shard.
+			// The shards, counted out independently: each epoch's samples
+			// in runs of tc.shard.
 			var shards []unit
 			for e, ep := range j.epochs {
-				for r := 0; r < tc.world; r++ {
-					for k, sh := 0, 0; k < ep.perRank; k, sh = k+tc.shard, sh+1 {
-						lo := ep.base + int64(r*ep.perRank+k)
-						shards = append(shards, unit{ep: e, rank: r, shard: sh, idx: r*((ep.perRank+tc.shard-1)/tc.shard) + sh,
-							seq: len(shards), lo: lo, hi: lo + int64(min(tc.shard, ep.perRank-k))})
-					}
+				n := len(ep.samples)
+				for k, sh := 0, 0; k < n; k, sh = k+tc.shard, sh+1 {
+					lo := ep.base + int64(k)
+					shards = append(shards, unit{ep: e, shard: sh, idx: sh, seq: len(shards), lo: lo, hi: lo + int64(min(tc.shard, n-k))})
 				}
 			}
 			units := j.shards()
@@ -63,7 +61,7 @@ func TestPiles(t *testing.T) {
 			}
 			nextPile := 0
 			for i, u := range units {
-				if want := shards[i]; u.ep != want.ep || u.rank != want.rank || u.shard != want.shard || u.idx != want.idx ||
+				if want := shards[i]; u.ep != want.ep || u.shard != want.shard || u.idx != want.idx ||
 					u.seq != want.seq || u.lo != want.lo || u.hi != want.hi {
 					t.Fatalf("unit %d is %+v, want %+v", i, u, want)
 				}

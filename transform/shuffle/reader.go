@@ -12,7 +12,7 @@ import (
 	"github.com/clipshard/clipshard/formats/npy"
 )
 
-// Reader reads one rank's samples of one epoch, in order, strictly
+// Reader reads the samples of one epoch, in their shuffled order, strictly
 // sequentially through its shard files. It is not safe for concurrent use;
 // Close releases the open files.
 type Reader struct {
@@ -27,8 +27,8 @@ type Reader struct {
 	buf    [24]byte
 }
 
-// OpenRank opens rank's samples of epoch in the epochs directory dir.
-func OpenRank(dir string, epoch, rank int) (*Reader, error) {
+// Open opens the samples of epoch in the epochs directory dir.
+func Open(dir string, epoch int) (*Reader, error) {
 	man, err := LoadEpochs(dir)
 	if err != nil {
 		return nil, err
@@ -42,15 +42,7 @@ func OpenRank(dir string, epoch, rank int) (*Reader, error) {
 	if entry == nil {
 		return nil, fmt.Errorf("shuffle: %s: epoch %d is not there", dir, epoch)
 	}
-	if rank < 0 || rank >= man.WorldSize {
-		return nil, fmt.Errorf("shuffle: rank %d not in [0, %d)", rank, man.WorldSize)
-	}
-	r := &Reader{dir: dir, man: man}
-	for _, s := range entry.Shards {
-		if s.Rank == rank {
-			r.shards = append(r.shards, s)
-		}
-	}
+	r := &Reader{dir: dir, man: man, shards: append([]ShardEntry(nil), entry.Shards...)}
 	sort.Slice(r.shards, func(a, b int) bool { return r.shards[a].Shard < r.shards[b].Shard })
 	for _, m := range man.Modalities {
 		n := m.WindowRows * 2

@@ -16,8 +16,9 @@ import (
 	"github.com/clipshard/clipshard/transform/shuffle"
 )
 
-// TestReaderAgainstDataset shuffles the demo set and reads every rank back
-// with Reader: each window equals the dataset rows of its sample.
+// TestReaderAgainstDataset shuffles the demo set and reads every epoch
+// back with Reader: the samples are the seed's, in order, and each window
+// equals the dataset rows of its sample.
 func TestReaderAgainstDataset(t *testing.T) {
 	ds := filepath.Join(t.TempDir(), "ds")
 	var mods []convert.Modality
@@ -29,7 +30,7 @@ func TestReaderAgainstDataset(t *testing.T) {
 		t.Fatal(err)
 	}
 	edir := filepath.Join(t.TempDir(), "ep")
-	o := shuffle.Options{Dataset: ds, Out: edir, EpochStart: 0, EpochEnd: 2, Seed: 3, WorldSize: 2, ShardSize: 4,
+	o := shuffle.Options{Dataset: ds, Out: edir, EpochStart: 0, EpochEnd: 2, Seed: 3, ShardSize: 4,
 		Sampling: shuffle.Sampling{Window: 30, Mode: "tile", Short: "pad"}}
 	if _, err := shuffle.Run(context.Background(), o); err != nil {
 		t.Fatal(err)
@@ -44,10 +45,12 @@ func TestReaderAgainstDataset(t *testing.T) {
 		}
 		blobs[m.Name] = a.Data
 	}
+	_, lengths, _ := manifests.ReadIndex(filepath.Join(ds, "index.npy"))
 	for epoch := 0; epoch < 2; epoch++ {
 		seen := 0
-		for rank := 0; rank < 2; rank++ {
-			r, err := shuffle.OpenRank(edir, epoch, rank)
+		all := shuffle.Samples(lengths, o.Sampling, o.Seed, epoch)
+		{
+			r, err := shuffle.Open(edir, epoch)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -61,20 +64,23 @@ func TestReaderAgainstDataset(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				if s != all[seen] {
+					t.Fatalf("epoch %d sample %d is %+v, the seed says %+v", epoch, seen, s, all[seen])
+				}
 				seen++
 				for k, m := range d.Modalities {
 					row := int64(2 * m.FrameShape[0])
 					first := (starts[s.Clip] + s.Start) * int64(m.Rate) * row
 					want := blobs[m.Name][first : first+s.Valid*int64(m.Rate)*row]
 					if !bytes.Equal(wins[k][:len(want)], want) || bytes.ContainsFunc(wins[k][len(want):], func(r rune) bool { return r != 0 }) {
-						t.Fatalf("epoch %d rank %d sample %+v: %s window differs", epoch, rank, s, m.Name)
+						t.Fatalf("epoch %d sample %+v: %s window differs", epoch, s, m.Name)
 					}
 				}
 			}
 			r.Close()
 		}
-		if seen == 0 {
-			t.Fatalf("epoch %d: no samples", epoch)
+		if seen == 0 || seen != len(all) {
+			t.Fatalf("epoch %d: %d samples read, the seed makes %d", epoch, seen, len(all))
 		}
 	}
 }
@@ -106,7 +112,7 @@ func TestExternalSmallLimits(t *testing.T) {
 	}
 	run := func(mem int64, noFsync bool) map[string][]byte {
 		out := filepath.Join(t.TempDir(), "ep")
-		o := shuffle.Options{Dataset: ds, Out: out, EpochStart: 0, EpochEnd: 2, Seed: 5, WorldSize: 2, ShardSize: 7, Mem: mem,
+		o := shuffle.Options{Dataset: ds, Out: out, EpochStart: 0, EpochEnd: 2, Seed: 5, ShardSize: 7, Mem: mem,
 			NoFsync: noFsync, Sampling: shuffle.Sampling{Window: 9, Mode: "tile", Short: "pad"}}
 		res, err := shuffle.Run(context.Background(), o)
 		if err != nil {

@@ -41,7 +41,6 @@ type Options struct {
 	EpochEnd   int    // one past the last epoch
 	Seed       uint64
 	Sampling   Sampling
-	WorldSize  int   // ranks; default 1
 	ShardSize  int   // samples per shard file; default 1024
 	Mem        int64 // memory budget in bytes; default 2 GiB
 	Workers    int   // shard writers; default GOMAXPROCS, at most 8 (fewer if --mem is small)
@@ -78,7 +77,6 @@ type Result struct {
 	Skipped   []int // epochs already complete
 	External  bool  // the two-pass path was used
 	Bytes     int64 // bytes written
-	Dropped   map[int]int
 	Elapsed   time.Duration
 	UpToDate  bool
 	Replaced  int   // stale epochs removed (dataset rebuilt since, or --force)
@@ -99,9 +97,7 @@ type modInfo struct {
 
 type epochPlan struct {
 	epoch   int
-	samples []Sample // shuffled, cut to perRank*worldSize
-	perRank int
-	dropped int
+	samples []Sample // shuffled
 	base    int64 // global position of the first sample
 }
 
@@ -132,7 +128,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	res := &Result{Dir: j.o.Out, Dropped: map[int]int{}}
+	res := &Result{Dir: j.o.Out}
 	todo, skipped := j.toDo()
 	if len(todo) == 0 {
 		if err := j.tidy(); err != nil {
@@ -150,9 +146,8 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	var files int64 // shard files to write
 	for _, e := range todo {
 		n := CountSamples(j.lengths, j.o.Sampling, j.o.Seed, e)
-		per, dropped := RankSplit(int(n), j.o.WorldSize)
-		if per == 0 && !j.o.AllowEmpty {
-			return nil, j.emptyErr(e, int(n))
+		if n == 0 && !j.o.AllowEmpty {
+			return nil, j.emptyErr(e)
 		}
 		// One epoch's plan is made whole: it may take a quarter of --mem
 		// and part of the 64 MiB beyond it that the budget allows.
@@ -160,10 +155,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			return nil, fmt.Errorf("%w: epoch %d has %d samples: planning it takes %s (%d bytes a sample, and the shards' entries), more than a quarter of --mem %s and %s; give --mem %s or more, or cut fewer samples (a larger --window, a smaller --per-clip)",
 				ErrUsage, e, n, sizeString(meta), sampleMeta, sizeString(j.o.Mem), sizeString(metaSlack), sizeString(4*(meta-metaSlack)))
 		}
-		res.Dropped[e] = dropped
-		counts = append(counts, epochCount{e, per * j.o.WorldSize})
-		res.Planned += j.epochBytes(per)
-		files += j.epochFiles(per)
+		counts = append(counts, epochCount{e, int(n)})
+		res.Planned += j.epochBytes(n)
+		files += j.epochFiles(n)
 	}
 	for _, m := range j.mods {
 		res.DataBytes += j.ds.Modality(m.name).Rows * m.rowBytes
@@ -201,7 +195,6 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		var kept []epochCount
 		for i, e := range todo {
 			if slices.Contains(done, e) {
-				delete(res.Dropped, e)
 				continue
 			}
 			left = append(left, e)
@@ -286,17 +279,14 @@ func newJob(o Options) (*job, error) {
 	if o.EpochEnd <= o.EpochStart || o.EpochStart < 0 || o.EpochEnd > 9999 {
 		return nil, fmt.Errorf("%w: epochs [%d, %d): want 0 <= A < B <= 9999", ErrUsage, o.EpochStart, o.EpochEnd)
 	}
-	if o.WorldSize == 0 {
-		o.WorldSize = 1
-	}
 	if o.ShardSize == 0 {
 		o.ShardSize = 1024
 	}
 	if o.Mem == 0 {
 		o.Mem = 2 << 30
 	}
-	if o.WorldSize < 1 || o.WorldSize > 99 || o.ShardSize < 1 || o.Mem < 64<<10 {
-		return nil, fmt.Errorf("%w: --world-size %d, --shard-samples %d, --mem %d: want 1..99, >= 1, >= 64KiB", ErrUsage, o.WorldSize, o.ShardSize, o.Mem)
+	if o.ShardSize < 1 || o.Mem < 64<<10 {
+		return nil, fmt.Errorf("%w: --shard-samples %d, --mem %d: want >= 1, >= 64KiB", ErrUsage, o.ShardSize, o.Mem)
 	}
 	if o.Workers < 0 || o.Workers > 256 {
 		return nil, fmt.Errorf("%w: --workers %d: want 1..256 (0: the CPUs)", ErrUsage, o.Workers)
@@ -430,8 +420,7 @@ func (j *job) plan(epochs []int) {
 	var base int64
 	for _, e := range epochs {
 		all := Samples(j.lengths, j.o.Sampling, j.o.Seed, e)
-		per, dropped := RankSplit(len(all), j.o.WorldSize)
-		ep := epochPlan{epoch: e, samples: all[:per*j.o.WorldSize], perRank: per, dropped: dropped, base: base}
+		ep := epochPlan{epoch: e, samples: all, base: base}
 		base += int64(len(ep.samples))
 		j.epochs = append(j.epochs, ep)
 	}
@@ -441,7 +430,7 @@ func (j *job) plan(epochs []int) {
 // epochMeta is the memory that planning an epoch of n samples takes: its
 // samples and the entries of its shards (in the plan and the manifest).
 func (j *job) epochMeta(n int64) int64 {
-	shards := int64(j.o.WorldSize) + n/int64(j.o.ShardSize)
+	shards := 1 + n/int64(j.o.ShardSize)
 	return n*sampleMeta + shards*int64(shardMeta+64*len(j.mods))
 }
 
@@ -471,23 +460,21 @@ func sizeString(n int64) string {
 const sampleMeta = 32
 
 // epochFiles is the number of shard files (modalities and samples) of an
-// epoch with perRank samples per rank.
-func (j *job) epochFiles(perRank int) int64 {
-	if perRank == 0 {
+// epoch of n samples.
+func (j *job) epochFiles(n int64) int64 {
+	if n == 0 {
 		return 0
 	}
-	return int64(j.o.WorldSize) * int64((perRank+j.o.ShardSize-1)/j.o.ShardSize) * int64(len(j.mods)+1)
+	return (n + int64(j.o.ShardSize) - 1) / int64(j.o.ShardSize) * int64(len(j.mods)+1)
 }
 
 // diskBlock bounds the filesystem's allocation unit that the space check
 // allows for at the end of each file.
 const diskBlock = 4096
 
-// epochBytes is what the shards of an epoch with perRank samples per rank
-// take on disk.
-func (j *job) epochBytes(perRank int) int64 {
-	n := int64(perRank) * int64(j.o.WorldSize)
-	return n*(j.rec+24) + j.epochFiles(perRank)*npy.DataAlign
+// epochBytes is what the shards of an epoch of n samples take on disk.
+func (j *job) epochBytes(n int64) int64 {
+	return n*(j.rec+24) + j.epochFiles(n)*npy.DataAlign
 }
 
 // checkSpace refuses to start when the filesystem of out lacks the room
@@ -1005,7 +992,6 @@ func shardName(shard int, what string) string {
 
 func epochDir(e int) string { return fmt.Sprintf("epoch-%04d", e) }
 
-func rankDir(r int) string { return fmt.Sprintf("rank-%02d", r) }
 
 // lockFile creates (or opens) the lock file p and takes a non-blocking
 // exclusive flock on it, making sure the lock is on the file that p names

@@ -26,8 +26,13 @@ import (
 	"github.com/clipshard/clipshard/manifests"
 )
 
-// EpochsFormat is the value of epochs.json's "format" key.
-const EpochsFormat = "clipshard.epochs"
+// EpochsFormat is the value of epochs.json's "format" key, and
+// EpochsVersion its "version": 2 since an epoch is one global order that
+// any world size reads (version 1 had a folder per rank).
+const (
+	EpochsFormat  = "clipshard.epochs"
+	EpochsVersion = 2
+)
 
 // Names of the files in an epochs directory.
 const (
@@ -45,7 +50,6 @@ type Epochs struct {
 	Sampling     string          `json:"sampling"`
 	PerClip      int             `json:"per_clip"`
 	Short        string          `json:"short"`
-	WorldSize    int             `json:"world_size"`
 	ShardSamples int             `json:"shard_samples"`
 	Modalities   []EpochModality `json:"modalities"`
 	Epochs       []EpochEntry    `json:"epochs"`
@@ -82,16 +86,13 @@ type EpochEntry struct {
 	Epoch   int          `json:"epoch"`
 	Dir     string       `json:"dir"`
 	Samples int64        `json:"samples"`  // over all ranks
-	PerRank int          `json:"per_rank"` // samples per rank
-	Dropped int          `json:"dropped"`  // remainder left out to equalise ranks
 	Shards  []ShardEntry `json:"shards"`
 }
 
 // ShardEntry is one shard file group.
 type ShardEntry struct {
-	Rank    int               `json:"rank"`
 	Shard   int               `json:"shard"`
-	First   int               `json:"first"` // index of its first sample within the rank
+	First   int64             `json:"first"` // index of its first sample in the epoch
 	Samples int               `json:"samples"`
 	Files   map[string]string `json:"files"` // modality name (and "samples") -> path
 }
@@ -117,8 +118,12 @@ func LoadEpochs(dir string) (*Epochs, error) {
 	if err := json.Unmarshal(b, &m); err != nil {
 		return nil, fmt.Errorf("%w: %s: %w", manifests.ErrManifest, p, err)
 	}
-	if m.Format != EpochsFormat || m.Version != 1 {
-		return nil, fmt.Errorf("%w: %s: format %q version %d, want %q version 1", manifests.ErrManifest, p, m.Format, m.Version, EpochsFormat)
+	if m.Format == EpochsFormat && m.Version == 1 {
+		return nil, fmt.Errorf("%w: %s: epochs of format version 1 (a folder per rank, cut for one world size); this clipshard reads version %d (one order per epoch that any world size reads): remove the folder, or choose another --out, and run shuffle again",
+			manifests.ErrManifest, p, EpochsVersion)
+	}
+	if m.Format != EpochsFormat || m.Version != EpochsVersion {
+		return nil, fmt.Errorf("%w: %s: format %q version %d, want %q version %d", manifests.ErrManifest, p, m.Format, m.Version, EpochsFormat, EpochsVersion)
 	}
 	paths := []string{m.Files.Shards, m.Files.Sums}
 	for _, e := range m.Epochs {
@@ -150,10 +155,10 @@ func openManifest(j *job) (*Epochs, error) {
 		return nil, err
 	}
 	fresh := &Epochs{
-		Format: EpochsFormat, Version: 1,
+		Format: EpochsFormat, Version: EpochsVersion,
 		Dataset: DatasetRef{Dir: o.Dataset, Fingerprint: j.ds.Fingerprint, SHA256: dsSum},
 		Seed:    o.Seed, Window: o.Sampling.Window, Sampling: o.Sampling.Mode, PerClip: o.Sampling.PerClip,
-		Short: o.Sampling.Short, WorldSize: o.WorldSize, ShardSamples: o.ShardSize,
+		Short: o.Sampling.Short, ShardSamples: o.ShardSize,
 		Files: EpochFiles{Shards: ShardsFile, Sums: manifests.SumsFile},
 		Tool:  o.Tool,
 	}
@@ -341,11 +346,11 @@ type sink struct {
 }
 
 // unit is one shard: output positions [lo, hi) of epoch ep (index into
-// j.epochs), the shard-th of rank; idx is its index in the epoch's entry,
+// j.epochs), its shard-th; idx is its index in the epoch's entry,
 // seq its index in the run. piles lists the external path's piles that
 // hold it, in order.
 type unit struct {
-	ep, rank, shard, idx, seq int
+	ep, shard, idx, seq int
 	lo, hi                    int64
 	piles                     []int
 }
@@ -383,23 +388,16 @@ func newSink(j *job, workers int) *sink {
 	return s
 }
 
-// shardsPerRank is the number of shard files of each rank of ep.
-func (j *job) shardsPerRank(ep *epochPlan) int {
-	return (ep.perRank + j.o.ShardSize - 1) / j.o.ShardSize
-}
-
-// shards lists the planned shards, in output order (epoch, rank, shard).
+// shards lists the planned shards, in output order (epoch, shard).
 func (j *job) shards() []unit {
 	var us []unit
 	for e := range j.epochs {
 		ep := &j.epochs[e]
-		for r := 0; r < j.o.WorldSize; r++ {
-			for k := 0; k < ep.perRank; k += j.o.ShardSize {
-				lo := ep.base + int64(r*ep.perRank+k)
-				sh := k / j.o.ShardSize
-				us = append(us, unit{ep: e, rank: r, shard: sh, idx: r*j.shardsPerRank(ep) + sh, seq: len(us),
-					lo: lo, hi: lo + int64(min(j.o.ShardSize, ep.perRank-k))})
-			}
+		n := len(ep.samples)
+		for k := 0; k < n; k += j.o.ShardSize {
+			lo := ep.base + int64(k)
+			sh := k / j.o.ShardSize
+			us = append(us, unit{ep: e, shard: sh, idx: sh, seq: len(us), lo: lo, hi: lo + int64(min(j.o.ShardSize, n-k))})
 		}
 	}
 	return us
@@ -409,11 +407,11 @@ func (j *job) shards() []unit {
 // to the epochs directory, and shardPath is where it is written (in the
 // epoch's partial directory).
 func (j *job) shardRel(u unit, what string) string {
-	return relJoin(epochDir(j.epochs[u.ep].epoch), rankDir(u.rank), shardName(u.shard, what))
+	return relJoin(epochDir(j.epochs[u.ep].epoch), shardName(u.shard, what))
 }
 
 func (j *job) shardPath(u unit, what string) string {
-	return filepath.Join(j.partialDir(j.epochs[u.ep].epoch), rankDir(u.rank), shardName(u.shard, what))
+	return filepath.Join(j.partialDir(j.epochs[u.ep].epoch), shardName(u.shard, what))
 }
 
 // shardShape is the shape of modality m's file of a shard of n samples.
@@ -456,16 +454,10 @@ func (s *sink) startUpTo(e int) error {
 		if err := os.MkdirAll(st.tmp, 0o755); err != nil {
 			return err
 		}
-		st.entry = &EpochEntry{Epoch: ep.epoch, Dir: epochDir(ep.epoch), Samples: int64(len(ep.samples)), PerRank: ep.perRank,
-			Dropped: ep.dropped, Shards: []ShardEntry{}}
-		for r := 0; r < s.j.o.WorldSize && ep.perRank > 0; r++ {
-			if err := os.Mkdir(filepath.Join(st.tmp, rankDir(r)), 0o755); err != nil {
-				return err
-			}
-		}
+		st.entry = &EpochEntry{Epoch: ep.epoch, Dir: epochDir(ep.epoch), Samples: int64(len(ep.samples)), Shards: []ShardEntry{}}
 		for ; s.entered < len(s.shards) && s.shards[s.entered].ep == i; s.entered++ {
 			u := s.shards[s.entered]
-			entry := ShardEntry{Rank: u.rank, Shard: u.shard, First: int(u.lo-ep.base) - u.rank*ep.perRank, Samples: int(u.hi - u.lo),
+			entry := ShardEntry{Shard: u.shard, First: u.lo - ep.base, Samples: int(u.hi - u.lo),
 				Files: map[string]string{}}
 			for _, what := range s.j.shardFileNames() {
 				entry.Files[what] = s.j.shardRel(u, what)
@@ -809,7 +801,7 @@ func sortEpochs(es []EpochEntry) {
 // sums of files already listed) and epochs.json, in that order.
 func writeManifests(out string, man *Epochs, newSums map[string]string) error {
 	var cols struct {
-		epoch, rank, shard, first, samples []int64
+		epoch, shard, first, samples []int64
 		files                              map[string][]string
 	}
 	cols.files = map[string][]string{}
@@ -820,9 +812,8 @@ func writeManifests(out string, man *Epochs, newSums map[string]string) error {
 	for _, e := range man.Epochs {
 		for _, sh := range e.Shards {
 			cols.epoch = append(cols.epoch, int64(e.Epoch))
-			cols.rank = append(cols.rank, int64(sh.Rank))
 			cols.shard = append(cols.shard, int64(sh.Shard))
-			cols.first = append(cols.first, int64(sh.First))
+			cols.first = append(cols.first, sh.First)
 			cols.samples = append(cols.samples, int64(sh.Samples))
 			for _, n := range names {
 				cols.files[n] = append(cols.files[n], sh.Files[n])
@@ -830,7 +821,7 @@ func writeManifests(out string, man *Epochs, newSums map[string]string) error {
 		}
 	}
 	table := []manifests.Column{
-		{Name: "epoch", Ints: nz(cols.epoch)}, {Name: "rank", Ints: nz(cols.rank)}, {Name: "shard", Ints: nz(cols.shard)},
+		{Name: "epoch", Ints: nz(cols.epoch)}, {Name: "shard", Ints: nz(cols.shard)},
 		{Name: "first", Ints: nz(cols.first)}, {Name: "samples", Ints: nz(cols.samples)},
 	}
 	for _, n := range names {
@@ -892,7 +883,7 @@ func syncTree(tmp string, sums map[string]string) error {
 	sem := make(chan struct{}, 4)
 	dirs := map[string]bool{tmp: true}
 	for rel := range sums {
-		_, rest, _ := strings.Cut(rel, "/") // epoch-NNNN/rank-RR/file
+		_, rest, _ := strings.Cut(rel, "/") // epoch-NNNN/file
 		p := filepath.Join(tmp, filepath.FromSlash(rest))
 		dirs[filepath.Dir(p)] = true
 		sem <- struct{}{}

@@ -108,20 +108,19 @@ func Verify(dir string, o manifests.VerifyOptions) (*manifests.Report, error) {
 
 	for _, e := range man.Epochs {
 		r.Samples += e.Samples
-		perRank := map[int]int{}
-		shardsPerRank := map[int]int{}
-		for _, s := range e.Shards {
-			perRank[s.Rank] += s.Samples
-			shardsPerRank[s.Rank]++
+		// The shards hold the epoch's samples in order, each from where
+		// the last one ends, in shards of shard_samples (the last fewer).
+		var next int64
+		for i, s := range e.Shards {
 			checkShardHeaders(dir, man, s, present, r)
+			last := i == len(e.Shards)-1
+			if s.First != next || s.Samples < 1 || s.Samples > man.ShardSamples || (!last && s.Samples != man.ShardSamples) {
+				r.Add(manifests.Problem{File: e.Dir, What: fmt.Sprintf("shard %d holds samples %d..%d; want them from %d, %d a shard", s.Shard, s.First, s.First+int64(s.Samples), next, man.ShardSamples)})
+			}
+			next = s.First + int64(s.Samples)
 		}
-		for rank := 0; rank < man.WorldSize && e.PerRank > 0; rank++ {
-			if perRank[rank] != e.PerRank {
-				r.Add(manifests.Problem{File: e.Dir, What: fmt.Sprintf("rank %d holds %d samples, epochs.json says %d per rank", rank, perRank[rank], e.PerRank)})
-			}
-			if shardsPerRank[rank] != shardsPerRank[0] {
-				r.Add(manifests.Problem{File: e.Dir, What: fmt.Sprintf("rank %d has %d shards, rank 0 has %d", rank, shardsPerRank[rank], shardsPerRank[0])})
-			}
+		if next != e.Samples {
+			r.Add(manifests.Problem{File: e.Dir, What: fmt.Sprintf("the shards hold %d samples, epochs.json says %d", next, e.Samples)})
 		}
 	}
 	if o.Deep {
@@ -211,9 +210,8 @@ func deepEpochs(dir string, man *Epochs, r *manifests.Report) {
 	s := Sampling{Window: man.Window, Mode: man.Sampling, PerClip: man.PerClip, Short: man.Short}
 	for _, e := range man.Epochs {
 		all := Samples(lengths, s, man.Seed, e.Epoch)
-		per, _ := RankSplit(len(all), man.WorldSize)
-		if per != e.PerRank {
-			r.Add(manifests.Problem{File: e.Dir, What: fmt.Sprintf("seed %d gives %d samples per rank, epochs.json says %d (another seed or sampling?)", man.Seed, per, e.PerRank)})
+		if int64(len(all)) != e.Samples {
+			r.Add(manifests.Problem{File: e.Dir, What: fmt.Sprintf("seed %d gives %d samples, epochs.json says %d (another seed or sampling?)", man.Seed, len(all), e.Samples)})
 			continue
 		}
 		for _, sh := range e.Shards {
@@ -251,9 +249,9 @@ func deepEpochs(dir string, man *Epochs, r *manifests.Report) {
 					Start: int64(binary.LittleEndian.Uint64(a.Data[24*i+8:])),
 					Valid: int64(binary.LittleEndian.Uint64(a.Data[24*i+16:])),
 				}
-				at := sh.Rank*per + sh.First + i
-				if sh.Rank < 0 || sh.First < 0 || sh.First+i >= per || at >= len(all) {
-					r.Add(manifests.Problem{File: rel, What: fmt.Sprintf("shard claims rank %d samples from %d, beyond the %d per rank", sh.Rank, sh.First+i, per)})
+				at := sh.First + int64(i)
+				if sh.First < 0 || at >= int64(len(all)) {
+					r.Add(manifests.Problem{File: rel, What: fmt.Sprintf("shard claims sample %d, beyond the epoch's %d", at, len(all))})
 					break
 				}
 				if want := all[at]; got != want {

@@ -1,0 +1,64 @@
+"""Random access to a dataset written by `convert`."""
+import json
+import os
+
+import numpy as np
+
+__all__ = ["Dataset"]
+
+
+class Dataset:
+    """A converted dataset: ds[i] or ds["clip id"] is a dict of the clip's
+    rows per modality (views of the memory-mapped blobs, no copy).
+
+    ds.ids lists the clip ids in row order (read from clips.txt, without
+    pyarrow); ds.index is int64 [N, 2] (start, length in clip frames); a
+    sample's clip row in an epoch (samples[:, 0]) indexes both.
+    """
+
+    def __init__(self, path):
+        with open(os.path.join(path, "dataset.json")) as f:
+            man = json.load(f)
+        if man.get("format") != "clipshard.dataset":
+            raise ValueError("%s: not a clipshard dataset" % path)
+        self.dir, self.manifest = path, man
+        self.index = np.load(os.path.join(path, man["files"]["index"]))
+        self.modalities = {m["name"]: m for m in man["modalities"]}
+        self.blobs = {name: np.load(os.path.join(path, m["file"]), mmap_mode="r") for name, m in self.modalities.items()}
+        self.ids = None
+        self._row = None
+        ids = man["files"].get("ids")
+        if ids:
+            with open(os.path.join(path, ids), encoding="utf-8") as f:
+                self.ids = f.read().split("\n")[:-1]
+            if len(self.ids) != len(self.index):
+                raise ValueError("%s: %d clip ids for %d clips" % (path, len(self.ids), len(self.index)))
+
+    def __len__(self):
+        return len(self.index)
+
+    def row(self, clip):
+        """The row of clip id (a str) or row number (an int)."""
+        if isinstance(clip, (int, np.integer)):
+            if not -len(self) <= clip < len(self):
+                raise IndexError("clip row %d of %d" % (clip, len(self)))
+            return int(clip) % len(self)
+        if self.ids is None:
+            raise KeyError("%s has no clips.txt (made by an older convert): look clips up by row, or convert again" % self.dir)
+        if self._row is None:
+            self._row = {c: i for i, c in enumerate(self.ids)}
+        return self._row[clip]
+
+    def __getitem__(self, clip):
+        i = self.row(clip)
+        start, length = (int(x) for x in self.index[i])
+        return {name: self.blobs[name][start * m["rate"]: (start + length) * m["rate"]]
+                for name, m in self.modalities.items()}
+
+    def window(self, sample):
+        """The dataset rows of an epoch sample (clip row, start, valid):
+        what its shard windows hold before the zero padding."""
+        clip, start, valid = (int(x) for x in sample)
+        c0 = int(self.index[clip][0])
+        return {name: self.blobs[name][(c0 + start) * m["rate"]: (c0 + start + valid) * m["rate"]]
+                for name, m in self.modalities.items()}

@@ -1,0 +1,379 @@
+"""Read an epoch written by `shuffle`: one global order per epoch that any
+world size reads.
+
+An epoch's samples lie in shard files in their shuffled order. A job of
+`world_size` ranks with `batch_size` samples per rank reads global batch g
+as world_size contiguous slices of that order: rank r takes samples
+
+    [start + g*B*R + r*B,  start + g*B*R + (r+1)*B)
+
+where `start` is where the job resumed (0 for a fresh epoch). Each batch is
+then one sequential read per modality (two at a shard boundary). The
+reader's state is the count of samples of the epoch consumed by all ranks
+together; a job resumed from it with another world size or batch size goes
+on from exactly there. What is left at the end of an epoch, too little for
+one more global batch, is dropped (`remainder="drop"`, the default) or
+filled with samples from the start of the epoch (`remainder="pad"`, as
+torch's DistributedSampler pads), so that every rank gets the same number
+of batches.
+"""
+import bisect
+import json
+import os
+
+import numpy as np
+
+__all__ = ["EpochReader", "load_epochs"]
+
+STATE_FORMAT = "clipshard.reader"
+
+
+def load_epochs(edir):
+    """Load and check EDIR/epochs.json."""
+    with open(os.path.join(edir, "epochs.json")) as f:
+        man = json.load(f)
+    if man.get("format") != "clipshard.epochs":
+        raise ValueError("%s: not a clipshard epochs directory" % edir)
+    if man.get("version") == 1:
+        raise ValueError("%s: epochs of format version 1 (a folder per rank); run shuffle again into a new folder "
+                         "(version 2 is one order per epoch that any world size reads)" % edir)
+    if man.get("version") != 2:
+        raise ValueError("%s: epochs format version %r, this reader knows version 2" % (edir, man.get("version")))
+    return man
+
+
+def _worker():
+    """(worker id, number of workers) inside a torch DataLoader worker."""
+    try:
+        from torch.utils.data import get_worker_info
+    except ImportError:
+        return 0, 1
+    info = get_worker_info()
+    return (0, 1) if info is None else (info.id, info.num_workers)
+
+
+class EpochReader:
+    """The batches of one rank of one epoch, as dicts of numpy arrays:
+    one entry per modality ([B, W*rate, *frame_shape] float16) and
+    "samples" (int64 [B, 3]: clip row, start frame, valid frames).
+
+    rank, world_size: this process's place in the job (any world size: the
+        epoch does not depend on it).
+    batch_size: samples per rank per batch (B).
+    remainder: "drop" or "pad" (see the module doc).
+    replay_seed, virtual_epoch: read a materialised epoch in a seeded shard
+        order for a later training epoch (1x storage, a coarser shuffle).
+    mix_shards: read K consecutive shards (of that order) as one block and
+        shuffle the samples across them (seeded by mix_seed and the
+        virtual epoch): a finer shuffle of a replayed epoch, holding K
+        shards' worth of the page cache. mix_mem picks K from a memory cap
+        instead ("2GiB" or bytes).
+    read: False: views of the memory-mapped shards (no copy); True: arrays
+        of their own, one read call per modality (for NFS or Lustre).
+    prefetch: batches of this rank asked of the kernel ahead of time
+        (posix_fadvise); default 2 with read=False, 0 with read=True.
+    """
+
+    def __init__(self, edir, epoch, rank=0, world_size=1, batch_size=256, remainder="drop",
+                 replay_seed=None, virtual_epoch=None, mix_shards=1, mix_seed=0, mix_mem=None,
+                 read=False, prefetch=None):
+        man = load_epochs(edir)
+        entry = next((e for e in man["epochs"] if e["epoch"] == epoch), None)
+        if entry is None:
+            raise ValueError("%s: epoch %d is not materialised (have %s)" % (edir, epoch, [e["epoch"] for e in man["epochs"]]))
+        if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int) and 0 <= rank < world_size):
+            raise ValueError("rank %r not in [0, world_size=%r)" % (rank, world_size))
+        if not (isinstance(batch_size, int) and batch_size >= 1):
+            raise ValueError("batch_size %r: want an int >= 1" % (batch_size,))
+        if remainder not in ("drop", "pad"):
+            raise ValueError("remainder %r: want 'drop' or 'pad'" % (remainder,))
+        self.dir, self.manifest, self.epoch = edir, man, epoch
+        self.virtual_epoch = epoch if virtual_epoch is None else virtual_epoch
+        self.rank, self.world_size, self.batch_size, self.remainder = rank, world_size, batch_size, remainder
+        self.read = read
+        self.prefetch = (0 if read else 2) if prefetch is None else prefetch
+        self.modalities = [m["name"] for m in man["modalities"]]
+        self.names = self.modalities + ["samples"]
+        shards = sorted(entry["shards"], key=lambda s: s["shard"])
+        if replay_seed is not None:
+            order = np.random.default_rng([replay_seed, self.virtual_epoch]).permutation(len(shards))
+            shards = [shards[i] for i in order]
+        self.shards = shards
+        self._starts = [0]
+        for s in shards:
+            self._starts.append(self._starts[-1] + s["samples"])
+        self.samples = self._starts[-1]  # in the epoch
+        if mix_mem is not None:
+            mix_shards = max(1, _size(mix_mem) // max(1, self._shard_bytes()))
+        self.mix = max(1, int(mix_shards))
+        self.mix_seed = mix_seed
+        self._perms = {}  # block -> permutation of its samples
+        self._files = {}  # shard position -> {name: (array-like, path)}
+        self._fds = {}  # shard position -> [(fd, data offset, row bytes)]
+        self.start = 0  # samples consumed when this reader was resumed
+        self.consumed = 0
+
+    # -- sizes and state -------------------------------------------------
+
+    def batches_left(self):
+        """Global batches left from the resume point (each rank reads one
+        of each)."""
+        left, per = self.samples - self.start, self.batch_size * self.world_size
+        if left <= 0:
+            return 0
+        return left // per if self.remainder == "drop" else -(-left // per)
+
+    def __len__(self):
+        return self.batches_left()
+
+    def state_dict(self):
+        """The state to resume from: the samples of the epoch consumed by
+        all ranks together (the same on every rank), with what identifies
+        the epoch. A plain dict of ints and strings (torch.save, JSON)."""
+        return {"format": STATE_FORMAT, "version": 1, "epoch": self.epoch, "virtual_epoch": self.virtual_epoch,
+                "seed": self.manifest["seed"], "samples": self.samples, "consumed": self.consumed}
+
+    def load_state_dict(self, state):
+        """Resume where state says, with this reader's world size and batch
+        size (which may differ from those that saved it)."""
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError("not a clipshard reader state: %r" % (state,))
+        for k in ("epoch", "virtual_epoch", "seed", "samples"):
+            mine = self.state_dict()[k]
+            if state[k] != mine:
+                raise ValueError("state is of %s %r, this reader's is %r" % (k, state[k], mine))
+        c = int(state["consumed"])
+        if not 0 <= c <= self.samples:
+            raise ValueError("state consumed %d of %d samples" % (c, self.samples))
+        self.start = self.consumed = c
+
+    # -- iteration --------------------------------------------------------
+
+    def __iter__(self):
+        return self.batches()
+
+    def batches(self, worker_id=None, num_workers=None):
+        """Yield this rank's batches in order. Inside a DataLoader worker
+        (found through torch, or given) only every num_workers-th batch,
+        from the worker_id-th: with DataLoader(batch_size=None) the workers'
+        batches arrive in the order of a single process."""
+        if worker_id is None or num_workers is None:
+            worker_id, num_workers = _worker()
+        B, R = self.batch_size, self.world_size
+        mine = range(worker_id, self.batches_left(), num_workers)
+        try:
+            for i, g in enumerate(mine):
+                lo = self.start + g * B * R + self.rank * B
+                if self.prefetch > 0 and hasattr(os, "posix_fadvise"):
+                    ahead = mine[i: i + self.prefetch + 1]
+                    for h in ahead:
+                        a = self.start + h * B * R + self.rank * B
+                        self._advise(a, a + B)
+                batch = self._gather(lo, lo + B)
+                self.consumed = self.start + (g + 1) * B * R
+                yield batch
+        finally:
+            self.close()
+
+    def close(self):
+        for fds in self._fds.values():
+            for fd, _, _ in fds:
+                os.close(fd)
+        self._fds = {}
+        for files in self._files.values():
+            for a in files.values():
+                if isinstance(a, _ReadArray):
+                    a.close()
+        self._files = {}
+
+    # -- the virtual order --------------------------------------------------
+
+    def _segments(self, lo, hi):
+        """(shard position, first, last) runs covering the virtual order's
+        positions [lo, hi), positions past the end wrapping to the start
+        (remainder="pad"); with mixing, one run per sample."""
+        out = []
+        n = self.samples
+        p = lo
+        while p < hi:
+            q = p % n
+            end = min(hi, p + (n - q))  # up to the end of the epoch
+            if self.mix == 1:
+                a = q
+                while a < q + (end - p):
+                    k = bisect.bisect_right(self._starts, a) - 1
+                    b = min(q + (end - p), self._starts[k + 1])
+                    out.append((k, a - self._starts[k], b - self._starts[k]))
+                    a = b
+            else:
+                for v in range(q, q + (end - p)):
+                    k, i = self._mixed(v)
+                    out.append((k, i, i + 1))
+            p = end
+        return out
+
+    def _mixed(self, v):
+        """Shard position and index of virtual position v with mixing."""
+        block = bisect.bisect_right(self._starts, v) - 1
+        block -= block % self.mix
+        first, last = block, min(block + self.mix, len(self.shards))
+        b0 = self._starts[first]
+        perm = self._perms.get(block)
+        if perm is None:
+            self._perms = {}  # one block at a time
+            rng = np.random.default_rng([self.mix_seed, self.virtual_epoch, block])
+            perm = self._perms[block] = rng.permutation(self._starts[last] - b0)
+            if self.prefetch > 0 and hasattr(os, "posix_fadvise"):
+                for k in range(first, last):
+                    for fd, off, row in self._shard_fds(k):
+                        _advise_range(fd, off, off + self.shards[k]["samples"] * row)
+        u = b0 + int(perm[v - b0])
+        k = bisect.bisect_right(self._starts, u) - 1
+        return k, u - self._starts[k]
+
+    # -- reading ---------------------------------------------------------
+
+    def _open(self, k):
+        files = self._files.get(k)
+        if files is None:
+            for old in [x for x in self._files if x != k and (self.mix == 1 or x // self.mix != k // self.mix)]:
+                for a in self._files.pop(old).values():
+                    if isinstance(a, _ReadArray):
+                        a.close()
+            files = {}
+            for name in self.names:
+                path = self._path(k, name)
+                files[name] = _ReadArray(path) if self.read and self.mix == 1 else np.load(path, mmap_mode="r")
+            self._files[k] = files
+        return files
+
+    def _path(self, k, name):
+        return os.path.join(self.dir, *self.shards[k]["files"][name].split("/"))
+
+    def _gather(self, lo, hi):
+        segs = self._segments(lo, hi)
+        if self.mix > 1:
+            # Each shard's samples taken at once, in index order, then put
+            # in the batch's order.
+            by_shard = {}
+            for j, (k, i, _) in enumerate(segs):
+                by_shard.setdefault(k, []).append((i, j))
+            parts = {name: [None] * len(segs) for name in self.names}
+            out = {}
+            for k, items in by_shard.items():
+                items.sort()
+                idx = np.array([i for i, _ in items])
+                files = self._open(k)
+                for name in self.names:
+                    got = files[name][idx]
+                    for (_, j), row in zip(items, got):
+                        parts[name][j] = row
+            for name in self.names:
+                out[name] = np.stack(parts[name])
+            return out
+        pieces = [{name: self._open(k)[name][a:b] for name in self.names} for k, a, b in segs]
+        if len(pieces) == 1:
+            # Views of the memory-mapped shard (no copy; the consumer's copy,
+            # e.g. into pinned memory, is the one sequential read), or
+            # arrays of their own with read=True.
+            return pieces[0]
+        return {name: np.concatenate([p[name] for p in pieces]) for name in self.names}
+
+    # -- read-ahead ------------------------------------------------------
+
+    def _shard_fds(self, k):
+        fds = self._fds.get(k)
+        if fds is None:
+            for old in [x for x in self._fds if x < k - self.mix]:
+                for fd, _, _ in self._fds.pop(old):
+                    os.close(fd)
+            fds = []
+            for name in self.names:
+                path = self._path(k, name)
+                off, _, _, row = _header(path)
+                fds.append((os.open(path, os.O_RDONLY), off, row))
+            self._fds[k] = fds
+        return fds
+
+    def _advise(self, lo, hi):
+        """Ask the kernel for the bytes of virtual positions [lo, hi), once."""
+        if self.mix > 1:
+            return  # a block is asked for whole when it is first entered
+        done = getattr(self, "_asked", None)
+        if done is None:
+            done = self._asked = set()
+        if lo in done:
+            return
+        done.add(lo)
+        for k, a, b in self._segments(lo, hi):
+            for fd, off, row in self._shard_fds(k):
+                _advise_range(fd, off + a * row, off + b * row)
+
+    def _shard_bytes(self):
+        if not self.shards:
+            return 1
+        total = 0
+        for name in self.names:
+            _, _, _, row = _header(self._path(0, name))
+            total += row * self.shards[0]["samples"]
+        return total
+
+
+PIECE = 256 << 10  # bytes asked of the kernel per posix_fadvise call
+
+
+def _advise_range(fd, a, b):
+    for p in range(a, b, PIECE):
+        os.posix_fadvise(fd, p, min(PIECE, b - p), os.POSIX_FADV_WILLNEED)
+
+
+class _ReadArray:
+    """An open .npy shard file whose [i:j] slices are read with os.preadv
+    into a new array (one call, unless the kernel returns less)."""
+
+    def __init__(self, path):
+        self.path = path
+        self.offset, self.shape, self.dtype, self.row = _header(path)
+        self.fd = os.open(path, os.O_RDONLY)
+
+    def __getitem__(self, sl):
+        out = np.empty((sl.stop - sl.start,) + tuple(self.shape[1:]), dtype=self.dtype)
+        view = memoryview(out).cast("B")
+        off, got = self.offset + sl.start * self.row, 0
+        while got < len(view):
+            n = os.preadv(self.fd, [view[got:]], off + got)
+            if not n:
+                raise EOFError("%s: file shorter than its header says" % self.path)
+            got += n
+        return out
+
+    def close(self):
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    __del__ = close
+
+
+def _header(path):
+    """The data offset, shape, dtype and bytes per row of the .npy at path."""
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read(f)
+        offset = f.tell()
+    if fortran:
+        raise ValueError("%s: Fortran order: not a clipshard shard" % path)
+    return offset, shape, dtype, int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+
+
+def _size(s):
+    """Bytes of "2GiB", "512MiB", "1G" or a number."""
+    if isinstance(s, (int, np.integer)):
+        return int(s)
+    units = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("TB", 10**12), ("GB", 10**9),
+             ("MB", 10**6), ("KB", 10**3), ("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10), ("B", 1))
+    for suffix, mult in units:
+        if str(s).endswith(suffix):
+            return int(float(str(s)[: -len(suffix)]) * mult)
+    return int(s)

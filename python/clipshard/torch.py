@@ -1,0 +1,67 @@
+"""clipshard epochs as a PyTorch IterableDataset (torch is imported only
+here)."""
+import numpy as np
+import torch
+import torch.utils.data
+
+from .epochs import EpochReader
+
+__all__ = ["EpochDataset"]
+
+
+class EpochDataset(torch.utils.data.IterableDataset):
+    """One rank's batches of one epoch (see clipshard.EpochReader, which
+    takes the same keyword arguments), as dicts of tensors, for
+    DataLoader(ds, batch_size=None, num_workers=N): the workers share the
+    rank's batches round-robin, and they arrive in the order of a single
+    process.
+
+    rank and world_size default to torch.distributed's when it is
+    initialised. Each batch also holds "consumed": the samples of the epoch
+    that all ranks have consumed once it is trained on. To checkpoint,
+    save ds.state_dict(batch) with the last batch trained on (it is a dict
+    of ints: torch.save or JSON); to resume, even with another world size
+    or batch size, ds.load_state_dict(state) before iterating.
+    """
+
+    def __init__(self, edir, epoch, rank=None, world_size=None, batch_size=256, **kw):
+        super().__init__()
+        if world_size is None:
+            dist = torch.distributed
+            ok = dist.is_available() and dist.is_initialized()
+            world_size = dist.get_world_size() if ok else 1
+            rank = (dist.get_rank() if ok else 0) if rank is None else rank
+        self.args = dict(edir=edir, epoch=epoch, rank=rank or 0, world_size=world_size, batch_size=batch_size, **kw)
+        self.reader = EpochReader(**self.args)  # checks the arguments now
+        self.state = None
+
+    def __len__(self):
+        return len(self.reader)
+
+    def __iter__(self):
+        r = EpochReader(**self.args)
+        if self.state is not None:
+            r.load_state_dict(self.state)
+        for b in r.batches():
+            out = {k: _tensor(v) for k, v in b.items()}
+            out["consumed"] = torch.tensor(r.consumed, dtype=torch.int64)
+            self.reader.consumed = r.consumed  # (num_workers=0: the same process)
+            yield out
+
+    def state_dict(self, batch=None):
+        """The state after batch (the last one trained on), or, without it,
+        after the last batch this process yielded (num_workers=0)."""
+        st = self.reader.state_dict()
+        if batch is not None:
+            st["consumed"] = int(batch["consumed"])
+        return st
+
+    def load_state_dict(self, state):
+        self.reader.load_state_dict(state)
+        self.state = dict(state)
+
+
+def _tensor(a):
+    if not a.flags.writeable:  # a view of a memory-mapped shard: copied out
+        a = np.array(a)
+    return torch.from_numpy(a)

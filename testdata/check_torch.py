@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Check clipshard.torch.EpochDataset with a real PyTorch DataLoader.
+
+    python3 testdata/check_torch.py EPOCHS_DIR
+
+- num_workers 0, 1, 2 and 4 give every rank the same batches, in the
+  same order (DataLoader(batch_size=None));
+- the state round-trips through torch.save;
+- a training process killed (SIGKILL) at a random batch, resumed from its
+  last checkpoint with another world size and batch size, has trained on
+  the epoch's samples in order, each once, as an uninterrupted run would
+  (under the "drop" remainder rule).
+Prints "ok: torch ..." or raises.
+"""
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import torch
+
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(here, "..", "python"))
+import clipshard  # noqa: E402
+from clipshard.torch import EpochDataset  # noqa: E402
+
+edir = sys.argv[1]
+man = clipshard.load_epochs(edir)
+epoch = man["epochs"][0]["epoch"]
+
+
+def run(R, r, B, workers, state=None):
+    ds = EpochDataset(edir, epoch, rank=r, world_size=R, batch_size=B)
+    if state is not None:
+        ds.load_state_dict(state)
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)
+    return [b for b in dl]
+
+
+# Workers: the same batches, in the same order.
+for R, B in ((1, 4), (3, 2)):
+    for r in range(R):
+        ref = run(R, r, B, 0)
+        assert len(ref) == len(EpochDataset(edir, epoch, rank=r, world_size=R, batch_size=B))
+        for w in (1, 2, 4):
+            got = run(R, r, B, w)
+            assert len(got) == len(ref), (R, r, w, len(got), len(ref))
+            for a, b in zip(got, ref):
+                assert set(a) == set(b)
+                for k in a:
+                    assert torch.equal(a[k], b[k]), (R, r, w, k)
+
+# State through torch.save, with workers: the state of the last batch.
+ds = EpochDataset(edir, epoch, rank=0, world_size=2, batch_size=3)
+batches = list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2))
+state = ds.state_dict(batches[1])
+assert state["consumed"] == 2 * 3 * 2, state
+buf = io.BytesIO()
+torch.save(state, buf)
+buf.seek(0)
+back = torch.load(buf)
+assert back == state, (back, state)
+again = EpochDataset(edir, epoch, rank=1, world_size=3, batch_size=2)
+again.load_state_dict(back)
+first = next(iter(torch.utils.data.DataLoader(again, batch_size=None, num_workers=2)))
+assert int(first["consumed"]) == 12 + 6, first["consumed"]
+
+# Kill and resume with another world size and batch size.
+TRAIN = r'''
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+import torch
+from clipshard.torch import EpochDataset
+edir, epoch, R, B, ckpt, log = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6], sys.argv[7]
+dss = [EpochDataset(edir, epoch, rank=r, world_size=R, batch_size=B) for r in range(R)]
+if os.path.exists(ckpt):
+    st = torch.load(ckpt)
+    for d in dss:
+        d.load_state_dict(st)
+its = [iter(torch.utils.data.DataLoader(d, batch_size=None, num_workers=2)) for d in dss]
+with open(log, "a") as f:
+    for g in range(len(dss[0])):
+        bs = [next(it) for it in its]  # one global batch: every rank's
+        for b in bs:
+            f.write(json.dumps(b["samples"].tolist()) + "\n")
+        f.flush()
+        torch.save(dss[0].state_dict(bs[0]), ckpt + ".tmp")
+        os.replace(ckpt + ".tmp", ckpt)  # the checkpoint of what is trained
+        print(g, flush=True)
+'''
+want = np.concatenate([np.load(os.path.join(edir, s["files"]["samples"]))
+                       for s in sorted(man["epochs"][0]["shards"], key=lambda s: s["shard"])])
+rng = np.random.default_rng(0)
+tmp = os.path.join(os.environ.get("TMPDIR", "/tmp"), "clipshard-torch-%d" % os.getpid())
+os.makedirs(tmp, exist_ok=True)
+for (R1, B1), (R2, B2) in (((2, 3), (3, 2)), ((1, 5), (4, 1))):
+    ckpt, log = os.path.join(tmp, "ckpt.pt"), os.path.join(tmp, "log.jsonl")
+    for p in (ckpt, log):
+        if os.path.exists(p):
+            os.remove(p)
+    G = len(EpochDataset(edir, epoch, world_size=R1, batch_size=B1))
+    kill_after = int(rng.integers(1, max(2, G)))
+    p = subprocess.Popen([sys.executable, "-c", TRAIN, os.path.join(here, "..", "python"), edir, str(epoch), str(R1), str(B1), ckpt, log],
+                         stdout=subprocess.PIPE, text=True)
+    for _ in range(kill_after):
+        p.stdout.readline()
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    # Lines logged after the last checkpoint (a batch trained but not
+    # saved) are trained again after the resume: keep what the checkpoint
+    # covers.
+    done = torch.load(ckpt)["consumed"] if os.path.exists(ckpt) else 0
+    lines = open(log).read().splitlines()[: done // B1]
+    open(log, "w").write("".join(l + "\n" for l in lines))
+    subprocess.run([sys.executable, "-c", TRAIN, os.path.join(here, "..", "python"), edir, str(epoch), str(R2), str(B2), ckpt, log],
+                   check=True, stdout=subprocess.DEVNULL)
+    got = np.array([s for l in open(log) for s in json.loads(l)], dtype=np.int64).reshape(-1, 3)
+    total = done + (len(want) - done) // (B2 * R2) * (B2 * R2)
+    assert len(got) == total and np.array_equal(got, want[:total]), (R1, B1, R2, B2, kill_after, len(got), total)
+print("ok: torch %s (workers, torch.save state, kill and resume)" % torch.__version__)
