@@ -103,7 +103,8 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	fs.BoolVar(&o.AllowEmpty, "allow-empty", false, "write epochs without samples (window longer than every clip, more ranks than samples) instead of failing")
 	fs.StringVar(&drop, "drop", "", "remove epochs `A:B` (A..B-1) from --out: manifests first, then their files")
 	fs.BoolVar(&quiet, "quiet", false, "no progress on stderr")
-	fs.BoolVar(&jsonOut, "json", false, "print the summary as JSON")
+	fs.BoolVar(&jsonOut, "json", false, "print the summary as JSON, with each epoch's shuffle quality")
+	fs.IntVar(&o.QualityBatch, "quality-batch", 256, "batch size for the quality figures of --json (distinct clips per batch)")
 	if done, code := ui.Parse(fs, args, stderr, usage, exitCodes, false); done {
 		return code
 	}
@@ -135,6 +136,9 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	if o.Mem, err = parseSize(mem); err != nil {
 		fmt.Fprintln(stderr, "shuffle: --mem:", err)
 		return 2
+	}
+	if !jsonOut {
+		o.QualityBatch = 0
 	}
 	o.Tool = "clipshard shuffle " + ui.Version()
 	if o.Now, err = ui.Clock(); err != nil {
@@ -181,7 +185,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	}
 	if jsonOut {
 		b, _ := json.MarshalIndent(map[string]any{"dir": res.Dir, "up_to_date": res.UpToDate, "epochs_written": res.Done,
-			"epochs_skipped": res.Skipped, "external": res.External, "bytes": res.Bytes,
+			"epochs_skipped": res.Skipped, "external": res.External, "bytes": res.Bytes, "quality": res.Quality,
 			"planned_bytes": res.Planned, "seconds": res.Elapsed.Seconds()}, "", "  ")
 		fmt.Fprintln(stdout, string(b))
 		return 0

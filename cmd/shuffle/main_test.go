@@ -3,6 +3,7 @@ package main_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -70,6 +71,59 @@ func copyTree(t *testing.T, from, to string) { clitest.CopyTree(t, from, to) }
 
 func base(ds, out string, extra ...string) []string {
 	return append([]string{"--dataset", ds, "--out", out, "--window", "15", "--seed", "7", "--shard-samples", "5"}, extra...)
+}
+
+// TestPythonPackage: pip installs python/ (offline: --no-build-isolation)
+// and the installed package reads an epoch.
+func TestPythonPackage(t *testing.T) {
+	numpytest.Module(t, "pip", "python3-pip")
+	numpytest.Module(t, "setuptools", "python3-setuptools")
+	src := filepath.Join(t.TempDir(), "python")
+	copyTree(t, filepath.Join("..", "..", "python"), src)
+	os.RemoveAll(filepath.Join(src, "build"))
+	target := filepath.Join(t.TempDir(), "site")
+	numpytest.Run(t, "-m", "pip", "install", "--quiet", "--no-build-isolation", "--no-deps", "--target", target, src)
+	ds := demoDataset(t)
+	out := filepath.Join(t.TempDir(), "ep")
+	if r := shuffleRun(t, nil, base(ds, out, "--epochs", "1")...); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	got := numpytest.Run(t, "-c", `import sys; sys.path.insert(0, sys.argv[1]); import clipshard
+assert clipshard.__file__.startswith(sys.argv[1]), clipshard.__file__
+r = clipshard.EpochReader(sys.argv[2], 0, rank=1, world_size=2, batch_size=3)
+print("ok", len(list(r)), r.consumed)`, target, out)
+	if !strings.HasPrefix(string(got), "ok ") {
+		t.Fatalf("installed package: %s", got)
+	}
+}
+
+// TestQualityJSON: shuffle --json reports each epoch's shuffle quality,
+// and the Python helper measures the same figures from the epoch it reads.
+func TestQualityJSON(t *testing.T) {
+	ds := demoDataset(t)
+	out := filepath.Join(t.TempDir(), "ep")
+	r := shuffleRun(t, nil, base(ds, out, "--epochs", "2", "--json", "--quality-batch", "8")...)
+	if r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	var res struct {
+		Quality map[string]shuffle.Quality `json:"quality"`
+	}
+	if err := json.Unmarshal([]byte(r.Stdout), &res); err != nil || len(res.Quality) != 2 {
+		t.Fatalf("%v: %s", err, r.Stdout)
+	}
+	for e, q := range res.Quality {
+		if q.Batch != 8 || q.Samples == 0 || q.DistinctClipsMean < 4 || q.Spearman > 0.6 {
+			t.Errorf("epoch %s: %+v", e, q)
+		}
+		got := numpytest.Run(t, "-c", `import json, sys; sys.path.insert(0, sys.argv[1]); import clipshard, numpy as np
+r = clipshard.EpochReader(sys.argv[2], int(sys.argv[3]), batch_size=1)
+print(json.dumps(clipshard.quality.measure(np.concatenate([b["samples"] for b in r]), 8)))`, filepath.Join("..", "..", "python"), out, e)
+		var py shuffle.Quality
+		if err := json.Unmarshal(got, &py); err != nil || py != q {
+			t.Errorf("epoch %s: Go %+v, Python %+v (%v)", e, q, py, err)
+		}
+	}
 }
 
 // TestTorchReader: clipshard.torch with a real DataLoader: workers, state

@@ -54,6 +54,10 @@ type Options struct {
 	// cut may cost committed epochs their data.
 	NoFsync bool
 
+	// QualityBatch, if > 0, measures each written epoch's order with
+	// batches of that many samples (Result.Quality).
+	QualityBatch int
+
 	// Progress, if set, is called as samples are written.
 	Progress func(Progress)
 	Now      func() time.Time
@@ -79,9 +83,10 @@ type Result struct {
 	Bytes     int64 // bytes written
 	Elapsed   time.Duration
 	UpToDate  bool
-	Replaced  int   // stale epochs removed (dataset rebuilt since, or --force)
-	Planned   int64 // bytes the run was going to write
-	DataBytes int64 // dataset blob bytes
+	Replaced  int             // stale epochs removed (dataset rebuilt since, or --force)
+	Planned   int64           // bytes the run was going to write
+	DataBytes int64           // dataset blob bytes
+	Quality   map[int]Quality // per epoch written, with Options.QualityBatch
 }
 
 type modInfo struct {
@@ -98,7 +103,7 @@ type modInfo struct {
 type epochPlan struct {
 	epoch   int
 	samples []Sample // shuffled
-	base    int64 // global position of the first sample
+	base    int64    // global position of the first sample
 }
 
 type job struct {
@@ -227,6 +232,14 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	var bytes int64
 	for _, group := range groups {
 		j.plan(group)
+		if j.o.QualityBatch > 0 {
+			if res.Quality == nil {
+				res.Quality = map[int]Quality{}
+			}
+			for _, ep := range j.epochs {
+				res.Quality[ep.epoch] = Measure(ep.samples, j.o.QualityBatch)
+			}
+		}
 		s := newSink(j, j.workers())
 		if res.External {
 			err = j.external(ctx, s)
@@ -991,7 +1004,6 @@ func shardName(shard int, what string) string {
 }
 
 func epochDir(e int) string { return fmt.Sprintf("epoch-%04d", e) }
-
 
 // lockFile creates (or opens) the lock file p and takes a non-blocking
 // exclusive flock on it, making sure the lock is on the file that p names

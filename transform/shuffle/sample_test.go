@@ -1,9 +1,11 @@
 package shuffle_test
 
 import (
+	"cmp"
 	"math"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/clipshard/clipshard/transform/shuffle"
@@ -150,5 +152,30 @@ func TestCountSamples(t *testing.T) {
 				t.Errorf("%+v epoch %d: counted %d, the list has %d", s, epoch, got, want)
 			}
 		}
+	}
+}
+
+// TestMeasure: clip order, reversed order and a uniform shuffle give the
+// figures they must.
+func TestMeasure(t *testing.T) {
+	lengths := randomLengths(300, 2)
+	s := shuffle.Sampling{Window: 10, Mode: "tile", Short: "skip"}
+	shuffled := shuffle.Samples(lengths, s, 1, 0)
+	inOrder := slices.Clone(shuffled)
+	slices.SortFunc(inOrder, func(a, b shuffle.Sample) int {
+		return cmp.Or(cmp.Compare(a.Clip, b.Clip), cmp.Compare(a.Start, b.Start))
+	})
+	q := shuffle.Measure(inOrder, 16)
+	if q.Spearman != 1 || q.MeanDisplacement != 0 || q.SameClipNeighbours < 0.8 {
+		t.Errorf("clip order: %+v", q)
+	}
+	rev := slices.Clone(inOrder)
+	slices.Reverse(rev)
+	if q := shuffle.Measure(rev, 16); math.Abs(q.Spearman+1) > 1e-9 {
+		t.Errorf("reversed: %+v", q)
+	}
+	q = shuffle.Measure(shuffled, 16)
+	if math.Abs(q.Spearman) > 0.1 || math.Abs(q.MeanDisplacement-1.0/3) > 0.03 || q.DistinctClipsMean < 15 || q.SameClipNeighbours > 0.05 {
+		t.Errorf("shuffled: %+v", q)
 	}
 }
