@@ -50,6 +50,10 @@ merge PARTS DATASET:
 bench-merge:
     docs/bench_merge.sh
 
+# Cold read per rank (R = 1, 2, 8) against format 1's per-rank files, and the shuffle-quality table (docs/BENCHMARKS.md).
+bench-read:
+    docs/bench_read.sh
+
 # Peak RSS of convert and both shuffle paths at --mem 64 MiB / 256 MiB / 2 GiB (docs/BENCHMARKS.md).
 bench-memory:
     docs/bench_memory.sh

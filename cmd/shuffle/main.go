@@ -23,16 +23,17 @@ import (
 const usage = `usage: shuffle --dataset DIR --out EDIR --window W (--epochs N | --epoch-range A:B) [flags]
        shuffle --out EDIR --drop A:B
 
-Materialise, for each epoch and DDP rank, the windows a trainer would sample
-from the dataset, in shuffled order, into shard files read strictly in
-order: EDIR/epoch-0003/rank-01/shard-00000.NAME.npy [S, W*RATE, ...] and
-shard-00000.samples.npy int64 [S, 3] (clip, start, valid). Same seed, same
-bytes, whatever --mem or --workers. Each epoch is committed atomically; a re-run skips
-finished epochs.
+Materialise, for each epoch, the windows a trainer would sample from the
+dataset, in one shuffled order, into shard files read strictly in order:
+EDIR/epoch-0003/shard-00000.NAME.npy [S, W*RATE, ...] and
+shard-00000.samples.npy int64 [S, 3] (clip, start, valid). A job of any
+world size reads an epoch (rank r takes its slice of each global batch:
+python/clipshard). Same seed, same bytes, whatever --mem or --workers.
+Each epoch is committed atomically; a re-run skips finished epochs.
 
 Example:
-  shuffle --dataset /tmp/clipshard-demo --out /tmp/clipshard-epochs \
-    --window 15 --epochs 2 --world-size 2 --shard-samples 16 --seed 7
+  shuffle --dataset /tmp/clipshard-demo --out /tmp/clipshard-demo-epochs \
+    --window 15 --epochs 2 --shard-samples 16 --seed 7
 
 Storage: N epochs take N times the dataset. Produce epoch e+1 while epoch e
 trains and drop e-1 (--epoch-range E:E+1, then --drop E-1:E: the manifests
