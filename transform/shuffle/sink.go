@@ -85,7 +85,7 @@ type EpochFiles struct {
 type EpochEntry struct {
 	Epoch   int          `json:"epoch"`
 	Dir     string       `json:"dir"`
-	Samples int64        `json:"samples"`  // over all ranks
+	Samples int64        `json:"samples"` // over all ranks
 	Shards  []ShardEntry `json:"shards"`
 }
 
@@ -351,8 +351,8 @@ type sink struct {
 // hold it, in order.
 type unit struct {
 	ep, shard, idx, seq int
-	lo, hi                    int64
-	piles                     []int
+	lo, hi              int64
+	piles               []int
 }
 
 type epochState struct {
@@ -802,7 +802,7 @@ func sortEpochs(es []EpochEntry) {
 func writeManifests(out string, man *Epochs, newSums map[string]string) error {
 	var cols struct {
 		epoch, shard, first, samples []int64
-		files                              map[string][]string
+		files                        map[string][]string
 	}
 	cols.files = map[string][]string{}
 	names := []string{"samples"}
