@@ -18,9 +18,9 @@ import (
 
 	"github.com/clipshard/clipshard/formats"
 	"github.com/clipshard/clipshard/formats/array"
+	"github.com/clipshard/clipshard/formats/f16"
 	"github.com/clipshard/clipshard/formats/npy"
 	"github.com/clipshard/clipshard/formats/regfile"
-	"github.com/clipshard/clipshard/transform/f16"
 )
 
 // Problem is one thing verification found wrong.

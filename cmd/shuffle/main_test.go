@@ -17,6 +17,7 @@ import (
 
 	"github.com/clipshard/clipshard/internal/clitest"
 	"github.com/clipshard/clipshard/internal/numpytest"
+	"github.com/clipshard/clipshard/manifests"
 
 	// Imported so the test cache is keyed on the binary's sources.
 	_ "github.com/clipshard/clipshard/internal/ui"
@@ -306,7 +307,7 @@ func TestKillAndResume(t *testing.T) {
 			// The epochs committed before the kill (workers finish shards in
 			// any order, so which ones depends on the run).
 			var done []int
-			if man, err := shuffle.LoadEpochs(out); err == nil {
+			if man, err := manifests.LoadEpochs(out); err == nil {
 				for _, e := range man.Epochs {
 					done = append(done, e.Epoch)
 				}

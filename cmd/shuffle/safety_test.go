@@ -13,7 +13,6 @@ import (
 
 	"github.com/clipshard/clipshard/internal/clitest"
 	"github.com/clipshard/clipshard/manifests"
-	"github.com/clipshard/clipshard/transform/shuffle"
 )
 
 func must[T any](v T, err error) T {
@@ -27,7 +26,7 @@ func must[T any](v T, err error) T {
 // report.
 func verifyReport(t *testing.T, dir string, deep bool) *manifests.Report {
 	t.Helper()
-	r, err := shuffle.Verify(dir, manifests.VerifyOptions{Deep: deep})
+	r, err := manifests.VerifyEpochs(dir, manifests.VerifyOptions{Deep: deep})
 	if err != nil {
 		t.Fatalf("verify %s: %v", dir, err)
 	}
@@ -185,7 +184,7 @@ func TestRolling(t *testing.T) {
 	if r.Code != 0 || !strings.Contains(r.Stdout, "dropped epochs [0 1]") {
 		t.Fatalf("drop: %d %q %q", r.Code, r.Stdout, r.Stderr)
 	}
-	man := must(shuffle.LoadEpochs(out))
+	man := must(manifests.LoadEpochs(out))
 	if len(man.Epochs) != 1 || man.Epochs[0].Epoch != 2 {
 		t.Fatalf("after drop the manifest lists %+v", man.Epochs)
 	}
@@ -396,7 +395,7 @@ func TestKillAtFaultPoints(t *testing.T) {
 					}
 					// epochs.json (the commit point) lists only whole
 					// epochs, even now.
-					if man, err := shuffle.LoadEpochs(out); err == nil {
+					if man, err := manifests.LoadEpochs(out); err == nil {
 						for _, e := range man.Epochs {
 							for _, sh := range e.Shards {
 								for _, f := range sh.Files {

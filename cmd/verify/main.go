@@ -12,7 +12,6 @@ import (
 
 	"github.com/clipshard/clipshard/internal/ui"
 	"github.com/clipshard/clipshard/manifests"
-	"github.com/clipshard/clipshard/transform/shuffle"
 )
 
 const usage = `usage: verify [--deep] [--sources] [--json] [--quiet] DIR
@@ -67,7 +66,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	dir := fs.Arg(0)
 	verify := manifests.VerifyDataset
 	if _, err := os.Stat(filepath.Join(dir, manifests.DatasetFile)); err != nil {
-		if _, eerr := os.Stat(filepath.Join(dir, shuffle.EpochsFile)); eerr != nil {
+		if _, eerr := os.Stat(filepath.Join(dir, manifests.EpochsFile)); eerr != nil {
 			fmt.Fprintf(stderr, "verify: %s: no dataset.json or epochs.json: not a clipshard directory (or an unfinished one)\n", dir)
 			return 2
 		}
@@ -75,7 +74,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 			fmt.Fprintln(stderr, "verify: --sources applies to datasets; for epochs use --deep (checks every sample against the dataset)")
 			return 2
 		}
-		verify = shuffle.Verify
+		verify = manifests.VerifyEpochs
 	}
 	var bar *ui.Progress
 	o.Progress = func(done, total int64) {

@@ -259,7 +259,7 @@ func shuffleDemo(t *testing.T, ds string, seed uint64) string {
 	t.Helper()
 	out := filepath.Join(t.TempDir(), "ep")
 	o := shuffle.Options{Dataset: ds, Out: out, EpochStart: 0, EpochEnd: 2, Seed: seed, ShardSize: 4,
-		Sampling: shuffle.Sampling{Window: 15, Mode: "tile", Short: "skip"}}
+		Sampling: manifests.Sampling{Window: 15, Mode: "tile", Short: "skip"}}
 	if _, err := shuffle.Run(context.Background(), o); err != nil {
 		t.Fatal(err)
 	}

@@ -13,9 +13,9 @@ import (
 
 	"github.com/clipshard/clipshard/formats"
 	"github.com/clipshard/clipshard/formats/array"
+	"github.com/clipshard/clipshard/formats/f16"
 	"github.com/clipshard/clipshard/internal/faults"
 	"github.com/clipshard/clipshard/manifests"
-	"github.com/clipshard/clipshard/transform/f16"
 )
 
 // clipOut is one converted clip, ready to append.

@@ -19,9 +19,9 @@ import (
 	"github.com/clipshard/clipshard/formats"
 	"github.com/clipshard/clipshard/formats/array"
 	"github.com/clipshard/clipshard/formats/blob"
+	"github.com/clipshard/clipshard/formats/f16"
 	"github.com/clipshard/clipshard/internal/faults"
 	"github.com/clipshard/clipshard/manifests"
-	"github.com/clipshard/clipshard/transform/f16"
 )
 
 // Result is what Run did.

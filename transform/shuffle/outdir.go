@@ -13,8 +13,6 @@ import (
 	"regexp"
 	"strings"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/clipshard/clipshard/formats/array"
 	"github.com/clipshard/clipshard/formats/atomicfile"
 	"github.com/clipshard/clipshard/formats/npy"
@@ -29,7 +27,7 @@ var ErrConflict = fmt.Errorf("%w: conflicting run", ErrUsage)
 // optionsKey identifies the options that decide an epochs directory's
 // bytes: runs with the same key may share a directory (each with its own
 // epochs), runs with different keys may not.
-func optionsKey(m *Epochs) string {
+func optionsKey(m *manifests.Epochs) string {
 	return fmt.Sprintf("dataset=%s seed=%d window=%d sampling=%s per_clip=%d short=%s shard_samples=%d",
 		m.Dataset.SHA256, m.Seed, m.Window, m.Sampling, m.PerClip, m.Short, m.ShardSamples)
 }
@@ -57,7 +55,7 @@ func keyDiff(theirs, ours string) string {
 
 // sameOptions reports whether a and b were cut with the same sampling
 // options (whatever the dataset).
-func sameOptions(a, b *Epochs) bool {
+func sameOptions(a, b *manifests.Epochs) bool {
 	return a.Seed == b.Seed && a.Window == b.Window && a.Sampling == b.Sampling && a.PerClip == b.PerClip &&
 		a.Short == b.Short && a.ShardSamples == b.ShardSamples
 }
@@ -100,7 +98,7 @@ func epochFolder(dir string) (own map[string]bool, foreign []string, err error) 
 // write: files other than the manifests, lock and temporary files, and
 // epoch folders (committed or partial) holding anything but shard files;
 // an epoch folder listed in man must hold only the files man lists.
-func foreignFiles(out string, man *Epochs) ([]string, error) {
+func foreignFiles(out string, man *manifests.Epochs) ([]string, error) {
 	entries, err := os.ReadDir(out)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -111,7 +109,7 @@ func foreignFiles(out string, man *Epochs) ([]string, error) {
 	listed := map[string]map[string]bool{}
 	if man != nil {
 		for _, e := range man.Epochs {
-			listed[e.Dir] = epochListed(e)
+			listed[e.Dir] = e.Listed()
 		}
 	}
 	var foreign []string
@@ -119,8 +117,8 @@ func foreignFiles(out string, man *Epochs) ([]string, error) {
 		name := ent.Name()
 		p := filepath.Join(out, name)
 		switch {
-		case ent.Type().IsRegular() && (name == EpochsFile || name == ShardsFile || name == manifests.SumsFile ||
-			strings.HasPrefix(name, LockPrefix) || strings.HasPrefix(name, atomicfile.TempPrefix)):
+		case ent.Type().IsRegular() && (name == manifests.EpochsFile || name == manifests.ShardsFile || name == manifests.SumsFile ||
+			strings.HasPrefix(name, manifests.LockPrefix) || strings.HasPrefix(name, atomicfile.TempPrefix)):
 		case ent.IsDir() && strings.HasPrefix(name, ".work-"):
 			// pile folders of earlier versions
 		case ent.IsDir() && (epochRE.MatchString(name) || isPartial(name) && epochRE.MatchString(name[len(".partial-"):])):
@@ -144,17 +142,6 @@ func foreignFiles(out string, man *Epochs) ([]string, error) {
 		}
 	}
 	return foreign, nil
-}
-
-// epochListed returns the files of epoch entry e relative to its folder.
-func epochListed(e EpochEntry) map[string]bool {
-	l := map[string]bool{}
-	for _, s := range e.Shards {
-		for _, f := range s.Files {
-			l[strings.TrimPrefix(f, e.Dir+"/")] = true
-		}
-	}
-	return l
 }
 
 // removeEpochFolder removes an epoch folder (committed or partial) of
@@ -192,55 +179,12 @@ func sweepTemp(out string) {
 	}
 }
 
-// lockDir takes an exclusive flock on a directory (how runs take turns at
-// its manifests); the returned func releases it.
-func lockDir(dir string) (func(), error) { return flockDir(dir, unix.LOCK_EX) }
-
-// flockDir takes a flock of the given kind on a directory.
-func flockDir(dir string, how int) (func(), error) {
-	f, err := os.Open(dir)
-	if err != nil {
-		return nil, err
-	}
-	for {
-		err = unix.Flock(int(f.Fd()), how)
-		if err != unix.EINTR {
-			break
-		}
-	}
-	if err != nil {
-		f.Close()
-		return nil, err
-	}
-	return func() { f.Close() }, nil
-}
-
-// LockDirShared takes a shared lock on an epochs directory: while it is
-// held, no run rewrites the manifests or commits an epoch (verify holds
-// it while it reads the manifest and lists the files).
-func LockDirShared(dir string) (func(), error) { return flockDir(dir, unix.LOCK_SH) }
-
-// EpochInProgress reports whether a live run holds epoch e's claim in the
-// epochs directory dir.
-func EpochInProgress(dir string, e int) bool {
-	f, err := os.Open(filepath.Join(dir, fmt.Sprintf("%s%04d", LockPrefix, e)))
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	if unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB) != nil {
-		return true
-	}
-	unix.Flock(int(f.Fd()), unix.LOCK_UN)
-	return false
-}
-
 // toDo splits the requested epochs into those to write and those already
 // whole in the manifest (skipped, unless --force). An epoch the manifest
 // lists whose files are gone or cut short is written again.
 func (j *job) toDo() (todo, skipped []int) {
 	for e := j.o.EpochStart; e < j.o.EpochEnd; e++ {
-		if x := j.man.entry(e); x != nil && !j.o.Force && !j.stale && j.whole(*x) {
+		if x := j.man.Entry(e); x != nil && !j.o.Force && !j.stale && j.whole(*x) {
 			skipped = append(skipped, e)
 			continue
 		}
@@ -249,25 +193,15 @@ func (j *job) toDo() (todo, skipped []int) {
 	return todo, skipped
 }
 
-// entry returns epoch e's entry, or nil.
-func (m *Epochs) entry(e int) *EpochEntry {
-	for i := range m.Epochs {
-		if m.Epochs[i].Epoch == e {
-			return &m.Epochs[i]
-		}
-	}
-	return nil
-}
-
 // whole reports whether every file of epoch entry x is in the epochs
 // directory, a regular file of the size its shape makes (a folder removed
 // by hand, or a file cut short, makes the epoch one to write again).
-func (j *job) whole(x EpochEntry) bool {
+func (j *job) whole(x manifests.EpochEntry) bool {
 	for _, sh := range x.Shards {
 		for what, rel := range sh.Files {
 			want := int64(npy.DataAlign) + int64(sh.Samples)*24
 			if what != "samples" {
-				var m *EpochModality
+				var m *manifests.EpochModality
 				for i := range j.man.Modalities {
 					if j.man.Modalities[i].Name == what {
 						m = &j.man.Modalities[i]
@@ -304,7 +238,7 @@ func (j *job) whole(x EpochEntry) bool {
 // writes. release gives the claims back.
 func (j *job) setup(todo []int) (release func(), done []int, err error) {
 	out := j.o.Out
-	unlock, err := lockDir(out)
+	unlock, err := atomicfile.LockDir(out, false)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -319,14 +253,14 @@ func (j *job) setup(todo []int) (release func(), done []int, err error) {
 			claims()
 		}
 	}()
-	disk, derr := LoadEpochs(out)
+	disk, derr := manifests.LoadEpochs(out)
 	switch err := derr; {
 	case err == nil && optionsKey(disk) == key:
 		disk.Tool = j.man.Tool
 		j.man = disk
 		if !j.o.Force {
 			for _, e := range todo {
-				if x := disk.entry(e); x != nil && j.whole(*x) {
+				if x := disk.Entry(e); x != nil && j.whole(*x) {
 					done = append(done, e)
 				}
 			}
@@ -340,7 +274,7 @@ func (j *job) setup(todo []int) (release func(), done []int, err error) {
 			return nil, nil, err
 		}
 		// The manifest goes first: no epochs.json ever lists a removed epoch.
-		for _, f := range []string{EpochsFile, ShardsFile, manifests.SumsFile} {
+		for _, f := range []string{manifests.EpochsFile, manifests.ShardsFile, manifests.SumsFile} {
 			if err := os.Remove(filepath.Join(out, f)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				return nil, nil, err
 			}
@@ -349,7 +283,7 @@ func (j *job) setup(todo []int) (release func(), done []int, err error) {
 			return nil, nil, err
 		}
 		for _, x := range disk.Epochs {
-			if err := removeEpochFolder(filepath.Join(out, x.Dir), epochListed(x)); err != nil {
+			if err := removeEpochFolder(filepath.Join(out, x.Dir), x.Listed()); err != nil {
 				return nil, nil, err
 			}
 		}
@@ -372,7 +306,7 @@ func (j *job) setup(todo []int) (release func(), done []int, err error) {
 	err = nil
 	sweepTemp(out)
 	if derr == nil {
-		if err := repairManifests(out, j.man); err != nil {
+		if err := manifests.RepairEpochs(out, j.man); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -419,15 +353,15 @@ func Drop(out string, from, to int) ([]int, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := LoadEpochs(out); err != nil {
+	if _, err := manifests.LoadEpochs(out); err != nil {
 		return nil, err
 	}
-	unlock, err := lockDir(out)
+	unlock, err := atomicfile.LockDir(out, false)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	man, err := LoadEpochs(out) // as it is now that no run can rewrite it
+	man, err := manifests.LoadEpochs(out) // as it is now that no run can rewrite it
 	if err != nil {
 		return nil, err
 	}
@@ -440,7 +374,7 @@ func Drop(out string, from, to int) ([]int, error) {
 		return nil, err
 	}
 	defer release()
-	var gone []EpochEntry
+	var gone []manifests.EpochEntry
 	kept := man.Epochs[:0:0]
 	for _, x := range man.Epochs {
 		if x.Epoch >= from && x.Epoch < to {
@@ -450,13 +384,13 @@ func Drop(out string, from, to int) ([]int, error) {
 		}
 	}
 	sweepTemp(out)
-	if err := repairManifests(out, man); err != nil {
+	if err := manifests.RepairEpochs(out, man); err != nil {
 		return nil, err
 	}
 	// Refused before anything changes if a folder to remove holds what
 	// is not ours.
 	for _, x := range gone {
-		if bad, err := manifests.Unlisted(filepath.Join(out, x.Dir), epochListed(x), nil); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if bad, err := manifests.Unlisted(filepath.Join(out, x.Dir), x.Listed(), nil); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return nil, err
 		} else if len(bad) > 0 {
 			return nil, fmt.Errorf("%w: %w: epoch %d not dropped (move them elsewhere first)", ErrUsage, manifests.NotOurs(filepath.Join(out, x.Dir), bad), x.Epoch)
@@ -465,24 +399,24 @@ func Drop(out string, from, to int) ([]int, error) {
 	var dropped []int
 	if len(gone) > 0 {
 		man.Epochs = kept
-		if err := writeManifests(out, man, nil); err != nil {
+		if err := manifests.WriteEpochs(out, man, nil); err != nil {
 			return nil, err
 		}
 		for _, x := range gone {
-			if err := removeEpochFolder(filepath.Join(out, x.Dir), epochListed(x)); err != nil {
+			if err := removeEpochFolder(filepath.Join(out, x.Dir), x.Listed()); err != nil {
 				return nil, err
 			}
 			dropped = append(dropped, x.Epoch)
 		}
 	}
 	for _, e := range epochs {
-		if err := removeEpochFolder(filepath.Join(out, ".partial-"+epochDir(e)), nil); err != nil {
+		if err := removeEpochFolder(filepath.Join(out, ".partial-"+manifests.EpochDir(e)), nil); err != nil {
 			return nil, err
 		}
-		if man.entry(e) == nil {
+		if man.Entry(e) == nil {
 			// An unlisted folder (a kill between the rename and the
 			// manifest): shard files only, or it stays.
-			if err := removeEpochFolder(filepath.Join(out, epochDir(e)), nil); err != nil {
+			if err := removeEpochFolder(filepath.Join(out, manifests.EpochDir(e)), nil); err != nil {
 				return nil, err
 			}
 		}
@@ -498,58 +432,15 @@ func (j *job) tidy() error {
 	if _, err := os.Stat(out); err != nil {
 		return nil
 	}
-	unlock, err := lockDir(out)
+	unlock, err := atomicfile.LockDir(out, false)
 	if err != nil {
 		return err
 	}
 	defer unlock()
 	scanLocks(out, "")
 	sweepTemp(out)
-	if man, err := LoadEpochs(out); err == nil {
-		return repairManifests(out, man)
+	if man, err := manifests.LoadEpochs(out); err == nil {
+		return manifests.RepairEpochs(out, man)
 	}
 	return nil
-}
-
-// repairManifests rewrites shards.parquet and SHA256SUMS from epochs.json
-// if they do not agree with it: the three are written one after the other
-// (epochs.json last), so a kill between two renames leaves them a step
-// apart. The bytes are those an uninterrupted run writes. The caller holds
-// out's lock.
-func repairManifests(out string, man *Epochs) error {
-	sums, err := manifests.ReadSums(filepath.Join(out, manifests.SumsFile))
-	if err != nil {
-		sums = map[string]string{}
-	}
-	live := map[string]bool{EpochsFile: true, ShardsFile: true}
-	missing := map[string]string{}
-	for _, e := range man.Epochs {
-		for _, sh := range e.Shards {
-			for _, f := range sh.Files {
-				live[f] = true
-				if sums[f] == "" {
-					h, err := manifests.HashFile(filepath.Join(out, filepath.FromSlash(f)))
-					if err != nil {
-						return nil // damage for verify to report, not a half-done commit
-					}
-					missing[f] = h
-				}
-			}
-		}
-	}
-	stale := len(missing) > 0
-	for f := range sums {
-		if !live[f] {
-			stale = true
-		}
-	}
-	for _, f := range []string{EpochsFile, ShardsFile} {
-		if h, err := manifests.HashFile(filepath.Join(out, f)); err != nil || h != sums[f] {
-			stale = true
-		}
-	}
-	if !stale {
-		return nil
-	}
-	return writeManifests(out, man, missing)
 }

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/clipshard/clipshard/manifests"
 )
 
 // TestPiles: the units are the shards, in order (epoch, shard); the
@@ -30,7 +32,7 @@ func TestPiles(t *testing.T) {
 			j := &job{o: Options{ShardSize: tc.shard}}
 			var base int64
 			for e, n := range tc.samples {
-				j.epochs = append(j.epochs, epochPlan{epoch: e, samples: make([]Sample, n), base: base})
+				j.epochs = append(j.epochs, epochPlan{epoch: e, samples: make([]manifests.Sample, n), base: base})
 				base += int64(n)
 			}
 			j.total = base

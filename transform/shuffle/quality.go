@@ -6,6 +6,8 @@ package shuffle
 import (
 	"math"
 	"slices"
+
+	"github.com/clipshard/clipshard/manifests"
 )
 
 // Quality describes how well an order of samples is shuffled.
@@ -27,7 +29,7 @@ type Quality struct {
 }
 
 // Measure measures the order s with batches of batch samples.
-func Measure(s []Sample, batch int) Quality {
+func Measure(s []manifests.Sample, batch int) Quality {
 	n := len(s)
 	q := Quality{Samples: n, Batch: batch}
 	if n == 0 || batch < 1 {

@@ -10,6 +10,7 @@ import (
 	"sort"
 
 	"github.com/clipshard/clipshard/formats/npy"
+	"github.com/clipshard/clipshard/manifests"
 )
 
 // Reader reads the samples of one epoch, in their shuffled order, strictly
@@ -17,8 +18,8 @@ import (
 // Close releases the open files.
 type Reader struct {
 	dir    string
-	man    *Epochs
-	shards []ShardEntry
+	man    *manifests.Epochs
+	shards []manifests.ShardEntry
 	next   int // next shard to open
 	left   int // samples left in the open shard
 	files  []*os.File
@@ -29,11 +30,11 @@ type Reader struct {
 
 // Open opens the samples of epoch in the epochs directory dir.
 func Open(dir string, epoch int) (*Reader, error) {
-	man, err := LoadEpochs(dir)
+	man, err := manifests.LoadEpochs(dir)
 	if err != nil {
 		return nil, err
 	}
-	var entry *EpochEntry
+	var entry *manifests.EpochEntry
 	for i := range man.Epochs {
 		if man.Epochs[i].Epoch == epoch {
 			entry = &man.Epochs[i]
@@ -42,7 +43,7 @@ func Open(dir string, epoch int) (*Reader, error) {
 	if entry == nil {
 		return nil, fmt.Errorf("shuffle: %s: epoch %d is not there", dir, epoch)
 	}
-	r := &Reader{dir: dir, man: man, shards: append([]ShardEntry(nil), entry.Shards...)}
+	r := &Reader{dir: dir, man: man, shards: append([]manifests.ShardEntry(nil), entry.Shards...)}
 	sort.Slice(r.shards, func(a, b int) bool { return r.shards[a].Shard < r.shards[b].Shard })
 	for _, m := range man.Modalities {
 		n := m.WindowRows * 2
@@ -66,10 +67,10 @@ func (r *Reader) Modalities() []string {
 // Next reads the next sample: its (clip, start, valid) and, into windows
 // (one slice per modality, grown as needed), its float16 window bytes. It
 // returns io.EOF after the last sample.
-func (r *Reader) Next(windows [][]byte) (Sample, [][]byte, error) {
+func (r *Reader) Next(windows [][]byte) (manifests.Sample, [][]byte, error) {
 	for r.left == 0 {
 		if err := r.openNext(); err != nil {
-			return Sample{}, windows, err
+			return manifests.Sample{}, windows, err
 		}
 	}
 	if len(windows) < len(r.sizes) {
@@ -81,14 +82,14 @@ func (r *Reader) Next(windows [][]byte) (Sample, [][]byte, error) {
 		}
 		windows[k] = windows[k][:n]
 		if _, err := io.ReadFull(r.rd[k], windows[k]); err != nil {
-			return Sample{}, windows, fmt.Errorf("shuffle: %s: %w", r.files[k].Name(), err)
+			return manifests.Sample{}, windows, fmt.Errorf("shuffle: %s: %w", r.files[k].Name(), err)
 		}
 	}
 	if _, err := io.ReadFull(r.rd[len(r.sizes)], r.buf[:]); err != nil {
-		return Sample{}, windows, fmt.Errorf("shuffle: %s: %w", r.files[len(r.sizes)].Name(), err)
+		return manifests.Sample{}, windows, fmt.Errorf("shuffle: %s: %w", r.files[len(r.sizes)].Name(), err)
 	}
 	r.left--
-	return Sample{
+	return manifests.Sample{
 		Clip:  int64(binary.LittleEndian.Uint64(r.buf[0:])),
 		Start: int64(binary.LittleEndian.Uint64(r.buf[8:])),
 		Valid: int64(binary.LittleEndian.Uint64(r.buf[16:])),

@@ -31,7 +31,7 @@ func TestReaderAgainstDataset(t *testing.T) {
 	}
 	edir := filepath.Join(t.TempDir(), "ep")
 	o := shuffle.Options{Dataset: ds, Out: edir, EpochStart: 0, EpochEnd: 2, Seed: 3, ShardSize: 4,
-		Sampling: shuffle.Sampling{Window: 30, Mode: "tile", Short: "pad"}}
+		Sampling: manifests.Sampling{Window: 30, Mode: "tile", Short: "pad"}}
 	if _, err := shuffle.Run(context.Background(), o); err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +48,7 @@ func TestReaderAgainstDataset(t *testing.T) {
 	_, lengths, _ := manifests.ReadIndex(filepath.Join(ds, "index.npy"))
 	for epoch := 0; epoch < 2; epoch++ {
 		seen := 0
-		all := shuffle.Samples(lengths, o.Sampling, o.Seed, epoch)
+		all := manifests.Samples(lengths, o.Sampling, o.Seed, epoch)
 		{
 			r, err := shuffle.Open(edir, epoch)
 			if err != nil {
@@ -56,7 +56,7 @@ func TestReaderAgainstDataset(t *testing.T) {
 			}
 			var wins [][]byte
 			for {
-				var s shuffle.Sample
+				var s manifests.Sample
 				s, wins, err = r.Next(wins)
 				if errors.Is(err, io.EOF) {
 					break
@@ -87,8 +87,8 @@ func TestReaderAgainstDataset(t *testing.T) {
 
 func ExampleSamples() {
 	lengths := []int64{10, 3, 7} // clip lengths in frames
-	s := shuffle.Sampling{Window: 4, Mode: "tile", Short: "pad"}
-	for _, x := range shuffle.Samples(lengths, s, 42, 0) {
+	s := manifests.Sampling{Window: 4, Mode: "tile", Short: "pad"}
+	for _, x := range manifests.Samples(lengths, s, 42, 0) {
 		fmt.Printf("clip %d frames [%d, %d) valid %d\n", x.Clip, x.Start, x.Start+4, x.Valid)
 	}
 	// Output:
@@ -113,7 +113,7 @@ func TestExternalSmallLimits(t *testing.T) {
 	run := func(mem int64, noFsync bool) map[string][]byte {
 		out := filepath.Join(t.TempDir(), "ep")
 		o := shuffle.Options{Dataset: ds, Out: out, EpochStart: 0, EpochEnd: 2, Seed: 5, ShardSize: 7, Mem: mem,
-			NoFsync: noFsync, Sampling: shuffle.Sampling{Window: 9, Mode: "tile", Short: "pad"}}
+			NoFsync: noFsync, Sampling: manifests.Sampling{Window: 9, Mode: "tile", Short: "pad"}}
 		res, err := shuffle.Run(context.Background(), o)
 		if err != nil {
 			t.Fatal(err)

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/clipshard/clipshard/formats/array"
+	"github.com/clipshard/clipshard/formats/atomicfile"
 	"github.com/clipshard/clipshard/formats/blob"
 	"github.com/clipshard/clipshard/formats/directio"
 	"github.com/clipshard/clipshard/formats/npy"
@@ -40,7 +41,7 @@ type Options struct {
 	EpochStart int    // first epoch
 	EpochEnd   int    // one past the last epoch
 	Seed       uint64
-	Sampling   Sampling
+	Sampling   manifests.Sampling
 	ShardSize  int   // samples per shard file; default 1024
 	Mem        int64 // memory budget in bytes; default 2 GiB
 	Workers    int   // shard writers; default GOMAXPROCS, at most 8 (fewer if --mem is small)
@@ -76,7 +77,7 @@ type Progress struct {
 // Result is what Run did.
 type Result struct {
 	Dir       string
-	Manifest  *Epochs
+	Manifest  *manifests.Epochs
 	Done      []int // epochs written by this run
 	Skipped   []int // epochs already complete
 	External  bool  // the two-pass path was used
@@ -102,8 +103,8 @@ type modInfo struct {
 
 type epochPlan struct {
 	epoch   int
-	samples []Sample // shuffled
-	base    int64    // global position of the first sample
+	samples []manifests.Sample // shuffled
+	base    int64              // global position of the first sample
 }
 
 type job struct {
@@ -116,7 +117,7 @@ type job struct {
 	zeros   []byte // the largest window's worth of zeros (read only)
 	epochs  []epochPlan
 	total   int64 // samples to write
-	man     *Epochs
+	man     *manifests.Epochs
 	// stale: the epochs in Out are of another dataset or (with --force)
 	// other options, and are replaced (setup); replaced counts them.
 	stale    bool
@@ -125,7 +126,7 @@ type job struct {
 }
 
 // Run writes epochs [o.EpochStart, o.EpochEnd) of shuffled shards into
-// o.Out. Epochs already complete in o.Out (same dataset and options) are
+// o.Out. manifests.Epochs already complete in o.Out (same dataset and options) are
 // skipped; each epoch is committed atomically.
 func Run(ctx context.Context, o Options) (*Result, error) {
 	began := time.Now()
@@ -150,7 +151,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	var counts []epochCount
 	var files int64 // shard files to write
 	for _, e := range todo {
-		n := CountSamples(j.lengths, j.o.Sampling, j.o.Seed, e)
+		n := manifests.CountSamples(j.lengths, j.o.Sampling, j.o.Seed, e)
 		if n == 0 && !j.o.AllowEmpty {
 			return nil, j.emptyErr(e)
 		}
@@ -174,7 +175,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if j.o.Progress != nil {
 		j.o.Progress(Progress{Phase: "plan", Total: totalSamples, Planned: res.Planned, Epochs: todo})
 	}
-	// Epochs are processed in groups whose sample metadata fits a quarter
+	// manifests.Epochs are processed in groups whose sample metadata fits a quarter
 	// of --mem. The in-memory path needs the blobs to fit the other three
 	// quarters.
 	res.External = res.DataBytes > j.o.Mem-metaBudget
@@ -432,7 +433,7 @@ func (j *job) plan(epochs []int) {
 	j.epochs = nil
 	var base int64
 	for _, e := range epochs {
-		all := Samples(j.lengths, j.o.Sampling, j.o.Seed, e)
+		all := manifests.Samples(j.lengths, j.o.Sampling, j.o.Seed, e)
 		ep := epochPlan{epoch: e, samples: all, base: base}
 		base += int64(len(ep.samples))
 		j.epochs = append(j.epochs, ep)
@@ -626,7 +627,9 @@ func (j *job) shardHeader(m modInfo, n int) ([]byte, error) {
 }
 
 // partialDir is where epoch e is written before its commit.
-func (j *job) partialDir(e int) string { return filepath.Join(j.o.Out, ".partial-"+epochDir(e)) }
+func (j *job) partialDir(e int) string {
+	return filepath.Join(j.o.Out, ".partial-"+manifests.EpochDir(e))
+}
 
 // Pass 1's limits: the files a writer keeps open, and (if > 0, for tests)
 // the bytes read at a time.
@@ -953,11 +956,6 @@ func (j *job) orderShard(ctx context.Context, c *cursor, un unit, piles []pile, 
 	return c.report(un, sums)
 }
 
-// LockPrefix starts the names of the per-epoch lock files in an epochs
-// directory; they exist only while a run writes those epochs (or after it
-// was killed) and are not part of the output.
-const LockPrefix = ".lock-epoch-"
-
 // claimEpochs takes a non-blocking exclusive flock on a lock file per
 // epoch, writes key (the run's options, see optionsKey) into it, and
 // returns the func that releases (and removes) them. If key is not empty,
@@ -976,8 +974,8 @@ func claimEpochs(out string, epochs []int, key string) (func(), error) {
 		return nil, err
 	}
 	for _, e := range epochs {
-		p := filepath.Join(out, fmt.Sprintf("%s%04d", LockPrefix, e))
-		f, err := lockFile(p)
+		p := filepath.Join(out, fmt.Sprintf("%s%04d", manifests.LockPrefix, e))
+		f, err := atomicfile.TryLock(p)
 		if err != nil {
 			release()
 			if errors.Is(err, unix.EWOULDBLOCK) {
@@ -997,50 +995,6 @@ func claimEpochs(out string, epochs []int, key string) (func(), error) {
 		}
 	}
 	return release, nil
-}
-
-func shardName(shard int, what string) string {
-	return fmt.Sprintf("shard-%05d.%s.npy", shard, what)
-}
-
-func epochDir(e int) string { return fmt.Sprintf("epoch-%04d", e) }
-
-// lockFile creates (or opens) the lock file p and takes a non-blocking
-// exclusive flock on it, making sure the lock is on the file that p names
-// (a run removing a stale lock may have unlinked it meanwhile). A lock
-// held for a moment by such a run is waited out; one held longer fails
-// with EWOULDBLOCK.
-func lockFile(p string) (*os.File, error) {
-	var err error
-	for try := 0; try < 20; try++ {
-		if try > 0 {
-			time.Sleep(10 * time.Millisecond)
-		}
-		var f *os.File
-		if f, err = os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o644); err != nil {
-			return nil, err
-		}
-		if err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-			f.Close()
-			if !errors.Is(err, unix.EWOULDBLOCK) {
-				return nil, err
-			}
-			continue
-		}
-		if sameFile(f, p) {
-			return f, nil
-		}
-		f.Close() // unlinked by a stale-lock cleanup: take the new one
-		err = fmt.Errorf("%s keeps being replaced", p)
-	}
-	return nil, err
-}
-
-// sameFile reports whether the open file f is the one path p names.
-func sameFile(f *os.File, p string) bool {
-	a, err1 := f.Stat()
-	b, err2 := os.Stat(p)
-	return err1 == nil && err2 == nil && os.SameFile(a, b)
 }
 
 // relJoin joins slash paths for manifests.
@@ -1198,7 +1152,7 @@ func scanLocks(out, key string) error {
 		return nil
 	}
 	for _, ent := range entries {
-		if !strings.HasPrefix(ent.Name(), LockPrefix) {
+		if !strings.HasPrefix(ent.Name(), manifests.LockPrefix) {
 			continue
 		}
 		p := filepath.Join(out, ent.Name())
@@ -1207,7 +1161,7 @@ func scanLocks(out, key string) error {
 			continue
 		}
 		if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {
-			if sameFile(f, p) {
+			if atomicfile.SameFile(f, p) {
 				os.Remove(p)
 			}
 			f.Close()

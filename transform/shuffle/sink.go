@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash"
@@ -21,126 +20,9 @@ import (
 	"github.com/clipshard/clipshard/formats/blob"
 	"github.com/clipshard/clipshard/formats/directio"
 	"github.com/clipshard/clipshard/formats/npy"
-	"github.com/clipshard/clipshard/formats/regfile"
 	"github.com/clipshard/clipshard/internal/faults"
 	"github.com/clipshard/clipshard/manifests"
 )
-
-// EpochsFormat is the value of epochs.json's "format" key, and
-// EpochsVersion its "version": 2 since an epoch is one global order that
-// any world size reads (version 1 had a folder per rank).
-const (
-	EpochsFormat  = "clipshard.epochs"
-	EpochsVersion = 2
-)
-
-// Names of the files in an epochs directory.
-const (
-	EpochsFile = "epochs.json"
-	ShardsFile = "shards.parquet"
-)
-
-// Epochs is epochs.json.
-type Epochs struct {
-	Format       string          `json:"format"`
-	Version      int             `json:"version"`
-	Dataset      DatasetRef      `json:"dataset"`
-	Seed         uint64          `json:"seed"`
-	Window       int             `json:"window"`
-	Sampling     string          `json:"sampling"`
-	PerClip      int             `json:"per_clip"`
-	Short        string          `json:"short"`
-	ShardSamples int             `json:"shard_samples"`
-	Modalities   []EpochModality `json:"modalities"`
-	Epochs       []EpochEntry    `json:"epochs"`
-	Files        EpochFiles      `json:"files"`
-	Created      string          `json:"created"`
-	Tool         string          `json:"tool"`
-}
-
-// DatasetRef names the dataset the shards were cut from. Dir is where it
-// was (absolute: it lies outside the epochs directory).
-type DatasetRef struct {
-	Dir         string `json:"dir"`
-	Fingerprint string `json:"fingerprint"`
-	SHA256      string `json:"manifest_sha256"` // of its dataset.json
-}
-
-// EpochModality describes the shard files of one modality.
-type EpochModality struct {
-	Name       string `json:"name"`
-	DType      string `json:"dtype"`
-	Rate       int    `json:"rate"`
-	FrameShape []int  `json:"frame_shape"`
-	WindowRows int    `json:"window_rows"` // W * rate
-}
-
-// EpochFiles names the other manifests.
-type EpochFiles struct {
-	Shards string `json:"shards"`
-	Sums   string `json:"sha256sums"`
-}
-
-// EpochEntry is one committed epoch.
-type EpochEntry struct {
-	Epoch   int          `json:"epoch"`
-	Dir     string       `json:"dir"`
-	Samples int64        `json:"samples"` // over all ranks
-	Shards  []ShardEntry `json:"shards"`
-}
-
-// ShardEntry is one shard file group.
-type ShardEntry struct {
-	Shard   int               `json:"shard"`
-	First   int64             `json:"first"` // index of its first sample in the epoch
-	Samples int               `json:"samples"`
-	Files   map[string]string `json:"files"` // modality name (and "samples") -> path
-}
-
-func (m *Epochs) has(e int) bool {
-	for _, x := range m.Epochs {
-		if x.Epoch == e {
-			return true
-		}
-	}
-	return false
-}
-
-// LoadEpochs reads and checks EDIR/epochs.json (every path relative and
-// inside EDIR).
-func LoadEpochs(dir string) (*Epochs, error) {
-	p := filepath.Join(dir, EpochsFile)
-	b, err := regfile.ReadFile(p, manifests.MaxManifest)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", manifests.ErrManifest, err)
-	}
-	var m Epochs
-	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, fmt.Errorf("%w: %s: %w", manifests.ErrManifest, p, err)
-	}
-	if m.Format == EpochsFormat && m.Version == 1 {
-		return nil, fmt.Errorf("%w: %s: epochs of format version 1 (a folder per rank, cut for one world size); this clipshard reads version %d (one order per epoch that any world size reads): remove the folder, or choose another --out, and run shuffle again",
-			manifests.ErrManifest, p, EpochsVersion)
-	}
-	if m.Format != EpochsFormat || m.Version != EpochsVersion {
-		return nil, fmt.Errorf("%w: %s: format %q version %d, want %q version %d", manifests.ErrManifest, p, m.Format, m.Version, EpochsFormat, EpochsVersion)
-	}
-	paths := []string{m.Files.Shards, m.Files.Sums}
-	for _, e := range m.Epochs {
-		paths = append(paths, e.Dir)
-		for _, s := range e.Shards {
-			for _, f := range s.Files {
-				paths = append(paths, f)
-			}
-		}
-	}
-	for _, f := range paths {
-		if err := manifests.CheckRelPath(f); err != nil {
-			return nil, fmt.Errorf("%s: %w", p, err)
-		}
-	}
-	return &m, nil
-}
 
 // openManifest loads o.Out's epochs.json if it describes the same dataset
 // and options (then its epochs are kept), or starts a new one. It changes
@@ -148,33 +30,33 @@ func LoadEpochs(dir string) (*Epochs, error) {
 // --force, one of another dataset (or any, with --force) is noted in
 // j.stale and replaced by setup, under the directory lock; a directory
 // that holds what shuffle did not write is refused.
-func openManifest(j *job) (*Epochs, error) {
+func openManifest(j *job) (*manifests.Epochs, error) {
 	o := j.o
 	dsSum, err := manifests.HashFile(filepath.Join(o.Dataset, manifests.DatasetFile))
 	if err != nil {
 		return nil, err
 	}
-	fresh := &Epochs{
-		Format: EpochsFormat, Version: EpochsVersion,
-		Dataset: DatasetRef{Dir: o.Dataset, Fingerprint: j.ds.Fingerprint, SHA256: dsSum},
+	fresh := &manifests.Epochs{
+		Format: manifests.EpochsFormat, Version: manifests.EpochsVersion,
+		Dataset: manifests.DatasetRef{Dir: o.Dataset, Fingerprint: j.ds.Fingerprint, SHA256: dsSum},
 		Seed:    o.Seed, Window: o.Sampling.Window, Sampling: o.Sampling.Mode, PerClip: o.Sampling.PerClip,
 		Short: o.Sampling.Short, ShardSamples: o.ShardSize,
-		Files: EpochFiles{Shards: ShardsFile, Sums: manifests.SumsFile},
+		Files: manifests.EpochFiles{Shards: manifests.ShardsFile, Sums: manifests.SumsFile},
 		Tool:  o.Tool,
 	}
 	if o.Sampling.Mode != "random" {
 		fresh.PerClip = 0
 	}
 	for _, m := range j.mods {
-		fresh.Modalities = append(fresh.Modalities, EpochModality{Name: m.name, DType: m.dtype.Descr(), Rate: int(m.rate),
+		fresh.Modalities = append(fresh.Modalities, manifests.EpochModality{Name: m.name, DType: m.dtype.Descr(), Rate: int(m.rate),
 			FrameShape: m.frameShape, WindowRows: o.Sampling.Window * int(m.rate)})
 	}
 	if st, err := os.Lstat(o.Out); err == nil && !st.IsDir() {
 		return nil, fmt.Errorf("%w: --out %s exists and is not a directory", ErrUsage, o.Out)
 	}
-	old, err := LoadEpochs(o.Out)
+	old, err := manifests.LoadEpochs(o.Out)
 	if err != nil {
-		if _, serr := os.Lstat(filepath.Join(o.Out, EpochsFile)); serr == nil {
+		if _, serr := os.Lstat(filepath.Join(o.Out, manifests.EpochsFile)); serr == nil {
 			return nil, fmt.Errorf("%w: --out %s is not a clipshard epochs directory (%v): refusing to write into it", ErrUsage, o.Out, err)
 		}
 		if err := checkForeign(o.Out, nil); err != nil {
@@ -199,7 +81,7 @@ func openManifest(j *job) (*Epochs, error) {
 
 // checkForeign refuses an epochs directory holding files shuffle did not
 // write (see foreignFiles), naming them.
-func checkForeign(out string, man *Epochs) error {
+func checkForeign(out string, man *manifests.Epochs) error {
 	foreign, err := foreignFiles(out, man)
 	if err != nil {
 		return err
@@ -357,7 +239,7 @@ type unit struct {
 
 type epochState struct {
 	tmp       string
-	entry     *EpochEntry
+	entry     *manifests.EpochEntry
 	sums      map[string]string // this epoch's file hashes
 	left      int               // shards not written yet
 	committed bool
@@ -407,11 +289,11 @@ func (j *job) shards() []unit {
 // to the epochs directory, and shardPath is where it is written (in the
 // epoch's partial directory).
 func (j *job) shardRel(u unit, what string) string {
-	return relJoin(epochDir(j.epochs[u.ep].epoch), shardName(u.shard, what))
+	return relJoin(manifests.EpochDir(j.epochs[u.ep].epoch), manifests.ShardName(u.shard, what))
 }
 
 func (j *job) shardPath(u unit, what string) string {
-	return filepath.Join(j.partialDir(j.epochs[u.ep].epoch), shardName(u.shard, what))
+	return filepath.Join(j.partialDir(j.epochs[u.ep].epoch), manifests.ShardName(u.shard, what))
 }
 
 // shardShape is the shape of modality m's file of a shard of n samples.
@@ -439,7 +321,7 @@ func (s *sink) submit(u unit) error {
 }
 
 // startUpTo starts every epoch up to and including e: its partial
-// directory is made and its shard entries listed. Epochs without samples
+// directory is made and its shard entries listed. manifests.Epochs without samples
 // are committed at once.
 func (s *sink) startUpTo(e int) error {
 	for s.started <= e {
@@ -454,10 +336,10 @@ func (s *sink) startUpTo(e int) error {
 		if err := os.MkdirAll(st.tmp, 0o755); err != nil {
 			return err
 		}
-		st.entry = &EpochEntry{Epoch: ep.epoch, Dir: epochDir(ep.epoch), Samples: int64(len(ep.samples)), Shards: []ShardEntry{}}
+		st.entry = &manifests.EpochEntry{Epoch: ep.epoch, Dir: manifests.EpochDir(ep.epoch), Samples: int64(len(ep.samples)), Shards: []manifests.ShardEntry{}}
 		for ; s.entered < len(s.shards) && s.shards[s.entered].ep == i; s.entered++ {
 			u := s.shards[s.entered]
-			entry := ShardEntry{Shard: u.shard, First: u.lo - ep.base, Samples: int(u.hi - u.lo),
+			entry := manifests.ShardEntry{Shard: u.shard, First: u.lo - ep.base, Samples: int(u.hi - u.lo),
 				Files: map[string]string{}}
 			for _, what := range s.j.shardFileNames() {
 				entry.Files[what] = s.j.shardRel(u, what)
@@ -727,13 +609,13 @@ func (s *sink) commit(e int) error {
 			return err
 		}
 	}
-	unlock, err := lockDir(out)
+	unlock, err := atomicfile.LockDir(out, false)
 	if err != nil {
 		return err
 	}
 	defer unlock()
 	man := j.man
-	disk, err := LoadEpochs(out)
+	disk, err := manifests.LoadEpochs(out)
 	switch {
 	case err == nil && optionsKey(disk) != optionsKey(man):
 		return fmt.Errorf("%w: another run committed epochs with other options into %s meanwhile (%s); epoch %d is not committed",
@@ -753,7 +635,7 @@ func (s *sink) commit(e int) error {
 	default:
 		return err
 	}
-	var prev *EpochEntry
+	var prev *manifests.EpochEntry
 	kept := man.Epochs[:0]
 	for i, x := range man.Epochs {
 		if x.Epoch == st.entry.Epoch {
@@ -763,9 +645,9 @@ func (s *sink) commit(e int) error {
 		}
 	}
 	if prev != nil {
-		listed := epochListed(*prev)
+		listed := prev.Listed()
 		man.Epochs = kept
-		if err := writeManifests(out, man, nil); err != nil {
+		if err := manifests.WriteEpochs(out, man, nil); err != nil {
 			return err
 		}
 		if err := removeEpochFolder(final, listed); err != nil {
@@ -786,95 +668,15 @@ func (s *sink) commit(e int) error {
 	man.Epochs = append(kept, *st.entry)
 	sortEpochs(man.Epochs)
 	man.Created = j.o.Now().UTC().Format(time.RFC3339)
-	return writeManifests(out, man, st.sums)
+	return manifests.WriteEpochs(out, man, st.sums)
 }
 
-func sortEpochs(es []EpochEntry) {
+func sortEpochs(es []manifests.EpochEntry) {
 	for i := 1; i < len(es); i++ {
 		for k := i; k > 0 && es[k].Epoch < es[k-1].Epoch; k-- {
 			es[k], es[k-1] = es[k-1], es[k]
 		}
 	}
-}
-
-// writeManifests rewrites shards.parquet, SHA256SUMS (adding newSums to the
-// sums of files already listed) and epochs.json, in that order.
-func writeManifests(out string, man *Epochs, newSums map[string]string) error {
-	var cols struct {
-		epoch, shard, first, samples []int64
-		files                        map[string][]string
-	}
-	cols.files = map[string][]string{}
-	names := []string{"samples"}
-	for _, m := range man.Modalities {
-		names = append(names, m.Name)
-	}
-	for _, e := range man.Epochs {
-		for _, sh := range e.Shards {
-			cols.epoch = append(cols.epoch, int64(e.Epoch))
-			cols.shard = append(cols.shard, int64(sh.Shard))
-			cols.first = append(cols.first, sh.First)
-			cols.samples = append(cols.samples, int64(sh.Samples))
-			for _, n := range names {
-				cols.files[n] = append(cols.files[n], sh.Files[n])
-			}
-		}
-	}
-	table := []manifests.Column{
-		{Name: "epoch", Ints: nz(cols.epoch)}, {Name: "shard", Ints: nz(cols.shard)},
-		{Name: "first", Ints: nz(cols.first)}, {Name: "samples", Ints: nz(cols.samples)},
-	}
-	for _, n := range names {
-		v := cols.files[n]
-		if v == nil {
-			v = []string{}
-		}
-		table = append(table, manifests.Column{Name: n + "_file", Strings: v})
-	}
-	if err := manifests.WriteTable(filepath.Join(out, ShardsFile), table); err != nil {
-		return err
-	}
-	sums := map[string]string{}
-	if old, err := manifests.ReadSums(filepath.Join(out, manifests.SumsFile)); err == nil {
-		sums = old
-	}
-	live := map[string]bool{}
-	for _, e := range man.Epochs {
-		for _, sh := range e.Shards {
-			for _, f := range sh.Files {
-				live[f] = true
-			}
-		}
-	}
-	for f := range sums {
-		if !live[f] {
-			delete(sums, f)
-		}
-	}
-	for f, h := range newSums {
-		sums[f] = h
-	}
-	var err error
-	if sums[ShardsFile], err = manifests.HashFile(filepath.Join(out, ShardsFile)); err != nil {
-		return err
-	}
-	js, err := manifests.MarshalJSON(man)
-	if err != nil {
-		return err
-	}
-	h := sha256.Sum256(js)
-	sums[EpochsFile] = hex.EncodeToString(h[:])
-	if err := manifests.WriteSums(filepath.Join(out, manifests.SumsFile), sums); err != nil {
-		return err
-	}
-	return atomicfile.WriteFile(filepath.Join(out, EpochsFile), js)
-}
-
-func nz(v []int64) []int64 {
-	if v == nil {
-		return []int64{}
-	}
-	return v
 }
 
 // syncTree fsyncs the epoch's files four at a time, then its directories.

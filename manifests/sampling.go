@@ -1,13 +1,8 @@
-// Package shuffle materialises the windows a trainer samples from a
-// clipshard dataset, per epoch and per DDP rank, in shuffled order, into
-// shard files that are read strictly sequentially (docs/FORMAT.md).
-//
-// The sample list of an epoch is derived from (seed, epoch) alone by the
-// procedure in Samples, so it can be re-derived (verify does). Two
-// execution paths give byte-identical output: an in-memory gather when the
-// dataset fits the memory budget, and an external two-pass "pile" shuffle
-// that reads the dataset blobs strictly sequentially when it does not.
-package shuffle
+// The sample list an epochs manifest implies: derived from (seed, epoch)
+// and the dataset's clip lengths alone (docs/FORMAT.md), by shuffle when
+// it writes an epoch and by verify when it checks one.
+
+package manifests
 
 import (
 	"fmt"
@@ -93,15 +88,6 @@ func Samples(lengths []int64, s Sampling, seed uint64, epoch int) []Sample {
 	}
 	r.Shuffle(len(out), func(a, b int) { out[a], out[b] = out[b], out[a] })
 	return out
-}
-
-// RankSplit cuts an epoch's shuffled samples into worldSize equal,
-// disjoint, contiguous parts, dropping the remainder: rank k gets
-// samples[k*m : (k+1)*m] with m = len/worldSize. It returns m and how many
-// samples were dropped.
-func RankSplit(n, worldSize int) (perRank, dropped int) {
-	perRank = n / worldSize
-	return perRank, n - perRank*worldSize
 }
 
 // CountSamples returns len(Samples(lengths, s, seed, epoch)) without

@@ -12,8 +12,8 @@ import (
 	"unsafe"
 
 	"github.com/clipshard/clipshard/formats/array"
+	"github.com/clipshard/clipshard/formats/f16"
 	"github.com/clipshard/clipshard/internal/numpytest"
-	"github.com/clipshard/clipshard/transform/f16"
 )
 
 var stride = flag.Uint("f16.stride", 1, "test every Nth float32 bit pattern in the exhaustive sweep (1 = all 2^32)")

@@ -1,14 +1,12 @@
-package shuffle_test
+package manifests_test
 
 import (
-	"cmp"
 	"math"
 	"math/rand/v2"
 	"reflect"
-	"slices"
 	"testing"
 
-	"github.com/clipshard/clipshard/transform/shuffle"
+	"github.com/clipshard/clipshard/manifests"
 )
 
 func randomLengths(n int, seed uint64) []int64 {
@@ -24,9 +22,9 @@ func TestTileRule(t *testing.T) {
 	lengths := randomLengths(500, 1)
 	for _, w := range []int{1, 7, 15, 64} {
 		for _, short := range []string{"skip", "pad"} {
-			s := shuffle.Sampling{Window: w, Mode: "tile", Short: short}
-			got := shuffle.Samples(lengths, s, 42, 3)
-			byClip := map[int64][]shuffle.Sample{}
+			s := manifests.Sampling{Window: w, Mode: "tile", Short: short}
+			got := manifests.Samples(lengths, s, 42, 3)
+			byClip := map[int64][]manifests.Sample{}
 			for _, x := range got {
 				byClip[x.Clip] = append(byClip[x.Clip], x)
 			}
@@ -66,8 +64,8 @@ func TestTileRule(t *testing.T) {
 
 func TestRandomMode(t *testing.T) {
 	lengths := randomLengths(300, 2)
-	s := shuffle.Sampling{Window: 10, Mode: "random", PerClip: 3, Short: "skip"}
-	got := shuffle.Samples(lengths, s, 1, 0)
+	s := manifests.Sampling{Window: 10, Mode: "random", PerClip: 3, Short: "skip"}
+	got := manifests.Samples(lengths, s, 1, 0)
 	n := 0
 	for _, l := range lengths {
 		if l >= 10 {
@@ -86,15 +84,15 @@ func TestRandomMode(t *testing.T) {
 
 func TestDeterministicBySeedAndEpoch(t *testing.T) {
 	lengths := randomLengths(200, 3)
-	s := shuffle.Sampling{Window: 8, Mode: "tile", Short: "pad"}
-	a := shuffle.Samples(lengths, s, 9, 1)
-	if b := shuffle.Samples(lengths, s, 9, 1); !reflect.DeepEqual(a, b) {
+	s := manifests.Sampling{Window: 8, Mode: "tile", Short: "pad"}
+	a := manifests.Samples(lengths, s, 9, 1)
+	if b := manifests.Samples(lengths, s, 9, 1); !reflect.DeepEqual(a, b) {
 		t.Fatal("same seed and epoch differ")
 	}
-	if c := shuffle.Samples(lengths, s, 9, 2); reflect.DeepEqual(a, c) {
+	if c := manifests.Samples(lengths, s, 9, 2); reflect.DeepEqual(a, c) {
 		t.Fatal("epochs 1 and 2 are the same")
 	}
-	if d := shuffle.Samples(lengths, s, 10, 1); reflect.DeepEqual(a, d) {
+	if d := manifests.Samples(lengths, s, 10, 1); reflect.DeepEqual(a, d) {
 		t.Fatal("seeds 9 and 10 are the same")
 	}
 }
@@ -106,7 +104,7 @@ func TestOrderNotCorrelated(t *testing.T) {
 	for i := range lengths {
 		lengths[i] = 100
 	}
-	got := shuffle.Samples(lengths, shuffle.Sampling{Window: 10, Mode: "tile", Short: "skip"}, 5, 0)
+	got := manifests.Samples(lengths, manifests.Sampling{Window: 10, Mode: "tile", Short: "skip"}, 5, 0)
 	n := float64(len(got))
 	var sx, sy, sxx, syy, sxy float64
 	for i, x := range got {
@@ -129,53 +127,19 @@ func TestOrderNotCorrelated(t *testing.T) {
 	}
 }
 
-func TestRankSplit(t *testing.T) {
-	for _, c := range []struct{ n, r, per, drop int }{{10, 3, 3, 1}, {9, 3, 3, 0}, {2, 4, 0, 2}, {0, 1, 0, 0}} {
-		per, drop := shuffle.RankSplit(c.n, c.r)
-		if per != c.per || drop != c.drop {
-			t.Errorf("%+v: got %d %d", c, per, drop)
-		}
-	}
-}
-
 // TestCountSamples: the count made without the list equals the list's
 // length, for every mode, window and short rule.
 func TestCountSamples(t *testing.T) {
 	lengths := randomLengths(700, 5)
-	for _, s := range []shuffle.Sampling{
+	for _, s := range []manifests.Sampling{
 		{Window: 1, Mode: "tile", Short: "skip"}, {Window: 15, Mode: "tile", Short: "pad"},
 		{Window: 64, Mode: "tile", Short: "skip"}, {Window: 250, Mode: "tile", Short: "pad"},
 		{Window: 15, Mode: "random", PerClip: 3, Short: "skip"}, {Window: 40, Mode: "random", PerClip: 1, Short: "pad"},
 	} {
 		for epoch := range 3 {
-			if got, want := shuffle.CountSamples(lengths, s, 9, epoch), int64(len(shuffle.Samples(lengths, s, 9, epoch))); got != want {
+			if got, want := manifests.CountSamples(lengths, s, 9, epoch), int64(len(manifests.Samples(lengths, s, 9, epoch))); got != want {
 				t.Errorf("%+v epoch %d: counted %d, the list has %d", s, epoch, got, want)
 			}
 		}
-	}
-}
-
-// TestMeasure: clip order, reversed order and a uniform shuffle give the
-// figures they must.
-func TestMeasure(t *testing.T) {
-	lengths := randomLengths(300, 2)
-	s := shuffle.Sampling{Window: 10, Mode: "tile", Short: "skip"}
-	shuffled := shuffle.Samples(lengths, s, 1, 0)
-	inOrder := slices.Clone(shuffled)
-	slices.SortFunc(inOrder, func(a, b shuffle.Sample) int {
-		return cmp.Or(cmp.Compare(a.Clip, b.Clip), cmp.Compare(a.Start, b.Start))
-	})
-	q := shuffle.Measure(inOrder, 16)
-	if q.Spearman != 1 || q.MeanDisplacement != 0 || q.SameClipNeighbours < 0.8 {
-		t.Errorf("clip order: %+v", q)
-	}
-	rev := slices.Clone(inOrder)
-	slices.Reverse(rev)
-	if q := shuffle.Measure(rev, 16); math.Abs(q.Spearman+1) > 1e-9 {
-		t.Errorf("reversed: %+v", q)
-	}
-	q = shuffle.Measure(shuffled, 16)
-	if math.Abs(q.Spearman) > 0.1 || math.Abs(q.MeanDisplacement-1.0/3) > 0.03 || q.DistinctClipsMean < 15 || q.SameClipNeighbours > 0.05 {
-		t.Errorf("shuffled: %+v", q)
 	}
 }

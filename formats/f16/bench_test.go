@@ -5,7 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/clipshard/clipshard/transform/f16"
+	"github.com/clipshard/clipshard/formats/f16"
 )
 
 // Two sizes: "L2" converts a 64 KiB float32 chunk that stays in cache;

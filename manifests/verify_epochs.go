@@ -1,4 +1,6 @@
-package shuffle
+// Verification of an epochs directory (shuffle --out EDIR; verify EDIR).
+
+package manifests
 
 import (
 	"bytes"
@@ -14,22 +16,21 @@ import (
 	"github.com/clipshard/clipshard/formats/atomicfile"
 	"github.com/clipshard/clipshard/formats/npy"
 	"github.com/clipshard/clipshard/formats/regfile"
-	"github.com/clipshard/clipshard/manifests"
 )
 
-// Verify checks the epochs directory dir. Default: every file present and
-// no others, shard headers against epochs.json, equal shares per rank, and
-// the sha256 of every file. o.Deep also re-derives every epoch's sample
+// VerifyEpochs checks the epochs directory dir. Default: every file
+// present and no others, shard headers against epochs.json, the shards
+// tiling each epoch in order, and the sha256 of every file. o.Deep also re-derives every epoch's sample
 // list from the seed and compares it with the samples files, and checks
 // every sample's windows against the dataset. The error is non-nil only
 // when epochs.json cannot be used.
-func Verify(dir string, o manifests.VerifyOptions) (*manifests.Report, error) {
+func VerifyEpochs(dir string, o VerifyOptions) (*Report, error) {
 	// The manifest and the listing are taken while no run commits (a
 	// commit renames an epoch folder and rewrites the manifests under the
 	// directory's lock); the hashing below runs without the lock.
-	unlock, err := LockDirShared(dir)
+	unlock, err := atomicfile.LockDir(dir, true)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", manifests.ErrManifest, err)
+		return nil, fmt.Errorf("%w: %w", ErrManifest, err)
 	}
 	locked := true
 	defer func() {
@@ -45,7 +46,7 @@ func Verify(dir string, o manifests.VerifyOptions) (*manifests.Report, error) {
 	if o.Deep {
 		level += "+deep"
 	}
-	r := manifests.NewReport("epochs", dir, level)
+	r := NewReport("epochs", dir, level)
 
 	want := map[string]bool{EpochsFile: true, man.Files.Shards: true, man.Files.Sums: true}
 	for _, e := range man.Epochs {
@@ -64,11 +65,11 @@ func Verify(dir string, o manifests.VerifyOptions) (*manifests.Report, error) {
 		rel = filepath.ToSlash(rel)
 		if d.IsDir() {
 			var e int
-			if n, _ := fmt.Sscanf(rel, ".partial-epoch-%04d", &e); n == 1 && rel == ".partial-"+epochDir(e) {
+			if n, _ := fmt.Sscanf(rel, ".partial-epoch-%04d", &e); n == 1 && rel == ".partial-"+EpochDir(e) {
 				if EpochInProgress(dir, e) {
 					r.InProgress = append(r.InProgress, rel)
 				} else {
-					r.Add(manifests.Problem{File: rel, What: fmt.Sprintf("left by a killed shuffle: a re-run of epoch %d, or shuffle --drop %d:%d, removes it", e, e, e+1)})
+					r.Add(Problem{File: rel, What: fmt.Sprintf("left by a killed shuffle: a re-run of epoch %d, or shuffle --drop %d:%d, removes it", e, e, e+1)})
 				}
 				return fs.SkipDir
 			}
@@ -78,32 +79,32 @@ func Verify(dir string, o manifests.VerifyOptions) (*manifests.Report, error) {
 			return nil // a run's epoch claim, not output
 		}
 		if strings.HasPrefix(rel, atomicfile.TempPrefix) {
-			r.Add(manifests.Problem{File: rel, What: "temporary file of a manifest write that a killed shuffle left; the next shuffle into this directory removes it"})
+			r.Add(Problem{File: rel, What: "temporary file of a manifest write that a killed shuffle left; the next shuffle into this directory removes it"})
 			return nil
 		}
 		present[rel] = true
 		if !want[rel] {
-			r.Add(manifests.Problem{File: rel, What: "unexpected file (not in epochs.json)"})
+			r.Add(Problem{File: rel, What: "unexpected file (not in epochs.json)"})
 		}
 		return nil
 	})
 	for f := range want {
 		if !present[f] {
-			r.Add(manifests.Problem{File: f, What: "missing"})
+			r.Add(Problem{File: f, What: "missing"})
 		}
 	}
-	sums, err := manifests.ReadSums(filepath.Join(dir, man.Files.Sums))
+	sums, err := ReadSums(filepath.Join(dir, man.Files.Sums))
 	unlock()
 	locked = false
 	if err != nil {
-		r.Add(manifests.Problem{File: man.Files.Sums, What: err.Error()})
+		r.Add(Problem{File: man.Files.Sums, What: err.Error()})
 	} else {
 		for f := range want {
 			if _, ok := sums[f]; !ok && f != man.Files.Sums {
-				r.Add(manifests.Problem{File: man.Files.Sums, What: "does not list " + f})
+				r.Add(Problem{File: man.Files.Sums, What: "does not list " + f})
 			}
 		}
-		manifests.CheckSums(dir, sums, present, o, r)
+		CheckSums(dir, sums, present, o, r)
 	}
 
 	for _, e := range man.Epochs {
@@ -115,12 +116,12 @@ func Verify(dir string, o manifests.VerifyOptions) (*manifests.Report, error) {
 			checkShardHeaders(dir, man, s, present, r)
 			last := i == len(e.Shards)-1
 			if s.First != next || s.Samples < 1 || s.Samples > man.ShardSamples || (!last && s.Samples != man.ShardSamples) {
-				r.Add(manifests.Problem{File: e.Dir, What: fmt.Sprintf("shard %d holds samples %d..%d; want them from %d, %d a shard", s.Shard, s.First, s.First+int64(s.Samples), next, man.ShardSamples)})
+				r.Add(Problem{File: e.Dir, What: fmt.Sprintf("shard %d holds samples %d..%d; want them from %d, %d a shard", s.Shard, s.First, s.First+int64(s.Samples), next, man.ShardSamples)})
 			}
 			next = s.First + int64(s.Samples)
 		}
 		if next != e.Samples {
-			r.Add(manifests.Problem{File: e.Dir, What: fmt.Sprintf("the shards hold %d samples, epochs.json says %d", next, e.Samples)})
+			r.Add(Problem{File: e.Dir, What: fmt.Sprintf("the shards hold %d samples, epochs.json says %d", next, e.Samples)})
 		}
 	}
 	if o.Deep {
@@ -130,7 +131,7 @@ func Verify(dir string, o manifests.VerifyOptions) (*manifests.Report, error) {
 	return r, nil
 }
 
-func checkShardHeaders(dir string, man *Epochs, s ShardEntry, present map[string]bool, r *manifests.Report) {
+func checkShardHeaders(dir string, man *Epochs, s ShardEntry, present map[string]bool, r *Report) {
 	check := func(name string, descr string, shape []int) {
 		rel := s.Files[name]
 		if !present[rel] {
@@ -138,17 +139,17 @@ func checkShardHeaders(dir string, man *Epochs, s ShardEntry, present map[string
 		}
 		f, st, err := regfile.Open(filepath.Join(dir, filepath.FromSlash(rel)))
 		if err != nil {
-			r.Add(manifests.Problem{File: rel, What: err.Error()})
+			r.Add(Problem{File: rel, What: err.Error()})
 			return
 		}
 		defer f.Close()
 		h, err := npy.ReadHeader(f, st.Size())
 		if err != nil {
-			r.Add(manifests.Problem{File: rel, What: err.Error()})
+			r.Add(Problem{File: rel, What: err.Error()})
 			return
 		}
 		if h.Descr != descr || !slices.Equal(h.Shape, shape) || h.DataOffset%npy.DataAlign != 0 {
-			r.Add(manifests.Problem{File: rel, What: fmt.Sprintf("header %s %s at offset %d, epochs.json says %s %s (4096-aligned)",
+			r.Add(Problem{File: rel, What: fmt.Sprintf("header %s %s at offset %d, epochs.json says %s %s (4096-aligned)",
 				h.Descr, array.FormatShape(h.Shape), h.DataOffset, descr, array.FormatShape(shape))})
 		}
 	}
@@ -160,21 +161,21 @@ func checkShardHeaders(dir string, man *Epochs, s ShardEntry, present map[string
 
 // deepEpochs re-derives every epoch's samples from the seed and checks
 // them, and every window, against the dataset.
-func deepEpochs(dir string, man *Epochs, r *manifests.Report) {
+func deepEpochs(dir string, man *Epochs, r *Report) {
 	ds := man.Dataset.Dir
-	sum, err := manifests.HashFile(filepath.Join(ds, manifests.DatasetFile))
+	sum, err := HashFile(filepath.Join(ds, DatasetFile))
 	if err != nil || sum != man.Dataset.SHA256 {
-		r.Add(manifests.Problem{File: EpochsFile, What: fmt.Sprintf("dataset %s is gone or changed since shuffling (dataset.json sha256)", ds)})
+		r.Add(Problem{File: EpochsFile, What: fmt.Sprintf("dataset %s is gone or changed since shuffling (dataset.json sha256)", ds)})
 		return
 	}
-	d, err := manifests.LoadDataset(ds)
+	d, err := LoadDataset(ds)
 	if err != nil {
-		r.Add(manifests.Problem{File: EpochsFile, What: err.Error()})
+		r.Add(Problem{File: EpochsFile, What: err.Error()})
 		return
 	}
-	starts, lengths, err := manifests.ReadIndex(filepath.Join(ds, d.Files.Index))
+	starts, lengths, err := ReadIndex(filepath.Join(ds, d.Files.Index))
 	if err != nil {
-		r.Add(manifests.Problem{File: EpochsFile, What: err.Error()})
+		r.Add(Problem{File: EpochsFile, What: err.Error()})
 		return
 	}
 	names := make([]string, len(d.Modalities))
@@ -182,7 +183,7 @@ func deepEpochs(dir string, man *Epochs, r *manifests.Report) {
 		names[i] = m.Name
 	}
 	clipID := func(i int64) string { return fmt.Sprint(i) }
-	if rows, err := manifests.ReadClips(filepath.Join(ds, d.Files.Clips), names); err == nil {
+	if rows, err := ReadClips(filepath.Join(ds, d.Files.Clips), names); err == nil {
 		clipID = func(i int64) string {
 			if i >= 0 && i < int64(len(rows)) {
 				return rows[i].Clip
@@ -195,12 +196,12 @@ func deepEpochs(dir string, man *Epochs, r *manifests.Report) {
 	for k, m := range man.Modalities {
 		dm := d.Modality(m.Name)
 		if dm == nil {
-			r.Add(manifests.Problem{File: EpochsFile, What: "modality " + m.Name + " is not in the dataset"})
+			r.Add(Problem{File: EpochsFile, What: "modality " + m.Name + " is not in the dataset"})
 			return
 		}
 		f, _, err := regfile.Open(filepath.Join(ds, dm.File))
 		if err != nil {
-			r.Add(manifests.Problem{File: EpochsFile, What: err.Error()})
+			r.Add(Problem{File: EpochsFile, What: err.Error()})
 			return
 		}
 		defer f.Close()
@@ -211,7 +212,7 @@ func deepEpochs(dir string, man *Epochs, r *manifests.Report) {
 	for _, e := range man.Epochs {
 		all := Samples(lengths, s, man.Seed, e.Epoch)
 		if int64(len(all)) != e.Samples {
-			r.Add(manifests.Problem{File: e.Dir, What: fmt.Sprintf("seed %d gives %d samples, epochs.json says %d (another seed or sampling?)", man.Seed, len(all), e.Samples)})
+			r.Add(Problem{File: e.Dir, What: fmt.Sprintf("seed %d gives %d samples, epochs.json says %d (another seed or sampling?)", man.Seed, len(all), e.Samples)})
 			continue
 		}
 		for _, sh := range e.Shards {
@@ -251,11 +252,11 @@ func deepEpochs(dir string, man *Epochs, r *manifests.Report) {
 				}
 				at := sh.First + int64(i)
 				if sh.First < 0 || at >= int64(len(all)) {
-					r.Add(manifests.Problem{File: rel, What: fmt.Sprintf("shard claims sample %d, beyond the epoch's %d", at, len(all))})
+					r.Add(Problem{File: rel, What: fmt.Sprintf("shard claims sample %d, beyond the epoch's %d", at, len(all))})
 					break
 				}
 				if want := all[at]; got != want {
-					r.Add(manifests.Problem{File: rel, Clip: clipID(got.Clip), What: fmt.Sprintf("sample %d is (clip %d, start %d, valid %d); seed %d says (clip %d, start %d, valid %d)",
+					r.Add(Problem{File: rel, Clip: clipID(got.Clip), What: fmt.Sprintf("sample %d is (clip %d, start %d, valid %d); seed %d says (clip %d, start %d, valid %d)",
 						i, got.Clip, got.Start, got.Valid, man.Seed, want.Clip, want.Start, want.Valid)})
 					break
 				}
@@ -272,11 +273,11 @@ func deepEpochs(dir string, man *Epochs, r *manifests.Report) {
 					blobs[k].ReadAt(want, d.Modality(m.Name).DataOffset+(starts[got.Clip]+got.Start)*int64(m.Rate)*rowBytes[k])
 					w := make([]byte, wb)
 					if _, err := wins[k].ReadAt(w, offs[k]+int64(i)*wb); err != nil {
-						r.Add(manifests.Problem{File: sh.Files[m.Name], What: fmt.Sprintf("sample %d: %v", i, err)})
+						r.Add(Problem{File: sh.Files[m.Name], What: fmt.Sprintf("sample %d: %v", i, err)})
 						continue
 					}
 					if !bytes.Equal(w[:n], want) || bytes.ContainsFunc(w[n:], func(r rune) bool { return r != 0 }) {
-						r.Add(manifests.Problem{File: sh.Files[m.Name], Clip: clipID(got.Clip), What: fmt.Sprintf("sample %d (clip %d, start %d) differs from the dataset", i, got.Clip, got.Start)})
+						r.Add(Problem{File: sh.Files[m.Name], Clip: clipID(got.Clip), What: fmt.Sprintf("sample %d (clip %d, start %d) differs from the dataset", i, got.Clip, got.Start)})
 					}
 				}
 			}

@@ -1,0 +1,290 @@
+// The epochs directory's manifests (shuffle --out EDIR): epochs.json,
+// shards.parquet and SHA256SUMS, and the names of its files and locks
+// (docs/FORMAT.md).
+
+package manifests
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	"github.com/clipshard/clipshard/formats/atomicfile"
+	"github.com/clipshard/clipshard/formats/regfile"
+)
+
+// EpochsFormat is the value of epochs.json's "format" key, and
+// EpochsVersion its "version": 2 since an epoch is one global order that
+// any world size reads (version 1 had a folder per rank).
+const (
+	EpochsFormat  = "clipshard.epochs"
+	EpochsVersion = 2
+)
+
+// Names of the files in an epochs directory.
+const (
+	EpochsFile = "epochs.json"
+	ShardsFile = "shards.parquet"
+)
+
+// Epochs is epochs.json.
+type Epochs struct {
+	Format       string          `json:"format"`
+	Version      int             `json:"version"`
+	Dataset      DatasetRef      `json:"dataset"`
+	Seed         uint64          `json:"seed"`
+	Window       int             `json:"window"`
+	Sampling     string          `json:"sampling"`
+	PerClip      int             `json:"per_clip"`
+	Short        string          `json:"short"`
+	ShardSamples int             `json:"shard_samples"`
+	Modalities   []EpochModality `json:"modalities"`
+	Epochs       []EpochEntry    `json:"epochs"`
+	Files        EpochFiles      `json:"files"`
+	Created      string          `json:"created"`
+	Tool         string          `json:"tool"`
+}
+
+// DatasetRef names the dataset the shards were cut from. Dir is where it
+// was (absolute: it lies outside the epochs directory).
+type DatasetRef struct {
+	Dir         string `json:"dir"`
+	Fingerprint string `json:"fingerprint"`
+	SHA256      string `json:"manifest_sha256"` // of its dataset.json
+}
+
+// EpochModality describes the shard files of one modality.
+type EpochModality struct {
+	Name       string `json:"name"`
+	DType      string `json:"dtype"`
+	Rate       int    `json:"rate"`
+	FrameShape []int  `json:"frame_shape"`
+	WindowRows int    `json:"window_rows"` // W * rate
+}
+
+// EpochFiles names the other manifests.
+type EpochFiles struct {
+	Shards string `json:"shards"`
+	Sums   string `json:"sha256sums"`
+}
+
+// EpochEntry is one committed epoch.
+type EpochEntry struct {
+	Epoch   int          `json:"epoch"`
+	Dir     string       `json:"dir"`
+	Samples int64        `json:"samples"` // over all ranks
+	Shards  []ShardEntry `json:"shards"`
+}
+
+// ShardEntry is one shard file group.
+type ShardEntry struct {
+	Shard   int               `json:"shard"`
+	First   int64             `json:"first"` // index of its first sample in the epoch
+	Samples int               `json:"samples"`
+	Files   map[string]string `json:"files"` // modality name (and "samples") -> path
+}
+
+// Entry returns epoch e's entry, or nil.
+func (m *Epochs) Entry(e int) *EpochEntry {
+	for i := range m.Epochs {
+		if m.Epochs[i].Epoch == e {
+			return &m.Epochs[i]
+		}
+	}
+	return nil
+}
+
+// Listed returns the files of epoch entry e, relative to its folder.
+func (e EpochEntry) Listed() map[string]bool {
+	l := map[string]bool{}
+	for _, s := range e.Shards {
+		for _, f := range s.Files {
+			l[strings.TrimPrefix(f, e.Dir+"/")] = true
+		}
+	}
+	return l
+}
+
+// LoadEpochs reads and checks EDIR/epochs.json (every path relative and
+// inside EDIR).
+func LoadEpochs(dir string) (*Epochs, error) {
+	p := filepath.Join(dir, EpochsFile)
+	b, err := regfile.ReadFile(p, MaxManifest)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrManifest, err)
+	}
+	var m Epochs
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrManifest, p, err)
+	}
+	if m.Format == EpochsFormat && m.Version == 1 {
+		return nil, fmt.Errorf("%w: %s: epochs of format version 1 (a folder per rank, cut for one world size); this clipshard reads version %d (one order per epoch that any world size reads): remove the folder, or choose another --out, and run shuffle again",
+			ErrManifest, p, EpochsVersion)
+	}
+	if m.Format != EpochsFormat || m.Version != EpochsVersion {
+		return nil, fmt.Errorf("%w: %s: format %q version %d, want %q version %d", ErrManifest, p, m.Format, m.Version, EpochsFormat, EpochsVersion)
+	}
+	paths := []string{m.Files.Shards, m.Files.Sums}
+	for _, e := range m.Epochs {
+		paths = append(paths, e.Dir)
+		for _, s := range e.Shards {
+			for _, f := range s.Files {
+				paths = append(paths, f)
+			}
+		}
+	}
+	for _, f := range paths {
+		if err := CheckRelPath(f); err != nil {
+			return nil, fmt.Errorf("%s: %w", p, err)
+		}
+	}
+	return &m, nil
+}
+
+// LockPrefix starts the names of the per-epoch lock files in an epochs
+// directory; they exist only while a run writes those epochs (or after it
+// was killed) and are not part of the output.
+const LockPrefix = ".lock-epoch-"
+
+// LockName names the claim lock file of epoch e (see docs/FORMAT.md).
+func LockName(e int) string { return fmt.Sprintf("%s%04d", LockPrefix, e) }
+
+// EpochDir names the folder of epoch e.
+func EpochDir(e int) string { return fmt.Sprintf("epoch-%04d", e) }
+
+// ShardName names file what ("samples" or a modality) of shard number shard.
+func ShardName(shard int, what string) string {
+	return fmt.Sprintf("shard-%05d.%s.npy", shard, what)
+}
+
+// EpochInProgress reports whether a live run holds epoch e's claim in the
+// epochs directory dir.
+func EpochInProgress(dir string, e int) bool {
+	return atomicfile.Held(filepath.Join(dir, LockName(e)))
+}
+
+// WriteEpochs rewrites shards.parquet, SHA256SUMS (adding newSums to the
+// sums of files already listed) and epochs.json, in that order.
+func WriteEpochs(out string, man *Epochs, newSums map[string]string) error {
+	var cols struct {
+		epoch, shard, first, samples []int64
+		files                        map[string][]string
+	}
+	cols.files = map[string][]string{}
+	names := []string{"samples"}
+	for _, m := range man.Modalities {
+		names = append(names, m.Name)
+	}
+	for _, e := range man.Epochs {
+		for _, sh := range e.Shards {
+			cols.epoch = append(cols.epoch, int64(e.Epoch))
+			cols.shard = append(cols.shard, int64(sh.Shard))
+			cols.first = append(cols.first, sh.First)
+			cols.samples = append(cols.samples, int64(sh.Samples))
+			for _, n := range names {
+				cols.files[n] = append(cols.files[n], sh.Files[n])
+			}
+		}
+	}
+	table := []Column{
+		{Name: "epoch", Ints: nz(cols.epoch)}, {Name: "shard", Ints: nz(cols.shard)},
+		{Name: "first", Ints: nz(cols.first)}, {Name: "samples", Ints: nz(cols.samples)},
+	}
+	for _, n := range names {
+		v := cols.files[n]
+		if v == nil {
+			v = []string{}
+		}
+		table = append(table, Column{Name: n + "_file", Strings: v})
+	}
+	if err := WriteTable(filepath.Join(out, ShardsFile), table); err != nil {
+		return err
+	}
+	sums := map[string]string{}
+	if old, err := ReadSums(filepath.Join(out, SumsFile)); err == nil {
+		sums = old
+	}
+	live := map[string]bool{}
+	for _, e := range man.Epochs {
+		for _, sh := range e.Shards {
+			for _, f := range sh.Files {
+				live[f] = true
+			}
+		}
+	}
+	for f := range sums {
+		if !live[f] {
+			delete(sums, f)
+		}
+	}
+	for f, h := range newSums {
+		sums[f] = h
+	}
+	var err error
+	if sums[ShardsFile], err = HashFile(filepath.Join(out, ShardsFile)); err != nil {
+		return err
+	}
+	js, err := MarshalJSON(man)
+	if err != nil {
+		return err
+	}
+	h := sha256.Sum256(js)
+	sums[EpochsFile] = hex.EncodeToString(h[:])
+	if err := WriteSums(filepath.Join(out, SumsFile), sums); err != nil {
+		return err
+	}
+	return atomicfile.WriteFile(filepath.Join(out, EpochsFile), js)
+}
+
+func nz(v []int64) []int64 {
+	if v == nil {
+		return []int64{}
+	}
+	return v
+}
+
+// RepairEpochs rewrites shards.parquet and SHA256SUMS from epochs.json
+// if they do not agree with it: the three are written one after the other
+// (epochs.json last), so a kill between two renames leaves them a step
+// apart. The bytes are those an uninterrupted run writes. The caller holds
+// out's lock.
+func RepairEpochs(out string, man *Epochs) error {
+	sums, err := ReadSums(filepath.Join(out, SumsFile))
+	if err != nil {
+		sums = map[string]string{}
+	}
+	live := map[string]bool{EpochsFile: true, ShardsFile: true}
+	missing := map[string]string{}
+	for _, e := range man.Epochs {
+		for _, sh := range e.Shards {
+			for _, f := range sh.Files {
+				live[f] = true
+				if sums[f] == "" {
+					h, err := HashFile(filepath.Join(out, filepath.FromSlash(f)))
+					if err != nil {
+						return nil // damage for verify to report, not a half-done commit
+					}
+					missing[f] = h
+				}
+			}
+		}
+	}
+	stale := len(missing) > 0
+	for f := range sums {
+		if !live[f] {
+			stale = true
+		}
+	}
+	for _, f := range []string{EpochsFile, ShardsFile} {
+		if h, err := HashFile(filepath.Join(out, f)); err != nil || h != sums[f] {
+			stale = true
+		}
+	}
+	if !stale {
+		return nil
+	}
+	return WriteEpochs(out, man, missing)
+}
