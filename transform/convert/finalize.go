@@ -5,7 +5,6 @@ import (
 	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -16,7 +15,6 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
-	"golang.org/x/sys/unix"
 
 	"github.com/clipshard/clipshard/formats/array"
 	"github.com/clipshard/clipshard/formats/atomicfile"
@@ -288,7 +286,6 @@ func hashFiles(dir string, names []string, workers int) (map[string]string, erro
 // there is none. The staging directory must hold exactly the dataset d.
 func (j *job) commit(d *manifests.Dataset) error {
 	out := j.opts.Out
-	parent := filepath.Dir(out)
 	if err := sweepTemp(j.staging); err != nil {
 		return err
 	}
@@ -301,34 +298,13 @@ func (j *job) commit(d *manifests.Dataset) error {
 		return err
 	}
 	faults.Point("convert.commit")
-	err = unix.Renameat2(unix.AT_FDCWD, j.staging, unix.AT_FDCWD, out, unix.RENAME_EXCHANGE)
-	switch {
-	case err == nil:
-		// j.staging now holds the previous dataset.
-		if err := atomicfile.Sync(parent); err != nil {
-			return err
-		}
-		faults.Point("convert.exchanged")
-		return removeOld(j.staging, old)
-	case errors.Is(err, unix.ENOENT):
-		if err := os.Rename(j.staging, out); err != nil {
-			return err
-		}
-	case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOSYS):
-		// Filesystem without RENAME_EXCHANGE: move the old one aside first.
-		aside := j.staging + ".old"
-		if err := os.Rename(out, aside); err != nil {
-			return err
-		}
-		if err := os.Rename(j.staging, out); err != nil {
-			return err
-		}
-		if err := atomicfile.Sync(parent); err != nil {
-			return err
-		}
-		return removeOld(aside, old)
-	default:
-		return fmt.Errorf("convert: publishing %s: %w", out, err)
+	prev, err := atomicfile.ReplaceDir(j.staging, out)
+	if err != nil {
+		return fmt.Errorf("convert: %w", err)
 	}
-	return atomicfile.Sync(parent)
+	if prev == "" {
+		return nil
+	}
+	faults.Point("convert.exchanged")
+	return removeOld(prev, old)
 }

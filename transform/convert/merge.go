@@ -101,15 +101,12 @@ func Merge(ctx context.Context, o MergeOptions) (*Result, error) {
 	parent, base := filepath.Split(out)
 	j.staging = filepath.Join(parent, ".clipshard-partial-"+base)
 	j.journalPath = j.staging + ".journal"
-	jf, err := os.OpenFile(j.journalPath, os.O_RDWR|os.O_CREATE, 0o644)
+	jf, err := j.lockJournal()
 	if err != nil {
 		return nil, err
 	}
 	defer jf.Close()
 	defer os.Remove(j.journalPath)
-	if err := unix.Flock(int(jf.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		return nil, fmt.Errorf("%w: another clipshard convert is writing %s", ErrUsage, out)
-	}
 	if err := removeStaging(j.staging); err != nil {
 		return nil, err
 	}

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,10 +15,9 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/clipshard/clipshard/formats"
 	"github.com/clipshard/clipshard/formats/array"
+	"github.com/clipshard/clipshard/formats/atomicfile"
 	"github.com/clipshard/clipshard/formats/blob"
 	"github.com/clipshard/clipshard/formats/f16"
 	"github.com/clipshard/clipshard/internal/faults"
@@ -87,14 +87,11 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err := os.MkdirAll(filepath.Dir(j.opts.Out), 0o755); err != nil {
 		return nil, err
 	}
-	jf, err := os.OpenFile(j.journalPath, os.O_RDWR|os.O_CREATE, 0o644)
+	jf, err := j.lockJournal()
 	if err != nil {
 		return nil, err
 	}
 	defer jf.Close()
-	if err := unix.Flock(int(jf.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		return nil, fmt.Errorf("%w: another clipshard convert is writing %s (lock %s held)", ErrUsage, o.Out, j.journalPath)
-	}
 	res := &Result{Dir: o.Out}
 	w, err := j.prepare(jf)
 	if err != nil {
@@ -257,18 +254,29 @@ func (j *job) upToDate() (*manifests.Dataset, bool) {
 // removeStale removes a staging directory and journal left by a run that
 // was killed after its dataset was committed.
 func (j *job) removeStale() {
-	jf, err := os.OpenFile(j.journalPath, os.O_RDWR, 0)
-	if err != nil {
+	if _, err := os.Stat(j.journalPath); err != nil {
 		removeStaging(j.staging)
 		return
 	}
-	defer jf.Close()
-	if unix.Flock(int(jf.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
+	jf, err := atomicfile.TryLock(j.journalPath)
+	if err != nil {
 		return // a run is in progress
 	}
+	defer jf.Close()
 	if removeStaging(j.staging) == nil {
 		os.Remove(j.journalPath)
 	}
+}
+
+// lockJournal opens the journal (made if need be) with an exclusive lock
+// on it, held for the whole run: a second convert into the same --out is
+// refused.
+func (j *job) lockJournal() (*os.File, error) {
+	jf, err := atomicfile.TryLock(j.journalPath)
+	if errors.Is(err, atomicfile.ErrLocked) {
+		return nil, fmt.Errorf("%w: another clipshard convert is writing %s (lock %s held)", ErrUsage, j.opts.Out, j.journalPath)
+	}
+	return jf, err
 }
 
 // writer is the state of the ordered writer.

@@ -595,9 +595,10 @@ func (c *cursor) abort() {
 // commit publishes epoch e (index into j.epochs). Under the directory's
 // lock, with the manifests as other runs left them: if the epoch is
 // listed already (--force, or its files were damaged), the manifests are
-// rewritten without it and its old folder removed; then its partial
-// folder is renamed into place, and shards.parquet, SHA256SUMS and, last,
-// epochs.json are rewritten with it. A directory that another run has
+// rewritten without it; then its partial folder replaces the final one
+// (atomicfile.ReplaceDir), shards.parquet, SHA256SUMS and, last,
+// epochs.json are rewritten with it, and the folder it replaced is
+// emptied of the files that were shuffle's. A directory that another run has
 // meanwhile given other options is not written into (ErrConflict).
 func (s *sink) commit(e int) error {
 	j := s.j
@@ -644,31 +645,31 @@ func (s *sink) commit(e int) error {
 			kept = append(kept, x)
 		}
 	}
+	var listed map[string]bool // the old folder's files, if it is listed
 	if prev != nil {
-		listed := prev.Listed()
+		listed = prev.Listed()
 		man.Epochs = kept
 		if err := manifests.WriteEpochs(out, man, nil); err != nil {
 			return err
 		}
-		if err := removeEpochFolder(final, listed); err != nil {
-			return err
-		}
-	} else if err := removeEpochFolder(final, nil); err != nil {
-		return err
 	}
 	faults.Point("shuffle.commit")
-	if err := os.Rename(st.tmp, final); err != nil {
+	old, err := atomicfile.ReplaceDir(st.tmp, final)
+	if err != nil {
 		return err
 	}
 	st.committed = true
-	if err := atomicfile.Sync(out); err != nil {
-		return err
-	}
 	faults.Point("shuffle.renamed")
 	man.Epochs = append(kept, *st.entry)
 	sortEpochs(man.Epochs)
 	man.Created = j.o.Now().UTC().Format(time.RFC3339)
-	return manifests.WriteEpochs(out, man, st.sums)
+	if err := manifests.WriteEpochs(out, man, st.sums); err != nil {
+		return err
+	}
+	if old != "" { // the folder the epoch replaced (--force, or damaged)
+		return removeEpochFolder(old, listed)
+	}
+	return nil
 }
 
 func sortEpochs(es []manifests.EpochEntry) {
