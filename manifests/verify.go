@@ -1,18 +1,16 @@
+// Verification of a dataset directory (convert --out DIR; verify DIR):
+// structure, sha256, per-clip hashes (--deep) and sources (--sources).
+
 package manifests
 
 import (
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
-	"sync"
 
 	"github.com/cespare/xxhash/v2"
 
@@ -22,68 +20,6 @@ import (
 	"github.com/clipshard/clipshard/formats/npy"
 	"github.com/clipshard/clipshard/formats/regfile"
 )
-
-// Problem is one thing verification found wrong.
-type Problem struct {
-	File string `json:"file"`           // path relative to the checked directory (or a source path)
-	Clip string `json:"clip,omitempty"` // the clip concerned, if any
-	What string `json:"what"`
-}
-
-func (p Problem) String() string {
-	s := p.File
-	if p.Clip != "" {
-		s += ": clip " + fmt.Sprintf("%q", p.Clip)
-	}
-	return s + ": " + p.What
-}
-
-// Report is the result of a verification.
-type Report struct {
-	Kind     string    `json:"kind"` // "dataset"
-	Dir      string    `json:"dir"`
-	Level    string    `json:"level"` // "structure+sha256", "+deep", "+sources"
-	Files    int       `json:"files_checked"`
-	Bytes    int64     `json:"bytes_hashed"`
-	Clips    int       `json:"clips,omitempty"`
-	Samples  int64     `json:"samples,omitempty"` // epochs: samples over all epochs and ranks
-	Problems []Problem `json:"problems"`
-	// InProgress names what a live run is writing (an epoch's partial
-	// folder): not damage, and not checked.
-	InProgress []string `json:"in_progress,omitempty"`
-	mu         *sync.Mutex
-}
-
-func (r *Report) add(p Problem) {
-	r.mu.Lock()
-	r.Problems = append(r.Problems, p)
-	r.mu.Unlock()
-}
-
-// Add records a problem; safe for concurrent use.
-func (r *Report) Add(p Problem) { r.add(p) }
-
-// NewReport starts a report.
-func NewReport(kind, dir, level string) *Report {
-	return &Report{Kind: kind, Dir: dir, Level: level, mu: new(sync.Mutex)}
-}
-
-// Sort orders the problems by file, for stable output.
-func (r *Report) Sort() {
-	sort.SliceStable(r.Problems, func(i, j int) bool { return r.Problems[i].File < r.Problems[j].File })
-}
-
-// OK reports whether nothing was found wrong.
-func (r *Report) OK() bool { return len(r.Problems) == 0 }
-
-// VerifyOptions select how deep verification goes.
-type VerifyOptions struct {
-	Deep    bool // per-clip xxHash64 of every blob
-	Sources bool // re-decode the sources and compare
-	Workers int  // files hashed at once (default 2)
-	// Progress, if set, is called with bytes hashed so far and the total.
-	Progress func(done, total int64)
-}
 
 // VerifyDataset checks the dataset in dir. The error is non-nil only when
 // the manifest itself cannot be used (missing, unreadable, or naming paths
@@ -177,8 +113,6 @@ func VerifyDataset(dir string, o VerifyOptions) (*Report, error) {
 	r.Sort()
 	return r, nil
 }
-
-func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", " ") }
 
 func checkBlobs(dir string, d *Dataset, present map[string]bool, r *Report) {
 	for _, m := range d.Modalities {
@@ -302,56 +236,6 @@ func checkIDs(dir, name string, rows []ClipRow, r *Report) {
 			return
 		}
 	}
-}
-
-// CheckSums hashes every file of sums that is present (names relative to
-// dir), o.Workers at a time, and records mismatches in r.
-func CheckSums(dir string, sums map[string]string, present map[string]bool, o VerifyOptions, r *Report) {
-	if o.Workers <= 0 {
-		o.Workers = 2
-	}
-	var names []string
-	var total int64
-	for f := range sums {
-		if present[f] {
-			names = append(names, f)
-			if st, err := os.Stat(filepath.Join(dir, f)); err == nil {
-				total += st.Size()
-			}
-		}
-	}
-	sort.Strings(names)
-	var mu sync.Mutex
-	var done int64
-	sem := make(chan struct{}, o.Workers)
-	var wg sync.WaitGroup
-	for _, f := range names {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			got, n, err := hashFileCounting(filepath.Join(dir, f), func(k int64) {
-				if o.Progress != nil {
-					mu.Lock()
-					done += k
-					o.Progress(done, total)
-					mu.Unlock()
-				}
-			})
-			r.mu.Lock()
-			r.Files++
-			r.Bytes += n
-			r.mu.Unlock()
-			switch {
-			case err != nil:
-				r.add(Problem{File: f, What: oneLine(err)})
-			case got != sums[f]:
-				r.add(Problem{File: f, What: "sha256 mismatch: content differs from SHA256SUMS"})
-			}
-		}()
-	}
-	wg.Wait()
 }
 
 // deepClips checks every clip's xxHash64 in every blob.
@@ -480,31 +364,4 @@ func converted(a *array.Array, rows int64, dtype string) ([]byte, error) {
 		return nil, err
 	}
 	return out, nil
-}
-
-// hashFileCounting is HashFile reporting progress as it reads.
-func hashFileCounting(path string, progress func(int64)) (string, int64, error) {
-	f, _, err := regfile.Open(path)
-	if err != nil {
-		return "", 0, err
-	}
-	defer f.Close()
-	h := sha256.New()
-	buf := make([]byte, 1<<20)
-	var n int64
-	for {
-		k, err := f.Read(buf)
-		if k > 0 {
-			h.Write(buf[:k])
-			n += int64(k)
-			progress(int64(k))
-		}
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return "", n, err
-		}
-	}
-	return hex.EncodeToString(h.Sum(nil)), n, nil
 }

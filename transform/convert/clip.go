@@ -1,3 +1,6 @@
+// Clip: one clip's sources decoded, checked, aligned and converted (by a
+// worker), whole or, for a large .npy source, a piece at a time.
+
 package convert
 
 import (

@@ -1,3 +1,6 @@
+// Finalize: the blobs finished, the manifests written (dataset.json
+// last) in the staging directory, and the commit that publishes it.
+
 package convert
 
 import (

@@ -1,3 +1,6 @@
+// Journal: the record of the clips written so far, which a resumed run
+// takes over.
+
 package convert
 
 import (

@@ -1,3 +1,6 @@
+// Merge: the parts of a partitioned convert (--part) joined into one
+// dataset, blobs copied in order.
+
 package convert
 
 import (

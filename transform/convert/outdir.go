@@ -1,3 +1,6 @@
+// Out dir: which --out a convert may replace, and the staging folder's
+// cleanup (only files that are convert's own).
+
 package convert
 
 import (

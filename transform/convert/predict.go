@@ -1,3 +1,6 @@
+// Predict: the blobs' row counts read ahead from the .npy headers, so that
+// their sha256 can be taken while they are written.
+
 package convert
 
 import (

@@ -1,8 +1,7 @@
-package shuffle
+// Out dir: which of an epochs directory's files are shuffle's, which
+// options may share it, and the manifest a run starts from.
 
-// The epochs directory: which of its files are shuffle's, the locks that
-// let runs share it, and the setup a run does under them before it writes
-// anything.
+package shuffle
 
 import (
 	"errors"
@@ -13,9 +12,7 @@ import (
 	"regexp"
 	"strings"
 
-	"github.com/clipshard/clipshard/formats/array"
 	"github.com/clipshard/clipshard/formats/atomicfile"
-	"github.com/clipshard/clipshard/formats/npy"
 	"github.com/clipshard/clipshard/manifests"
 )
 
@@ -59,6 +56,76 @@ func sameOptions(a, b *manifests.Epochs) bool {
 	return a.Seed == b.Seed && a.Window == b.Window && a.Sampling == b.Sampling && a.PerClip == b.PerClip &&
 		a.Short == b.Short && a.ShardSamples == b.ShardSamples
 }
+
+// openManifest loads o.Out's epochs.json if it describes the same dataset
+// and options (then its epochs are kept), or starts a new one. It changes
+// nothing on disk: a manifest of other options is refused without
+// --force, one of another dataset (or any, with --force) is noted in
+// j.stale and replaced by setup, under the directory lock; a directory
+// that holds what shuffle did not write is refused.
+func openManifest(j *job) (*manifests.Epochs, error) {
+	o := j.o
+	dsSum, err := manifests.HashFile(filepath.Join(o.Dataset, manifests.DatasetFile))
+	if err != nil {
+		return nil, err
+	}
+	fresh := &manifests.Epochs{
+		Format: manifests.EpochsFormat, Version: manifests.EpochsVersion,
+		Dataset: manifests.DatasetRef{Dir: o.Dataset, Fingerprint: j.ds.Fingerprint, SHA256: dsSum},
+		Seed:    o.Seed, Window: o.Sampling.Window, Sampling: o.Sampling.Mode, PerClip: o.Sampling.PerClip,
+		Short: o.Sampling.Short, ShardSamples: o.ShardSize,
+		Files: manifests.EpochFiles{Shards: manifests.ShardsFile, Sums: manifests.SumsFile},
+		Tool:  o.Tool,
+	}
+	if o.Sampling.Mode != "random" {
+		fresh.PerClip = 0
+	}
+	for _, m := range j.mods {
+		fresh.Modalities = append(fresh.Modalities, manifests.EpochModality{Name: m.name, DType: m.dtype.Descr(), Rate: int(m.rate),
+			FrameShape: m.frameShape, WindowRows: o.Sampling.Window * int(m.rate)})
+	}
+	if st, err := os.Lstat(o.Out); err == nil && !st.IsDir() {
+		return nil, fmt.Errorf("%w: --out %s exists and is not a directory", ErrUsage, o.Out)
+	}
+	old, err := manifests.LoadEpochs(o.Out)
+	if err != nil {
+		if _, serr := os.Lstat(filepath.Join(o.Out, manifests.EpochsFile)); serr == nil {
+			return nil, fmt.Errorf("%w: --out %s is not a clipshard epochs directory (%v): refusing to write into it", ErrUsage, o.Out, err)
+		}
+		if err := checkForeign(o.Out, nil); err != nil {
+			return nil, err
+		}
+		return fresh, nil // Run makes o.Out once the run is known to fit
+	}
+	switch {
+	case optionsKey(old) == optionsKey(fresh):
+		old.Tool = fresh.Tool
+		return old, nil
+	case !sameOptions(old, fresh) && !o.Force:
+		return nil, fmt.Errorf("%w: %s holds epochs cut with other options (seed, window, sampling, ranks or shard size); use --force to replace them, or another --out", ErrUsage, o.Out)
+	}
+	// The dataset was rebuilt since (or --force): the old epochs are stale.
+	if err := checkForeign(o.Out, old); err != nil {
+		return nil, err
+	}
+	j.stale = true
+	return fresh, nil
+}
+
+// checkForeign refuses an epochs directory holding files shuffle did not
+// write (see foreignFiles), naming them.
+func checkForeign(out string, man *manifests.Epochs) error {
+	foreign, err := foreignFiles(out, man)
+	if err != nil {
+		return err
+	}
+	if len(foreign) > 0 {
+		return fmt.Errorf("%w: --out %w: refusing to write into it or replace it (move them elsewhere, or choose another --out)", ErrUsage, manifests.NotOurs(out, foreign))
+	}
+	return nil
+}
+
+func isPartial(name string) bool { return len(name) > 9 && name[:9] == ".partial-" }
 
 var (
 	shardRE = regexp.MustCompile(`^shard-[0-9]{5,}\.[A-Za-z0-9_][A-Za-z0-9_.-]*\.npy$`)
@@ -177,270 +244,4 @@ func sweepTemp(out string) {
 			os.Remove(filepath.Join(out, e.Name()))
 		}
 	}
-}
-
-// toDo splits the requested epochs into those to write and those already
-// whole in the manifest (skipped, unless --force). An epoch the manifest
-// lists whose files are gone or cut short is written again.
-func (j *job) toDo() (todo, skipped []int) {
-	for e := j.o.EpochStart; e < j.o.EpochEnd; e++ {
-		if x := j.man.Entry(e); x != nil && !j.o.Force && !j.stale && j.whole(*x) {
-			skipped = append(skipped, e)
-			continue
-		}
-		todo = append(todo, e)
-	}
-	return todo, skipped
-}
-
-// whole reports whether every file of epoch entry x is in the epochs
-// directory, a regular file of the size its shape makes (a folder removed
-// by hand, or a file cut short, makes the epoch one to write again).
-func (j *job) whole(x manifests.EpochEntry) bool {
-	for _, sh := range x.Shards {
-		for what, rel := range sh.Files {
-			want := int64(npy.DataAlign) + int64(sh.Samples)*24
-			if what != "samples" {
-				var m *manifests.EpochModality
-				for i := range j.man.Modalities {
-					if j.man.Modalities[i].Name == what {
-						m = &j.man.Modalities[i]
-					}
-				}
-				if m == nil {
-					return false
-				}
-				dt, _, err := array.ParseDescr(m.DType)
-				if err != nil {
-					return false
-				}
-				rb, err := array.ByteSize(m.FrameShape, dt.Size)
-				if err != nil {
-					return false
-				}
-				want = int64(npy.DataAlign) + int64(sh.Samples)*int64(m.WindowRows)*rb
-			}
-			st, err := os.Lstat(filepath.Join(j.o.Out, filepath.FromSlash(rel)))
-			if err != nil || !st.Mode().IsRegular() || st.Size() != want {
-				return false
-			}
-		}
-	}
-	return true
-}
-
-// setup prepares the epochs directory for writing todo, under its lock:
-// it claims the epochs (refusing a live run of other options), takes over
-// what other runs committed meanwhile (returning the epochs of todo that
-// are now whole, unless --force), replaces stale epochs (removing only
-// the files their manifest lists), and removes what killed runs left: the
-// partial folders of these epochs and the temporary files of manifest
-// writes. release gives the claims back.
-func (j *job) setup(todo []int) (release func(), done []int, err error) {
-	out := j.o.Out
-	unlock, err := atomicfile.LockDir(out, false)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer unlock()
-	key := optionsKey(j.man)
-	claims, err := claimEpochs(out, todo, key)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer func() {
-		if err != nil {
-			claims()
-		}
-	}()
-	disk, derr := manifests.LoadEpochs(out)
-	switch err := derr; {
-	case err == nil && optionsKey(disk) == key:
-		disk.Tool = j.man.Tool
-		j.man = disk
-		if !j.o.Force {
-			for _, e := range todo {
-				if x := disk.Entry(e); x != nil && j.whole(*x) {
-					done = append(done, e)
-				}
-			}
-		}
-	case err == nil:
-		// Another dataset's epochs, or other options' (--force): replaced.
-		if !j.stale {
-			return nil, nil, fmt.Errorf("%w: another run committed epochs with other options into %s meanwhile (%s)", ErrConflict, out, keyDiff(optionsKey(disk), key))
-		}
-		if err := checkForeign(out, disk); err != nil {
-			return nil, nil, err
-		}
-		// The manifest goes first: no epochs.json ever lists a removed epoch.
-		for _, f := range []string{manifests.EpochsFile, manifests.ShardsFile, manifests.SumsFile} {
-			if err := os.Remove(filepath.Join(out, f)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				return nil, nil, err
-			}
-		}
-		if err := atomicfile.Sync(out); err != nil {
-			return nil, nil, err
-		}
-		for _, x := range disk.Epochs {
-			if err := removeEpochFolder(filepath.Join(out, x.Dir), x.Listed()); err != nil {
-				return nil, nil, err
-			}
-		}
-		j.replaced = len(disk.Epochs)
-	case errors.Is(err, fs.ErrNotExist):
-		if err := checkForeign(out, nil); err != nil {
-			return nil, nil, err
-		}
-	default:
-		return nil, nil, err
-	}
-	// Nothing is changed if any folder holds what is not ours (a commit
-	// would have to remove it to put an epoch there).
-	if derr == nil {
-		if err := checkForeign(out, disk); err != nil {
-			return nil, nil, err
-		}
-	}
-	j.stale = false
-	err = nil
-	sweepTemp(out)
-	if derr == nil {
-		if err := manifests.RepairEpochs(out, j.man); err != nil {
-			return nil, nil, err
-		}
-	}
-	// Leftovers of a killed run of these epochs (other epochs' partial
-	// folders may belong to a run writing them right now).
-	for _, e := range todo {
-		if err := removeEpochFolder(j.partialDir(e), nil); err != nil {
-			return nil, nil, err
-		}
-	}
-	return claims, done, nil
-}
-
-// emptyErr words the refusal of an epoch that would have no samples,
-// saying which option to change.
-func (j *job) emptyErr(e int) error {
-	var longest int64
-	for _, l := range j.lengths {
-		longest = max(longest, l)
-	}
-	hint := "lower --window"
-	if j.o.Sampling.Short != "pad" {
-		hint += " or use --short pad"
-	}
-	return fmt.Errorf("%w: epoch %d would have no samples: every clip is shorter than --window %d (the longest has %d frames); %s (--allow-empty writes empty epochs)",
-		ErrEmpty, e, j.o.Sampling.Window, longest, hint)
-}
-
-// ErrEmpty marks a run that would write an epoch without samples.
-var ErrEmpty = errors.New("shuffle: nothing to write")
-
-// Drop removes epochs [from, to) from the epochs directory out, for
-// rolling storage: under the directory lock, with the epochs claimed (an
-// epoch a live run is writing is refused), the manifests are rewritten
-// without them first, then their files are removed (only the files the
-// manifest lists: anything else in their folders stays, and is named).
-// Partial folders of those epochs left by killed runs go too. It returns
-// the epochs that were listed and are now gone.
-func Drop(out string, from, to int) ([]int, error) {
-	if from < 0 || to <= from || to > 9999 {
-		return nil, fmt.Errorf("%w: --drop %d:%d: want 0 <= A < B <= 9999", ErrUsage, from, to)
-	}
-	out, err := filepath.Abs(out)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := manifests.LoadEpochs(out); err != nil {
-		return nil, err
-	}
-	unlock, err := atomicfile.LockDir(out, false)
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	man, err := manifests.LoadEpochs(out) // as it is now that no run can rewrite it
-	if err != nil {
-		return nil, err
-	}
-	var epochs []int
-	for e := from; e < to; e++ {
-		epochs = append(epochs, e)
-	}
-	release, err := claimEpochs(out, epochs, "")
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	var gone []manifests.EpochEntry
-	kept := man.Epochs[:0:0]
-	for _, x := range man.Epochs {
-		if x.Epoch >= from && x.Epoch < to {
-			gone = append(gone, x)
-		} else {
-			kept = append(kept, x)
-		}
-	}
-	sweepTemp(out)
-	if err := manifests.RepairEpochs(out, man); err != nil {
-		return nil, err
-	}
-	// Refused before anything changes if a folder to remove holds what
-	// is not ours.
-	for _, x := range gone {
-		if bad, err := manifests.Unlisted(filepath.Join(out, x.Dir), x.Listed(), nil); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return nil, err
-		} else if len(bad) > 0 {
-			return nil, fmt.Errorf("%w: %w: epoch %d not dropped (move them elsewhere first)", ErrUsage, manifests.NotOurs(filepath.Join(out, x.Dir), bad), x.Epoch)
-		}
-	}
-	var dropped []int
-	if len(gone) > 0 {
-		man.Epochs = kept
-		if err := manifests.WriteEpochs(out, man, nil); err != nil {
-			return nil, err
-		}
-		for _, x := range gone {
-			if err := removeEpochFolder(filepath.Join(out, x.Dir), x.Listed()); err != nil {
-				return nil, err
-			}
-			dropped = append(dropped, x.Epoch)
-		}
-	}
-	for _, e := range epochs {
-		if err := removeEpochFolder(filepath.Join(out, ".partial-"+manifests.EpochDir(e)), nil); err != nil {
-			return nil, err
-		}
-		if man.Entry(e) == nil {
-			// An unlisted folder (a kill between the rename and the
-			// manifest): shard files only, or it stays.
-			if err := removeEpochFolder(filepath.Join(out, manifests.EpochDir(e)), nil); err != nil {
-				return nil, err
-			}
-		}
-	}
-	return dropped, atomicfile.Sync(out)
-}
-
-// tidy removes, under out's lock, what killed runs left in an epochs
-// directory that needs no new epoch: lock files nobody holds, temporary
-// files of manifest writes, and manifests a kill left a step apart.
-func (j *job) tidy() error {
-	out := j.o.Out
-	if _, err := os.Stat(out); err != nil {
-		return nil
-	}
-	unlock, err := atomicfile.LockDir(out, false)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	scanLocks(out, "")
-	sweepTemp(out)
-	if man, err := manifests.LoadEpochs(out); err == nil {
-		return manifests.RepairEpochs(out, man)
-	}
-	return nil
 }

@@ -1,7 +1,7 @@
-package shuffle
+// Quality: how far an epoch's order is from clip order, measured (the
+// same figures as python/clipshard/quality.py).
 
-// Shuffle quality: how far an epoch's order is from clip order, measured
-// (the same figures as python/clipshard/quality.py).
+package shuffle
 
 import (
 	"math"

@@ -1,3 +1,6 @@
+// Reader: an epoch's samples read back in order (tests and tools; the
+// trainer's reader is python/clipshard).
+
 package shuffle
 
 import (

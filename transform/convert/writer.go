@@ -1,0 +1,240 @@
+// Writer: the pipeline's one serial stage, which appends converted clips
+// to the blobs in clip-list order and journals them.
+
+package convert
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/clipshard/clipshard/formats/array"
+	"github.com/clipshard/clipshard/formats/blob"
+	"github.com/clipshard/clipshard/internal/faults"
+	"github.com/clipshard/clipshard/manifests"
+)
+
+// writer is the state of the ordered writer.
+type writer struct {
+	job      *job
+	ctx      context.Context // the run's: streamed clips check it between pieces
+	journal  *journal
+	mods     []*modState
+	rows     []manifests.ClipRow
+	skipped  []manifests.Skipped
+	next     int   // next clip index to write
+	frames   int64 // clip frames written
+	trimmed  int64
+	bytesOut int64
+	unsynced int64 // bytes appended since the last flush or checkpoint
+	marks    []journalMark
+	// pred delivers predictRows' result; predicted records that the blobs'
+	// hashers were started with it.
+	pred        chan []int64
+	predicted   bool
+	earlyHashed int
+}
+
+// startHashers starts the blobs' sha256 (blob.Writer.Predict) once the
+// predicted row counts are known and every blob is open.
+func (w *writer) startHashers() {
+	if w.predicted || w.pred == nil {
+		return
+	}
+	for _, st := range w.mods {
+		if st.w == nil {
+			return
+		}
+	}
+	select {
+	case p := <-w.pred:
+		w.predicted = true
+		for k, st := range w.mods {
+			if p != nil {
+				st.w.Predict(p[k]) // an error only means no early hash
+			}
+		}
+	default:
+	}
+}
+
+// flush writes buffered blob rows, waits until they are in the files,
+// then writes the journal records describing them.
+func (w *writer) flush() error {
+	for _, m := range w.mods {
+		if m.w != nil {
+			if err := m.w.Flush(); err != nil {
+				return err
+			}
+		}
+	}
+	w.unsynced, w.marks = 0, nil
+	return w.journal.flush()
+}
+
+// journalMark is a checkpoint: the journal's first cut bytes describe
+// rows that end, in each blob, at ends[k].
+type journalMark struct {
+	ends []int64
+	cut  int
+}
+
+// checkpoint makes the journal records written so far due once their rows
+// are in the blobs, without waiting for them (Flush waits on the disk, and
+// the writer is the pipeline's one serial stage): settle writes them
+// after a later clip, once the blobs' write goroutines got there.
+func (w *writer) checkpoint() error {
+	m := journalMark{cut: w.journal.size()}
+	for _, st := range w.mods {
+		m.ends = append(m.ends, st.w.End())
+	}
+	w.marks = append(w.marks, m)
+	w.unsynced = 0
+	return w.settle()
+}
+
+// settle writes the journal records of the checkpoints whose rows are in
+// the blobs.
+func (w *writer) settle() error {
+	inFiles := func(m journalMark) bool {
+		for k, st := range w.mods {
+			if st.w.Written() < m.ends[k] {
+				return false
+			}
+		}
+		return true
+	}
+	done := 0
+	for done < len(w.marks) && inFiles(w.marks[done]) {
+		done++
+	}
+	if done == 0 {
+		return nil
+	}
+	cut := w.marks[done-1].cut
+	if err := w.journal.flushPrefix(cut); err != nil {
+		return err
+	}
+	w.marks = w.marks[:copy(w.marks, w.marks[done:])]
+	for i := range w.marks {
+		w.marks[i].cut -= cut
+	}
+	return nil
+}
+
+func (w *writer) closeBlobs() {
+	for _, m := range w.mods {
+		if m.w != nil {
+			m.w.Close()
+			m.w = nil
+		}
+	}
+}
+
+// write appends one converted clip (or records it skipped).
+func (w *writer) write(c *clipOut) error {
+	j := w.job
+	id := j.clips[c.index]
+	if c.err == nil {
+		c.err = w.checkShapes(id, c)
+	}
+	if c.err != nil {
+		if !j.opts.SkipBadClips {
+			return c.err
+		}
+		reason := strings.TrimPrefix(c.err.Error(), ErrInput.Error()+": ")
+		rec := journalRecord{Index: c.index, Clip: id, Skip: reason}
+		for _, m := range j.opts.Modalities {
+			rec.SkipSources = append(rec.SkipSources, manifests.Stamp(m.Path(j.root, id)))
+		}
+		if err := w.journal.write(rec); err != nil {
+			return err
+		}
+		w.skipped = append(w.skipped, manifests.Skipped{Clip: id, Reason: reason, Sources: rec.SkipSources})
+		w.next++
+		return nil
+	}
+	row := manifests.ClipRow{Clip: id, Start: w.frames, Length: c.length, Trimmed: c.trimmed, Sources: make([]manifests.ClipSource, len(c.mods))}
+	for k := range c.mods {
+		mo := &c.mods[k]
+		st := w.mods[k]
+		if st.w == nil {
+			var err error
+			if st.w, err = blob.Open(j.blobPath(k), st.dtype, st.frameShape, 0); err != nil {
+				return err
+			}
+		}
+		var err error
+		if mo.stream {
+			err = j.writeStream(w.ctx, mo, j.opts.Modalities[k].KeepDType, func(p []byte) error {
+				_, err := st.w.Write(p)
+				return err
+			})
+		} else {
+			_, err = st.w.Write(mo.data)
+		}
+		if err != nil {
+			return fmt.Errorf("writing modality %q: %w", j.opts.Modalities[k].Name, err)
+		}
+		st.rows += mo.rows
+		st.stats.Add(mo.stats)
+		if !slices.Contains(st.descrs, mo.sourceDescr) {
+			st.descrs = append(st.descrs, mo.sourceDescr)
+		}
+		w.bytesOut += mo.size
+		w.unsynced += mo.size
+		row.Sources[k] = mo.src
+	}
+	if err := w.journal.writeRaw(c.journal); err != nil {
+		return err
+	}
+	switch {
+	case j.opts.Checkpoint == 0:
+		// Every clip on file and journaled before the next one.
+		if err := w.flush(); err != nil {
+			return err
+		}
+	case w.unsynced >= j.opts.Checkpoint:
+		if err := w.checkpoint(); err != nil {
+			return err
+		}
+	case len(w.marks) > 0:
+		if err := w.settle(); err != nil {
+			return err
+		}
+	}
+	w.rows = append(w.rows, row)
+	w.frames += c.length
+	w.trimmed += c.trimmed
+	w.next++
+	w.startHashers()
+	faults.Point("convert.clip")
+	return nil
+}
+
+// checkShapes checks a clip's frame shapes and dtypes against the first
+// clip of each modality, and sets them from this clip if it is the first.
+func (w *writer) checkShapes(id string, c *clipOut) error {
+	for k := range c.mods {
+		mo, st := &c.mods[k], w.mods[k]
+		name := w.job.opts.Modalities[k].Name
+		if st.frameShape == nil {
+			continue
+		}
+		if !slices.Equal(mo.frameShape, st.frameShape) {
+			return fmt.Errorf("%w: %s: clip %q: modality %q: frame shape %s differs from %s of clip %q",
+				ErrInput, mo.src.Path, id, name, array.FormatShape(mo.frameShape), array.FormatShape(st.frameShape), st.firstClip)
+		}
+		if mo.dtype != st.dtype {
+			return fmt.Errorf("%w: %s: clip %q: modality %q: dtype %s differs from %s of clip %q (--keep-dtype needs one dtype)",
+				ErrInput, mo.src.Path, id, name, mo.dtype, st.dtype, st.firstClip)
+		}
+	}
+	for k := range c.mods {
+		if st := w.mods[k]; st.frameShape == nil {
+			st.frameShape, st.dtype, st.firstClip = append([]int{}, c.mods[k].frameShape...), c.mods[k].dtype, id
+		}
+	}
+	return nil
+}

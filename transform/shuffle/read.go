@@ -1,0 +1,128 @@
+// Read: the dataset's blobs in sequential runs of frames, for the external
+// path's pass 1.
+
+package shuffle
+
+import (
+	"cmp"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"github.com/clipshard/clipshard/formats/regfile"
+)
+
+// passOneOrder orders global positions as pass 1 meets their samples: by
+// clip, start, then position.
+func (j *job) passOneOrder(a, b int64) int {
+	ea, ia := j.position(a)
+	eb, ib := j.position(b)
+	sa, sb := ea.samples[ia], eb.samples[ib]
+	return cmp.Or(cmp.Compare(sa.Clip, sb.Clip), cmp.Compare(sa.Start, sb.Start), cmp.Compare(a, b))
+}
+
+// chunk is a run of the dataset's frames, read from every modality's
+// blob: the samples that start in frames [g0, g1) (global frame numbers,
+// as in index.npy) are cut from it. rows[k] holds blob k's rows from row
+// first[k] = g0*rate on, through frame g1 plus a window (or the end).
+type chunk struct {
+	g0, g1 int64
+	first  []int64
+	rows   [][]byte
+	err    error
+	free   chan<- *chunk
+}
+
+// release hands the chunk's buffers back to the reader.
+func (c *chunk) release() { c.free <- c }
+
+// readChunks reads the dataset's frames in order, in runs of about limit
+// bytes over all modalities (a clip larger than that is read in pieces),
+// from a goroutine that runs up to three runs ahead of the receiver, which
+// releases each run when done with it; stop ends the goroutine. Reads are
+// sequential: each run starts where the last one's frames end, and also
+// reads the window after them again (those rows were just read, and are
+// in the page cache), so that every sample that starts in a run lies
+// whole in it. The buffers are bounded by limit plus a window, whatever
+// the size of a clip.
+func (j *job) readChunks(limit int64) (<-chan *chunk, func(), error) {
+	var files []*os.File
+	closeFiles := func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}
+	for _, m := range j.mods {
+		f, _, err := regfile.Open(filepath.Join(j.o.Dataset, m.file))
+		if err != nil {
+			closeFiles()
+			return nil, nil, err
+		}
+		files = append(files, f)
+	}
+	const sets = 4
+	out := make(chan *chunk, sets)
+	free := make(chan *chunk, sets)
+	for range sets {
+		free <- &chunk{rows: make([][]byte, len(j.mods)), first: make([]int64, len(j.mods)), free: free}
+	}
+	quit := make(chan struct{})
+	finished := make(chan struct{})
+	var frameBytes int64 // all modalities' bytes for one clip frame
+	for _, m := range j.mods {
+		frameBytes += m.rate * m.rowBytes
+	}
+	total := j.ds.Frames
+	w := int64(j.o.Sampling.Window)
+	step := max(1, limit/max(1, frameBytes)) // frames a run starts
+	clipAt := func(g int64) int {            // the clip frame g belongs to
+		return sort.Search(len(j.starts), func(c int) bool { return j.starts[c]+j.lengths[c] > g })
+	}
+	go func() {
+		defer close(finished)
+		defer close(out)
+		defer closeFiles()
+		for g0 := int64(0); g0 < total; g0 += step {
+			g1 := min(total, g0+step)
+			end := min(total, g1+w)
+			var ch *chunk
+			select {
+			case ch = <-free:
+			case <-quit:
+				return
+			}
+			ch.g0, ch.g1 = g0, g1
+			for k, m := range j.mods {
+				first := g0 * m.rate
+				n := (end - g0) * m.rate * m.rowBytes
+				ch.first[k] = first
+				if int64(cap(ch.rows[k])) < n {
+					ch.rows[k] = make([]byte, n, max(n, (step+w)*m.rate*m.rowBytes))
+				}
+				ch.rows[k] = ch.rows[k][:n]
+				if _, err := files[k].ReadAt(ch.rows[k], m.dataOffset+first*m.rowBytes); err != nil {
+					ch.err = readErr(files[k].Name(), m.dataOffset+first*m.rowBytes, clipAt(g0), err)
+					break
+				}
+			}
+			select {
+			case out <- ch:
+			case <-quit:
+				return
+			}
+			if ch.err != nil {
+				return
+			}
+		}
+	}()
+	stop := func() {
+		select {
+		case <-quit:
+			return
+		default:
+		}
+		close(quit)
+		<-finished
+	}
+	return out, stop, nil
+}
