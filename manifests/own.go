@@ -43,15 +43,7 @@ func Unlisted(dir string, listed map[string]bool, extra func(rel string, isDir b
 		}
 	}
 	var out []string
-	err := filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if p == dir {
-			return nil
-		}
-		rel, _ := filepath.Rel(dir, p)
-		rel = filepath.ToSlash(rel)
+	err := WalkRel(dir, func(rel string, e fs.DirEntry) error {
 		isDir := e.IsDir()
 		switch {
 		case extra != nil && extra(rel, isDir):
@@ -73,6 +65,22 @@ func Unlisted(dir string, listed map[string]bool, extra func(rel string, isDir b
 	})
 	slices.Sort(out)
 	return out, err
+}
+
+// WalkRel walks the tree under dir (not dir itself) in lexical order,
+// calling fn with each entry's slash path relative to dir; fn may return
+// fs.SkipDir. The first error ends the walk.
+func WalkRel(dir string, fn func(rel string, d fs.DirEntry) error) error {
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if p == dir {
+			return nil
+		}
+		rel, _ := filepath.Rel(dir, p)
+		return fn(filepath.ToSlash(rel), d)
+	})
 }
 
 // NotOurs words the error for a directory holding the unlisted files.

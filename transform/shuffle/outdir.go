@@ -132,20 +132,12 @@ var (
 	epochRE = regexp.MustCompile(`^epoch-[0-9]{4}$`)
 )
 
-// epochFiles lists the files of an epoch folder, relative to the folder,
+// epochFolder lists the files of an epoch folder, relative to the folder,
 // and those in it that shuffle does not write (anything but
 // shard-NNNNN.NAME.npy files).
 func epochFolder(dir string) (own map[string]bool, foreign []string, err error) {
 	own = map[string]bool{}
-	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if p == dir {
-			return nil
-		}
-		rel, _ := filepath.Rel(dir, p)
-		rel = filepath.ToSlash(rel)
+	err = manifests.WalkRel(dir, func(rel string, d fs.DirEntry) error {
 		switch {
 		case d.Type().IsRegular() && !strings.Contains(rel, "/") && shardRE.MatchString(rel):
 			own[rel] = true
