@@ -1,3 +1,6 @@
+// Rows: a .npy source read a run of rows at a time, for clips larger than
+// memory.
+
 package formats
 
 import (

@@ -1,3 +1,6 @@
+// Raw files: sources opened with plain system calls, relative to folders
+// kept open.
+
 package formats
 
 import (

@@ -1,3 +1,5 @@
+// Clip lists: the --clips file (text, CSV or Parquet) read and checked.
+
 package manifests
 
 import (

@@ -1,3 +1,6 @@
+// clips.parquet: the per-clip offset manifest, and Parquet tables in
+// general (arrow-go column writers).
+
 package manifests
 
 import (

@@ -1,3 +1,5 @@
+// Files: index.npy, SHA256SUMS and the sha256 of files.
+
 package manifests
 
 import (

@@ -1,3 +1,6 @@
+// Ownership: which files of a directory a manifest lists, and removing
+// only those.
+
 package manifests
 
 import (

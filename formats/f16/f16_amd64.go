@@ -1,3 +1,6 @@
+// The amd64 fast path: F16C/AVX2 kernels, used when the CPU has them
+// (tested bit-exact against the portable code over every float32).
+
 package f16
 
 import "math"

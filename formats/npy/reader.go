@@ -1,3 +1,5 @@
+// Reading: .npy files whole, or a header first and the data streamed.
+
 package npy
 
 import (

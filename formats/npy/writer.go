@@ -1,3 +1,5 @@
+// Writing: .npy files row by row, the header patched on Close.
+
 package npy
 
 import (

@@ -1,3 +1,6 @@
+// Fast path: small numpy pickles decoded without gopickle's generic
+// objects.
+
 package pickle
 
 import (

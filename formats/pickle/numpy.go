@@ -1,3 +1,6 @@
+// numpy: the allow-listed globals (array reconstruction, dtype, scalars)
+// and how they build arrays.
+
 package pickle
 
 import (

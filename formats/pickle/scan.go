@@ -1,3 +1,6 @@
+// Scan: the opcode stream checked before anything is built (lengths
+// bounded by the file, numbers and nesting bounded).
+
 package pickle
 
 import (

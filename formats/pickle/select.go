@@ -1,3 +1,5 @@
+// Select: arrays picked out of a decoded pickle by key path.
+
 package pickle
 
 import (

@@ -1,3 +1,5 @@
+// CLI: flag parsing, error lines and exit codes shared by the commands.
+
 package ui
 
 import (
