@@ -4,6 +4,9 @@
 # on two generated sets, warm page cache, best of 5, plus peak RSS.
 #   large: 200 clips, float32 [400, 1024] features (.npy) + motion pickles (~340 MB)
 #   small: 5000 clips, float32 [30, 64] features (.npy) + motion pickles (many small files)
+#   mixed: 400 clips, four modalities (float16 whisper, float32 w2v and emotion,
+#          motion pickles), a quarter of the .npy files big-endian, Fortran or
+#          float64 (~380 MB), against the floor: page-cache read + durable write
 # Usage: docs/bench_convert.sh [WORKDIR]   (default /tmp/clipshard-bench; needs python3-numpy)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -62,6 +65,45 @@ for set in large small; do
     "$PY" -c "import numpy as np,sys; a=np.load(sys.argv[1]); b=np.load(sys.argv[2]); assert (a.view('u2')==b.view('u2')).all(); print('  convert output == numpy output (bits)')" "$W/$set-ds/feat.npy" "$W/$set-np/feat.npy"
   rm -f "$W/cat.out"
 done
+
+# The mixed set, of the kind users have (docs/bench_gen_mixed.py): motion
+# pickles, whisper stored as float16 [2T, 512], w2v float32 [T, 1024],
+# emotion float32 [T, 8]; a quarter of the .npy files big-endian, Fortran
+# or float64. The floor that bounds convert: reading the sources from the
+# page cache plus a durable write (O_DIRECT, fsync) of the output's size.
+M="$W/mixed"
+[ -f "$M/clips.txt" ] || "$PY" docs/bench_gen_mixed.py "$M" 400
+cat > "$W/numpy_mixed.py" <<'PYEOF'
+# The straightforward script for the mixed set: load, astype(float16), concatenate, save.
+import os, pickle, sys
+import numpy as np
+src, out = sys.argv[1], sys.argv[2]
+os.makedirs(out, exist_ok=True)
+clips = [l.strip() for l in open(src + "/clips.txt") if l.strip()]
+mods = {"whisper": [], "w2v": [], "emotion": [], "motion": []}
+for c in clips:
+    for m in ("whisper", "w2v", "emotion"):
+        mods[m].append(np.load("%s/%s/%s.npy" % (src, m, c)).astype(np.float16))
+    with open("%s/motion/%s.pkl" % (src, c), "rb") as g:
+        d = pickle.load(g)
+    mods["motion"].append(np.concatenate([d["exp"], d["pose"]], axis=-1).astype(np.float16))
+for m, parts in mods.items():
+    np.save("%s/%s.npy" % (out, m), np.concatenate(parts))
+PYEOF
+echo "mixed: sources $(du -sh --apparent-size "$M" | cut -f1)"
+cat "$M"/*/* > /dev/null
+best read-sources sh -c "cat '$M'/*/* > /dev/null"
+mods=(-m 'motion=motion/{clip}.pkl:exp+pose' -m 'whisper@2=whisper/{clip}.npy' -m 'w2v=w2v/{clip}.npy' -m 'emotion=emotion/{clip}.npy')
+FRESH="$W/mixed-ds" best convert-mixed "$W/convert" --clips "$M/clips.txt" --out "$W/mixed-ds" --quiet "${mods[@]}"
+out=$(du -b "$W/mixed-ds" | cut -f1)
+FRESH="$W/dd.out" best write-direct+fsync dd if=/dev/zero of="$W/dd.out" bs=4M count=$((out / 4194304)) oflag=direct conv=fsync status=none
+FRESH="$W/mixed-np" best numpy-mixed "$PY" "$W/numpy_mixed.py" "$M" "$W/mixed-np"
+FRESH="$W/whisper-ds" best convert-float16 "$W/convert" --clips "$M/clips.txt" --out "$W/whisper-ds" --quiet -m 'whisper@2=whisper/{clip}.npy'
+FRESH="$W/cat.out" best cat-float16 sh -c "cat '$M'/whisper/*.npy > '$W/cat.out'"
+awk -v c="$(cat "$W/convert-mixed.best")" -v r="$(cat "$W/read-sources.best")" -v w="$(cat "$W/write-direct+fsync.best")" \
+    -v n="$(cat "$W/numpy-mixed.best")" -v f="$(cat "$W/convert-float16.best")" -v k="$(cat "$W/cat-float16.best")" \
+  'BEGIN{printf "  mixed: convert/(read + durable write) %.2fx (goal <= 1.3x)   numpy/convert %.2fx (goal >= 3x)\n  float16 only: convert/cat %.2fx (goal <= 2x)\n", c/(r+w), n/c, f/k}'
+rm -rf "$W/dd.out" "$W/cat.out" "$W/mixed-np" "$W/whisper-ds"
 
 # verify (default level: structure + sha256 of every file) vs sha256sum of
 # the same files, on the large dataset just written.

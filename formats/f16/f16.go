@@ -14,6 +14,7 @@
 package f16
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"unsafe"
@@ -243,24 +244,68 @@ func FromFloat64(dst []uint16, src []float64, st *Stats) {
 // FromFloat16 copies src into dst and adds the audit of src to st.
 func FromFloat16(dst, src []uint16, st *Stats) {
 	copy(dst, src)
-	if st == nil {
-		return
+	if st != nil {
+		Audit16(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(src))), 2*len(src)), st)
 	}
+}
+
+// Audit16 adds to st the audit of little-endian float16 values (float16
+// to float16 is exact: only NaN, ±Inf and the largest magnitude are
+// counted). Four values are screened at a time in a 64-bit word (for
+// finite values, the bits without the sign order as the magnitudes do);
+// a block holding a NaN or an Inf is counted value by value.
+func Audit16(src []byte, st *Stats) {
+	const block = 2048 // bytes
 	var s Stats
 	var maxBits uint16
-	for _, h := range src {
-		a := h &^ 0x8000
-		switch {
-		case a > 0x7c00:
-			s.NaN++
-		case a == 0x7c00:
-			s.InfIn++
-		default:
-			maxBits = max(maxBits, a)
+	for len(src) > 0 {
+		b := src[:min(len(src), block)]
+		src = src[len(b):]
+		if m, ok := audit16Words(b); ok {
+			maxBits = max(maxBits, m)
+			continue
+		}
+		for i := 0; i+1 < len(b); i += 2 {
+			a := (uint16(b[i]) | uint16(b[i+1])<<8) &^ 0x8000
+			switch {
+			case a > 0x7c00:
+				s.NaN++
+			case a == 0x7c00:
+				s.InfIn++
+			default:
+				maxBits = max(maxBits, a)
+			}
 		}
 	}
 	s.MaxAbs = float64(array.Float16ToFloat32(maxBits))
 	st.Add(s)
+}
+
+// audit16Words returns the largest magnitude bits of the float16 values
+// in b, or ok=false if b holds a NaN or an Inf, or is not whole words.
+func audit16Words(b []byte) (maxBits uint16, ok bool) {
+	if len(b)%8 != 0 {
+		return 0, false
+	}
+	const (
+		abs  = 0x7fff7fff7fff7fff
+		high = 0x8000800080008000
+		one  = 0x0400040004000400 // carries into bit 15 of a lane >= 0x7c00
+	)
+	var special, m uint64 // m: the lanes' maxima
+	for i := 0; i < len(b); i += 8 {
+		a := binary.LittleEndian.Uint64(b[i:]) & abs
+		special |= a + one
+		// Lanes where a >= m: (a | 0x8000) - m keeps bit 15 set (no borrow
+		// crosses a lane: a | 0x8000 > m there).
+		ge := ((a | high) - m) & high
+		mask := (ge >> 15) * 0xffff
+		m = a&mask | m&^mask
+	}
+	if special&high != 0 {
+		return 0, false
+	}
+	return max(uint16(m), uint16(m>>16), uint16(m>>32), uint16(m>>48)), true
 }
 
 // Convert converts the little-endian elements in src, of dtype dt, to

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"flag"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -190,5 +191,57 @@ func TestIntegers(t *testing.T) {
 	}
 	if st.Overflow != 2 {
 		t.Errorf("overflow %d", st.Overflow)
+	}
+}
+
+// TestAudit16: the word-at-a-time audit of float16 values equals the
+// value-by-value one, on every float16 bit pattern (each with neighbours
+// of all kinds), on random blocks with and without NaN/Inf, and on odd
+// lengths.
+func TestAudit16(t *testing.T) {
+	slow := func(b []byte) f16.Stats {
+		var s f16.Stats
+		var m uint16
+		for i := 0; i+1 < len(b); i += 2 {
+			a := (uint16(b[i]) | uint16(b[i+1])<<8) &^ 0x8000
+			switch {
+			case a > 0x7c00:
+				s.NaN++
+			case a == 0x7c00:
+				s.InfIn++
+			default:
+				m = max(m, a)
+			}
+		}
+		s.MaxAbs = float64(array.Float16ToFloat32(m))
+		return s
+	}
+	check := func(b []byte) {
+		var got f16.Stats
+		f16.Audit16(b, &got)
+		if want := slow(b); got != want {
+			t.Fatalf("%d bytes: %+v, want %+v", len(b), got, want)
+		}
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	for v := 0; v < 1<<16; v++ {
+		b := make([]byte, 64)
+		for i := 0; i < len(b); i += 2 {
+			binary.LittleEndian.PutUint16(b[i:], uint16(r.IntN(0x7c00))|uint16(r.IntN(2))<<15)
+		}
+		binary.LittleEndian.PutUint16(b[2*r.IntN(32):], uint16(v))
+		check(b)
+	}
+	for n := 0; n < 300; n++ {
+		b := make([]byte, 2*r.IntN(5000)+r.IntN(2))
+		for i := range b {
+			b[i] = byte(r.Uint32())
+		}
+		if n%2 == 0 { // mostly finite
+			for i := 1; i < len(b); i += 2 {
+				b[i] &= 0x7b | 0x80
+			}
+		}
+		check(b)
 	}
 }

@@ -186,8 +186,12 @@ func (j *job) processClip(ctx context.Context, i int) *clipOut {
 		if streams[k] != nil {
 			mo.stream = true
 			c, err = j.convertStream(ctx, streams[k], rows, m.KeepDType, nil)
+		} else if src := a.Data[:rows*int64(frameElems)*int64(a.DType.Size)]; a.DType == array.Float16 {
+			// float16 to float16 is a checked copy: the rows are written
+			// from the source's own buffer, which the clip now holds.
+			c = audit16(src, frameElems)
+			mo.data, mo.buf, srcBufs[k] = src, srcBufs[k], nil
 		} else {
-			src := a.Data[:rows*int64(frameElems)*int64(a.DType.Size)]
 			mo.buf = getBuf(int(rows) * frameElems * mo.dtype.Size)
 			c, err = convertPiece(*mo.buf, src, a.DType, m.KeepDType, frameElems, 0)
 			mo.data = *mo.buf
@@ -214,6 +218,18 @@ type converted struct {
 	xxh                    uint64
 	size                   int64
 	firstBad, firstOverflw int64
+}
+
+// audit16 is convertPiece for float16 rows, which are written as they
+// are: their audit and hash.
+func audit16(src []byte, frameElems int) converted {
+	c := converted{firstBad: -1, firstOverflw: -1, size: int64(len(src))}
+	f16.Audit16(src, &c.stats)
+	if c.stats.NaN+c.stats.InfIn > 0 {
+		c.firstBad = int64(firstRow(src, array.Float16, frameElems, isNonFinite))
+	}
+	c.xxh = xxhash.Sum64(src)
+	return c
 }
 
 // convertPiece converts src (rows of frameElems elements of dt, C order,
