@@ -72,16 +72,21 @@ func Unlisted(dir string, listed map[string]bool, extra func(rel string, isDir b
 
 // WalkRel walks the tree under dir (not dir itself) in lexical order,
 // calling fn with each entry's slash path relative to dir; fn may return
-// fs.SkipDir. The first error ends the walk.
+// fs.SkipDir. dir may be a symbolic link to a folder (links below it are
+// not followed). The first error ends the walk.
 func WalkRel(dir string, fn func(rel string, d fs.DirEntry) error) error {
-	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+	root := dir
+	if r, err := filepath.EvalSymlinks(dir); err == nil {
+		root = r
+	}
+	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		if p == dir {
+		if p == root {
 			return nil
 		}
-		rel, _ := filepath.Rel(dir, p)
+		rel, _ := filepath.Rel(root, p)
 		return fn(filepath.ToSlash(rel), d)
 	})
 }

@@ -57,12 +57,7 @@ func VerifyEpochs(dir string, o VerifyOptions) (*Report, error) {
 		}
 	}
 	present := map[string]bool{}
-	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return nil
-		}
-		rel, _ := filepath.Rel(dir, p)
-		rel = filepath.ToSlash(rel)
+	werr := WalkRel(dir, func(rel string, d fs.DirEntry) error {
 		if d.IsDir() {
 			var e int
 			if n, _ := fmt.Sscanf(rel, ".partial-epoch-%04d", &e); n == 1 && rel == ".partial-"+EpochDir(e) {
@@ -88,6 +83,9 @@ func VerifyEpochs(dir string, o VerifyOptions) (*Report, error) {
 		}
 		return nil
 	})
+	if werr != nil {
+		r.Add(Problem{File: ".", What: "listing the directory: " + werr.Error()})
+	}
 	for f := range want {
 		if !present[f] {
 			r.Add(Problem{File: f, What: "missing"})

@@ -123,6 +123,20 @@ func TestReplaceOnlyOurs(t *testing.T) {
 			t.Fatalf("left beside the dataset: %v", entries)
 		}
 	})
+	t.Run("a symlinked --out is refused, the folder it points to untouched", func(t *testing.T) {
+		real := filepath.Join(t.TempDir(), "real")
+		if r := runConvert(t, nil, demoArgs(src, real)...); r.Code != 0 {
+			t.Fatal(r.Stderr)
+		}
+		before := clitest.Tree(t, real)
+		link := filepath.Join(t.TempDir(), "link")
+		os.Symlink(real, link)
+		r := runConvert(t, nil, demoArgs(src, link, "--force")...)
+		if r.Code != 2 || !strings.Contains(r.Stderr, "is a symbolic link") {
+			t.Fatalf("exit %d: %s", r.Code, r.Stderr)
+		}
+		clitest.SameTree(t, before, clitest.Tree(t, real), "the link's folder")
+	})
 	t.Run("a staging folder that is not ours is left alone", func(t *testing.T) {
 		parent := t.TempDir()
 		out := filepath.Join(parent, "ds")

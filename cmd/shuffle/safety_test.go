@@ -427,3 +427,21 @@ func TestKillAtFaultPoints(t *testing.T) {
 		})
 	}
 }
+
+// TestSymlinkedOut: an epochs directory reached through a symbolic link is
+// written into (it is never replaced whole); convert refuses a symlinked
+// --out, which its commit would replace by a folder.
+func TestSymlinkedOut(t *testing.T) {
+	ds := demoDataset(t)
+	real := filepath.Join(t.TempDir(), "real")
+	os.Mkdir(real, 0o755)
+	link := filepath.Join(t.TempDir(), "link")
+	os.Symlink(real, link)
+	if r := shuffleRun(t, nil, base(ds, link, "--epochs", "1")...); r.Code != 0 {
+		t.Fatalf("symlinked EDIR: %d %s", r.Code, r.Stderr)
+	}
+	if _, err := os.Stat(filepath.Join(real, "epochs.json")); err != nil {
+		t.Fatal(err)
+	}
+	verifyOK(t, link)
+}

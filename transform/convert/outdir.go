@@ -29,6 +29,11 @@ func checkOut(out string) (map[string]bool, error) {
 	if err != nil {
 		return nil, err
 	}
+	if st.Mode()&fs.ModeSymlink != 0 {
+		// The dataset replaces --out whole: a link would be replaced by
+		// a folder, and the folder it points to left behind.
+		return nil, fmt.Errorf("%w: --out %s is a symbolic link: give the folder it points to", ErrUsage, out)
+	}
 	if !st.IsDir() {
 		return nil, fmt.Errorf("%w: --out %s exists and is not a directory", ErrUsage, out)
 	}

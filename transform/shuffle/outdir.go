@@ -84,7 +84,7 @@ func openManifest(j *job) (*manifests.Epochs, error) {
 		fresh.Modalities = append(fresh.Modalities, manifests.EpochModality{Name: m.name, DType: m.dtype.Descr(), Rate: int(m.rate),
 			FrameShape: m.frameShape, WindowRows: o.Sampling.Window * int(m.rate)})
 	}
-	if st, err := os.Lstat(o.Out); err == nil && !st.IsDir() {
+	if st, err := os.Stat(o.Out); err == nil && !st.IsDir() {
 		return nil, fmt.Errorf("%w: --out %s exists and is not a directory", ErrUsage, o.Out)
 	}
 	old, err := manifests.LoadEpochs(o.Out)
