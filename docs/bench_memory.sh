@@ -35,17 +35,17 @@ fi
 du -sh --apparent-size "$S" | awk '{print "sources " $1 " (one feature clip of 328 MB)"}'
 RUNS=${RUNS:-3}
 echo "convert (2 workers): features only (.npy, converted in pieces when large)"
-for mem in 64 256 2048; do
+for mem in 64MiB 256MiB 2GiB; do
   FRESH="$W/feat-$mem" best "--mem $mem" "$W/convert" --clips "$S/clips.txt" --out "$W/feat-$mem" --quiet --mem "$mem" \
     -m 'feat=feat/{clip}.npy'
 done
 rm -rf "$W"/feat-*
 echo "convert (2 workers): features and motion pickles (a pickle is decoded whole)"
-for mem in 64 256 2048; do
+for mem in 64MiB 256MiB 2GiB; do
   FRESH="$W/ds-$mem" best "--mem $mem" "$W/convert" --clips "$S/clips.txt" --out "$W/ds-$mem" --quiet --mem "$mem" \
     -m 'feat=feat/{clip}.npy' -m 'motion=motion/{clip}.pkl:exp+pose'
 done
-DS="$W/ds-2048"
+DS="$W/ds-2GiB"
 du -sh --apparent-size "$DS" | awk '{print "dataset " $1}'
 echo "shuffle (window 15, 1 epoch; external below 4/3 of the dataset)"
 for mem in 64MiB 256MiB 2GiB; do

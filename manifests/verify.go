@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/cespare/xxhash/v2"
 
@@ -332,11 +333,11 @@ func checkSources(dir string, d *Dataset, rows []ClipRow, r *Report) {
 			case !bytes.Equal(got, blobRows):
 				what := fmt.Sprintf("content drift: the converted source differs from %s rows %d..%d", m.File, first, first+n)
 				if changed {
-					what += fmt.Sprintf(" (changed since conversion: size %d -> %d, mtime %d -> %d)", s.Size, st.Size, s.MtimeNS, st.MtimeNS)
+					what += fmt.Sprintf(" (changed since conversion: size %d -> %d, modified %s -> %s)", s.Size, st.Size, mtime(s.MtimeNS), mtime(st.MtimeNS))
 				}
 				r.add(Problem{File: s.Path, Clip: row.Clip, What: what})
 			case changed:
-				r.add(Problem{File: s.Path, Clip: row.Clip, What: fmt.Sprintf("changed since conversion (size %d -> %d, mtime %d -> %d) but converts to the same bytes", s.Size, st.Size, s.MtimeNS, st.MtimeNS)})
+				r.add(Problem{File: s.Path, Clip: row.Clip, What: fmt.Sprintf("changed since conversion (size %d -> %d, modified %s -> %s) but converts to the same bytes", s.Size, st.Size, mtime(s.MtimeNS), mtime(st.MtimeNS))})
 			}
 		}
 	}
@@ -365,3 +366,6 @@ func converted(a *array.Array, rows int64, dtype string) ([]byte, error) {
 	}
 	return out, nil
 }
+
+// mtime words a modification time in ns for a person: RFC 3339, UTC.
+func mtime(ns int64) string { return time.Unix(0, ns).UTC().Format(time.RFC3339Nano) }

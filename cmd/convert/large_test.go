@@ -88,9 +88,9 @@ func TestKillLargeClips(t *testing.T) {
 	}{
 		{"CLIPSHARD_KILL_AFTER_CLIPS=3", "0"},
 		{"CLIPSHARD_KILL_AFTER_CLIPS=17", "0"},
-		{"CLIPSHARD_KILL_AFTER_CLIPS=17", "16"},
-		{"CLIPSHARD_KILL_AFTER_CLIPS=29", "4"},
-		{"CLIPSHARD_KILL_AT_PHASE=checksum", "16"},
+		{"CLIPSHARD_KILL_AFTER_CLIPS=17", "16MiB"},
+		{"CLIPSHARD_KILL_AFTER_CLIPS=29", "4MiB"},
+		{"CLIPSHARD_KILL_AT_PHASE=checksum", "16MiB"},
 	} {
 		t.Run(c.kill+"/checkpoint="+c.checkpoint, func(t *testing.T) {
 			out := filepath.Join(t.TempDir(), "ds")

@@ -4,8 +4,8 @@
 package main
 
 import (
+	"cmp"
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -118,24 +118,24 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		o              convert.Options
 		onError        string
 		quiet, jsonOut bool
-		budgetMiB      int64
-		checkpointMiB  int64
+		memFlag        string
+		checkpointFlag string
 	)
-	fs.StringVar(&o.ClipList, "clips", "", "clip list: text (one id per line), .csv or .parquet with a `clip` column")
+	fs.StringVar(&o.ClipList, "clips", "", "clip list `FILE`: text (one id per line), .csv or .parquet with a clip column")
 	fs.Var(&mods, "modality", "`NAME[@RATE]=TEMPLATE[:KEYS]` (repeatable)")
-	fs.Var(&mods, "m", "short for --modality")
-	fs.StringVar(&o.Root, "root", "", "folder relative templates start from (default: the clip list's folder)")
-	fs.StringVar(&o.Out, "out", "", "dataset directory to write")
-	fs.StringVar(&o.Align, "align", "strict", "`strict`: modalities must agree on each clip's length; trim: cut to the shortest")
+	fs.Var(&mods, "m", "short for --modality `NAME[@RATE]=TEMPLATE[:KEYS]`")
+	fs.StringVar(&o.Root, "root", "", "`DIR` relative templates start from (default: the clip list's folder)")
+	fs.StringVar(&o.Out, "out", "", "dataset `DIR` to write")
+	fs.StringVar(&o.Align, "align", "strict", "`strict|trim`: modalities must agree on each clip's length, or are cut to the shortest")
 	fs.Var(&keep, "keep-dtype", "keep modality `NAME` in its source dtype instead of float16 (repeatable)")
 	fs.BoolVar(&o.AllowInt, "allow-int", false, "accept integer and bool arrays")
 	fs.BoolVar(&o.AllowOutsideRoot, "allow-outside-root", false, "accept clip ids that are absolute or contain .. (they read outside --root)")
 	fs.BoolVar(&o.AllowNonFinite, "allow-nonfinite", false, "accept NaN and ±Inf in sources (counted in stats)")
 	fs.BoolVar(&o.AllowOverflow, "allow-overflow", false, "accept finite values that become ±Inf in float16 (counted in stats)")
 	fs.IntVar(&o.Workers, "workers", 0, "decode/convert goroutines (default: GOMAXPROCS)")
-	fs.Int64Var(&budgetMiB, "mem", 256, "MiB of converted clips held waiting to be written")
-	fs.Int64Var(&checkpointMiB, "checkpoint", 16, "journal finished clips every `MiB` of output, once their rows are on file (0: every clip, waiting for it); a kill loses about twice that much work")
-	fs.StringVar(&onError, "on-error", "fail", "`fail` on the first bad clip, or skip it (listed in skipped.tsv)")
+	fs.StringVar(&memFlag, "mem", "256MiB", "memory for the clips in flight, a `SIZE` such as 256MiB or 1GiB (peak RSS: SIZE + 64 MiB, plus one pickle clip per worker)")
+	fs.StringVar(&checkpointFlag, "checkpoint", "16MiB", "journal finished clips every `SIZE` of output, once their rows are on file (0: every clip, waiting for it); a kill loses about twice that much work")
+	fs.StringVar(&onError, "on-error", "fail", "`fail|skip`: stop at the first bad clip, or skip it (listed in skipped.tsv)")
 	fs.BoolVar(&o.Force, "force", false, "rebuild even if the dataset is up to date")
 	fs.BoolVar(&quiet, "quiet", false, "no progress on stderr")
 	fs.BoolVar(&jsonOut, "json", false, "print the summary as JSON")
@@ -143,8 +143,10 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	var partsN int
 	fs.StringVar(&partFlag, "part", "", "convert only part `I/N` (0-based) of the clip list into --out (which may contain {part}); auto: from Slurm or Kubernetes array variables")
 	fs.IntVar(&partsN, "parts", 0, "with --part auto under a Kubernetes Indexed Job: the number of parts")
+	var clean bool
+	fs.BoolVar(&clean, "clean", false, "with --out DIR only: remove what an interrupted or failed run left next to DIR for a resume")
 	fs.Bool("merge", false, "merge the part directories that follow (convert --merge PART_DIR... --out DIR) into one dataset")
-	if done, code := ui.Parse(fs, args, stderr, usage, exitCodes, false); done {
+	if done, code := ui.Parse(fs, args, stdout, stderr, usage, exitCodes, false); done {
 		return code
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -153,6 +155,22 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	if err != nil {
 		fmt.Fprintln(stderr, "convert:", err)
 		return 2
+	}
+	if clean {
+		if o.Out == "" || len(mods) > 0 || o.ClipList != "" {
+			fmt.Fprintln(stderr, "convert: --clean takes --out DIR only")
+			return 2
+		}
+		had, err := convert.Clean(o.Out)
+		if err != nil {
+			return ui.ExitCode(stderr, "convert", err, convert.ErrUsage)
+		}
+		if had {
+			fmt.Fprintf(stdout, "removed what an interrupted run into %s left for a resume\n", o.Out)
+		} else {
+			fmt.Fprintf(stdout, "nothing to clean next to %s\n", o.Out)
+		}
+		return 0
 	}
 	if merging {
 		mo := convert.MergeOptions{Parts: mergeParts, Out: o.Out, Workers: o.Workers, Now: now, Tool: "clipshard convert " + ui.Version()}
@@ -195,8 +213,14 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 			return 2
 		}
 	}
-	o.Budget = budgetMiB << 20
-	o.Checkpoint = checkpointMiB << 20
+	if o.Budget, err = ui.ParseSize(memFlag); err != nil || o.Budget < 1<<20 {
+		fmt.Fprintf(stderr, "convert: --mem: %v\n", cmp.Or(err, fmt.Errorf("%s: want at least 1MiB", memFlag)))
+		return 2
+	}
+	if o.Checkpoint, err = ui.ParseSize(checkpointFlag); err != nil {
+		fmt.Fprintln(stderr, "convert: --checkpoint:", err)
+		return 2
+	}
 	// Fewer garbage collections (on thousands of small clips they took a
 	// twentieth of the time): the heap may grow to five times what is
 	// live, under a soft limit of --mem + 64 MiB. GOGC and GOMEMLIMIT, if
@@ -263,12 +287,12 @@ func summary(w io.Writer, r *convert.Result, asJSON bool) {
 			"bytes_in": r.BytesIn, "bytes_out": r.BytesOut, "seconds": r.Elapsed.Seconds(),
 			"stats": d.Stats, "trimmed": d.Trimmed,
 		}
-		b, _ := json.MarshalIndent(out, "", "  ")
+		b := ui.JSON(out)
 		fmt.Fprintln(w, string(b))
 		return
 	}
 	if r.UpToDate {
-		fmt.Fprintf(w, "up to date: %s (%d clips, %d frames); nothing to do\n", r.Dir, d.Clips, d.Frames)
+		fmt.Fprintf(w, "up to date: %s (%s, %s); nothing to do\n", r.Dir, ui.Count(d.Clips, "clip"), ui.Count(d.Frames, "frame"))
 		return
 	}
 	rate := ""
@@ -278,7 +302,7 @@ func summary(w io.Writer, r *convert.Result, asJSON bool) {
 	fmt.Fprintf(w, "converted %d clips (%d frames) into %s in %.1fs: %s read, %s written%s\n",
 		d.Clips, d.Frames, r.Dir, r.Elapsed.Seconds(), ui.Bytes(r.BytesIn), ui.Bytes(r.BytesOut), rate)
 	if r.Resumed > 0 {
-		fmt.Fprintf(w, "resumed: %d clips were already done by an interrupted run\n", r.Resumed)
+		fmt.Fprintf(w, "resumed: %s already done by an interrupted run\n", ui.Count(int64(r.Resumed), "clip"))
 	}
 	for _, m := range d.Modalities {
 		s := d.Stats[m.Name]
@@ -289,7 +313,7 @@ func summary(w io.Writer, r *convert.Result, asJSON bool) {
 		fmt.Fprintf(w, "trimmed: %d clip frames dropped to align modalities\n", d.Trimmed)
 	}
 	if n := len(d.Skipped); n > 0 {
-		fmt.Fprintf(w, "skipped %d clips (see %s):\n", n, d.Files.Skipped)
+		fmt.Fprintf(w, "skipped %s (see %s):\n", ui.Count(int64(n), "clip"), d.Files.Skipped)
 		for i, s := range d.Skipped {
 			if i == 10 {
 				fmt.Fprintf(w, "  ... and %d more\n", n-10)

@@ -79,7 +79,7 @@ func TestWorkersSameBytes(t *testing.T) {
 	src := copyDemo(t)
 	clitest.AllSame(t, []string{"1", "2", "8"}, func(w string) map[string][]byte {
 		out := filepath.Join(t.TempDir(), "ds")
-		r := runConvert(t, nil, demoArgs(src, out, "--workers", w, "--mem", "1")...)
+		r := runConvert(t, nil, demoArgs(src, out, "--workers", w, "--mem", "1MiB")...)
 		if r.Code != 0 {
 			t.Fatalf("workers %s: exit %d: %s", w, r.Code, r.Stderr)
 		}
@@ -145,7 +145,11 @@ func TestKillAndResume(t *testing.T) {
 			if r.Code != 0 {
 				t.Fatalf("resume: exit %d: %s", r.Code, r.Stderr)
 			}
-			if !strings.Contains(r.Stdout, fmt.Sprintf("resumed: %d clips", resumed)) {
+			line := fmt.Sprintf("resumed: %d clips already done", resumed)
+			if resumed == 1 {
+				line = "resumed: 1 clip already done"
+			}
+			if !strings.Contains(r.Stdout, line) {
 				t.Errorf("resume did not take over %d clips: %q", resumed, r.Stdout)
 			}
 			sameTree(t, want, snapshot(t, out), "resumed")
@@ -224,7 +228,7 @@ func TestBadInput(t *testing.T) {
 			}
 			// --on-error skip converts the rest and lists the clip.
 			r = runConvert(t, nil, demoArgs(src, out, append(c.extra, "--on-error", "skip")...)...)
-			if r.Code != 0 || !strings.Contains(r.Stdout, "skipped 1 clips") || !strings.Contains(r.Stdout, "clip003") {
+			if r.Code != 0 || !strings.Contains(r.Stdout, "skipped 1 clip (see skipped.tsv)") || !strings.Contains(r.Stdout, "clip003") {
 				t.Fatalf("skip: exit %d %q %q", r.Code, r.Stdout, r.Stderr)
 			}
 			tsv, err := os.ReadFile(filepath.Join(out, "skipped.tsv"))
@@ -290,9 +294,22 @@ func TestUsageErrors(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(notDataset, "precious.txt")); string(b) != "keep me" {
 		t.Fatal("non-dataset --out was touched")
 	}
-	r := runConvert(t, nil, "--help")
-	if r.Code != 0 || !strings.Contains(r.Stderr, "Example:") || !strings.Contains(r.Stderr, "Exit status") {
-		t.Fatalf("--help: %d %q", r.Code, r.Stderr)
+	for _, h := range []string{"--help", "-h"} {
+		r := runConvert(t, nil, h)
+		if r.Code != 0 || r.Stderr != "" || !strings.Contains(r.Stdout, "Example:") || !strings.Contains(r.Stdout, "Exit status") ||
+			!strings.Contains(r.Stdout, "--clips FILE") || !strings.Contains(r.Stdout, "--mem SIZE") || !strings.Contains(r.Stdout, "-m NAME[@RATE]") {
+			t.Fatalf("%s: %d %q %q", h, r.Code, r.Stdout, r.Stderr)
+		}
+	}
+	// One size parser: a bare number is refused, saying what to write.
+	r := runConvert(t, nil, demoArgs(src, filepath.Join(t.TempDir(), "o"), "--mem", "64")...)
+	if r.Code != 2 || !strings.Contains(r.Stderr, `size "64" has no unit: write 64MiB`) {
+		t.Fatalf("--mem 64: %d %q", r.Code, r.Stderr)
+	}
+	// A bad flag: one line and a pointer to --help, not the usage.
+	r = runConvert(t, nil, "--bogus")
+	if r.Code != 2 || r.Stderr != "convert: flag provided but not defined: --bogus (see --help)\n" {
+		t.Fatalf("--bogus: %d %q", r.Code, r.Stderr)
 	}
 }
 

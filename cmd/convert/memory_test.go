@@ -39,7 +39,7 @@ func TestMemoryBounded(t *testing.T) {
 	list := bigClipSources(t, 96<<10) // 384 MiB of float32
 	for _, workers := range []string{"1", "2"} {
 		out := filepath.Join(t.TempDir(), "ds")
-		r := runConvert(t, nil, "--clips", list, "--out", out, "-m", "f=f/{clip}.npy", "--mem", "64", "--workers", workers, "--quiet")
+		r := runConvert(t, nil, "--clips", list, "--out", out, "-m", "f=f/{clip}.npy", "--mem", "64MiB", "--workers", workers, "--quiet")
 		if r.Code != 0 {
 			t.Fatalf("exit %d: %s", r.Code, r.Stderr)
 		}
@@ -60,7 +60,7 @@ func TestMemoryBounded(t *testing.T) {
 func TestTermDuringLongClip(t *testing.T) {
 	list := bigClipSources(t, 16<<10) // 64 MiB, 16 pieces
 	out := filepath.Join(t.TempDir(), "ds")
-	cmd := exec.Command(bin, "--clips", list, "--out", out, "-m", "f=f/{clip}.npy", "--mem", "16", "--workers", "1", "--quiet")
+	cmd := exec.Command(bin, "--clips", list, "--out", out, "-m", "f=f/{clip}.npy", "--mem", "16MiB", "--workers", "1", "--quiet")
 	// Every piece takes 300 ms more: the clip takes about 10 s.
 	cmd.Env = append(os.Environ(), "CLIPSHARD_FAULT_DELAY=300ms")
 	var stderr bytes.Buffer

@@ -311,3 +311,30 @@ func verifyOK(t *testing.T, dir string) {
 		t.Fatalf("verify: %v %v", err, r.Problems)
 	}
 }
+
+// TestCleanLeftovers: a failed run says where its work is kept and how to
+// drop it; convert --clean removes it (and nothing else).
+func TestCleanLeftovers(t *testing.T) {
+	src := copyDemo(t)
+	b := must(os.ReadFile(filepath.Join("..", "..", "testdata", "convert", "nan_emotion.npy")))
+	os.WriteFile(filepath.Join(src, "emotion", "clip007.npy"), b, 0o644)
+	parent := t.TempDir()
+	out := filepath.Join(parent, "ds")
+	os.WriteFile(filepath.Join(parent, "mine.txt"), []byte("keep"), 0o644)
+	r := runConvert(t, nil, demoArgs(src, out, "--workers", "1", "--checkpoint", "0")...)
+	staging := filepath.Join(parent, ".clipshard-partial-ds")
+	if r.Code != 1 || !strings.Contains(r.Stderr, "kept in "+staging) || !strings.Contains(r.Stderr, "convert --clean --out "+out) {
+		t.Fatalf("exit %d: %q", r.Code, r.Stderr)
+	}
+	r = runConvert(t, nil, "--clean", "--out", out)
+	if r.Code != 0 || !strings.Contains(r.Stdout, "removed") {
+		t.Fatalf("--clean: %d %q %q", r.Code, r.Stdout, r.Stderr)
+	}
+	entries := must(os.ReadDir(parent))
+	if len(entries) != 1 || entries[0].Name() != "mine.txt" {
+		t.Fatalf("left: %v", entries)
+	}
+	if r := runConvert(t, nil, "--clean", "--out", out); r.Code != 0 || !strings.Contains(r.Stdout, "nothing to clean") {
+		t.Fatalf("second --clean: %d %q", r.Code, r.Stdout)
+	}
+}

@@ -6,7 +6,6 @@ package main
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -51,29 +50,6 @@ enough free space).
 
 func main() { ui.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
-// parseSize parses 2GiB, 512MiB, 1G, 1000000.
-func parseSize(s string) (int64, error) {
-	units := []struct {
-		suffix string
-		mult   int64
-	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3},
-		{"T", 1 << 40}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}, {"B", 1}}
-	for _, u := range units {
-		if strings.HasSuffix(s, u.suffix) {
-			n, err := strconv.ParseFloat(strings.TrimSuffix(s, u.suffix), 64)
-			if err != nil || n < 0 {
-				return 0, fmt.Errorf("bad size %q", s)
-			}
-			return int64(n * float64(u.mult)), nil
-		}
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n < 0 {
-		return 0, fmt.Errorf("bad size %q (use e.g. 2GiB, 512MiB)", s)
-	}
-	return n, nil
-}
-
 func run(args []string, stdout, stderr io.Writer) (code int) {
 	defer ui.Recover(stderr, "shuffle", &code)
 	fs := flag.NewFlagSet("shuffle", flag.ContinueOnError)
@@ -97,7 +73,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	fs.StringVar(&o.Sampling.Short, "short", "skip", "clips shorter than W: `skip` or pad (zeros past valid)")
 	fs.IntVar(&worldSize, "world-size", 0, "gone: an epoch is one global order that any world size reads; give the world size to the reader")
 	fs.IntVar(&o.ShardSize, "shard-samples", 1024, "samples per shard file")
-	fs.StringVar(&mem, "mem", "2GiB", "memory budget (above it: external two-pass shuffle, sequential reads)")
+	fs.StringVar(&mem, "mem", "2GiB", "memory budget, a `SIZE` such as 2GiB or 512MiB (above it: external two-pass shuffle, sequential reads)")
 	fs.IntVar(&o.Workers, "workers", 0, "shard writers (default: the CPUs, at most 8; same bytes whatever the count)")
 	fs.BoolVar(&o.NoFsync, "no-fsync", false, "do not fsync shards before committing an epoch (kill -9 stays safe, a power cut may not; for scratch space)")
 	fs.BoolVar(&o.Force, "force", false, "rewrite epochs that are already done (or replace other options' epochs)")
@@ -106,7 +82,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	fs.BoolVar(&quiet, "quiet", false, "no progress on stderr")
 	fs.BoolVar(&jsonOut, "json", false, "print the summary as JSON, with each epoch's shuffle quality")
 	fs.IntVar(&o.QualityBatch, "quality-batch", 256, "batch size for the quality figures of --json (distinct clips per batch)")
-	if done, code := ui.Parse(fs, args, stderr, usage, exitCodes, false); done {
+	if done, code := ui.Parse(fs, args, stdout, stderr, usage, exitCodes, false); done {
 		return code
 	}
 	o.Seed = seed
@@ -134,7 +110,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		return 2
 	}
 	var err error
-	if o.Mem, err = parseSize(mem); err != nil {
+	if o.Mem, err = ui.ParseSize(mem); err != nil {
 		fmt.Fprintln(stderr, "shuffle: --mem:", err)
 		return 2
 	}
@@ -157,7 +133,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	o.Progress = func(p shuffle.Progress) {
 		if p.Phase == "plan" {
 			if !quiet {
-				fmt.Fprintf(stderr, "shuffle: writing epochs %v: %d samples, %s\n", p.Epochs, p.Total, ui.Bytes(p.Planned))
+				fmt.Fprintf(stderr, "shuffle: writing epochs %v: %s, %s\n", p.Epochs, ui.Count(p.Total, "sample"), ui.Bytes(p.Planned))
 			}
 			return
 		}
@@ -185,9 +161,9 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		return ui.ExitCode(stderr, "shuffle", err, shuffle.ErrUsage)
 	}
 	if jsonOut {
-		b, _ := json.MarshalIndent(map[string]any{"dir": res.Dir, "up_to_date": res.UpToDate, "epochs_written": res.Done,
+		b := ui.JSON(map[string]any{"dir": res.Dir, "up_to_date": res.UpToDate, "epochs_written": res.Done,
 			"epochs_skipped": res.Skipped, "external": res.External, "bytes": res.Bytes, "quality": res.Quality,
-			"planned_bytes": res.Planned, "seconds": res.Elapsed.Seconds()}, "", "  ")
+			"planned_bytes": res.Planned, "seconds": res.Elapsed.Seconds()})
 		fmt.Fprintln(stdout, string(b))
 		return 0
 	}
@@ -245,7 +221,7 @@ func runDrop(fs *flag.FlagSet, out, drop string, jsonOut bool, stdout, stderr io
 		if dropped == nil {
 			dropped = []int{}
 		}
-		b, _ := json.MarshalIndent(map[string]any{"dir": out, "dropped": dropped}, "", "  ")
+		b := ui.JSON(map[string]any{"dir": out, "dropped": dropped})
 		fmt.Fprintln(stdout, string(b))
 		return 0
 	}

@@ -3,7 +3,7 @@
 package main
 
 import (
-	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -25,9 +25,9 @@ Check a dataset directory written by convert (found by its dataset.json):
              the clip's rows in the blob; reports sources changed since
              conversion and content drift, by clip
 or an epochs directory written by shuffle (found by its epochs.json):
-  default    files present and no others, shard headers, equal shares per
-             rank, and the sha256 of every file; an epoch a running
-             shuffle is writing is reported as in progress, not a problem
+  default    files present and no others, shard headers, the shards tiling
+             each epoch in order, and the sha256 of every file; an epoch
+             a running shuffle is writing is reported as in progress
   --deep     also re-derive every epoch's samples from the seed and check
              every sample's windows against the dataset
 
@@ -56,7 +56,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	fs.IntVar(&o.Workers, "workers", 2, "files hashed at once")
 	fs.BoolVar(&jsonOut, "json", false, "print the report as JSON")
 	fs.BoolVar(&quiet, "quiet", false, "no progress on stderr")
-	if done, code := ui.Parse(fs, args, stderr, usage, exitCodes, true); done {
+	if done, code := ui.Parse(fs, args, stdout, stderr, usage, exitCodes, true); done {
 		return code
 	}
 	if fs.NArg() != 1 {
@@ -64,6 +64,13 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		return 2
 	}
 	dir := fs.Arg(0)
+	if st, err := os.Stat(dir); err != nil {
+		fmt.Fprintf(stderr, "verify: %s does not exist (or cannot be read: %v)\n", dir, errors.Unwrap(err))
+		return 2
+	} else if !st.IsDir() {
+		fmt.Fprintf(stderr, "verify: %s is not a directory: give a dataset or epochs directory\n", dir)
+		return 2
+	}
 	verify := manifests.VerifyDataset
 	if _, err := os.Stat(filepath.Join(dir, manifests.DatasetFile)); err != nil {
 		if _, eerr := os.Stat(filepath.Join(dir, manifests.EpochsFile)); eerr != nil {
@@ -95,7 +102,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		if r.Problems == nil {
 			r.Problems = []manifests.Problem{}
 		}
-		b, _ := json.MarshalIndent(r, "", "  ")
+		b := ui.JSON(r)
 		fmt.Fprintln(stdout, string(b))
 	} else {
 		for _, p := range r.Problems {
@@ -105,13 +112,13 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 			fmt.Fprintf(stdout, "%s: in progress (a shuffle is writing it; not checked)\n", ui.OneLine(p))
 		}
 		if r.OK() {
-			what := fmt.Sprintf("%d clips", r.Clips)
+			what := ui.Count(int64(r.Clips), "clip")
 			if r.Kind == "epochs" {
-				what = fmt.Sprintf("%d samples", r.Samples)
+				what = ui.Count(r.Samples, "sample")
 			}
 			fmt.Fprintf(stdout, "ok: %s intact (%s; %d files, %s hashed, %s)\n", dir, r.Level, r.Files, ui.Bytes(r.Bytes), what)
 		} else {
-			fmt.Fprintf(stdout, "%d problems in %s (%s)\n", len(r.Problems), dir, r.Level)
+			fmt.Fprintf(stdout, "%s in %s (%s)\n", ui.Count(int64(len(r.Problems)), "problem"), dir, r.Level)
 		}
 	}
 	if !r.OK() {

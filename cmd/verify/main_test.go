@@ -250,8 +250,17 @@ func TestUsage(t *testing.T) {
 	if r := verify(t, t.TempDir()); r.Code != 2 || !strings.Contains(r.Stderr, "no dataset.json") {
 		t.Fatalf("empty dir: %d %q", r.Code, r.Stderr)
 	}
-	if r := verify(t, "--help"); r.Code != 0 || !strings.Contains(r.Stderr, "Exit status") {
+	if r := verify(t, "--help"); r.Code != 0 || !strings.Contains(r.Stdout, "Exit status") {
 		t.Fatalf("--help: %d", r.Code)
+	}
+	missing := filepath.Join(t.TempDir(), "nope")
+	if r := verify(t, missing); r.Code != 2 || !strings.Contains(r.Stderr, missing+" does not exist") {
+		t.Fatalf("missing dir: %d %q", r.Code, r.Stderr)
+	}
+	// Flags after the directory.
+	_, ds := demoDataset(t)
+	if r := clitest.Run(t, bin, nil, ds, "--deep", "--quiet"); r.Code != 0 || !strings.Contains(r.Stdout, "structure+sha256+deep") {
+		t.Fatalf("DIR --deep: %d %q %q", r.Code, r.Stdout, r.Stderr)
 	}
 }
 

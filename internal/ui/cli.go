@@ -4,6 +4,7 @@ package ui
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -39,27 +40,72 @@ func Clock() (func() time.Time, error) {
 	return func() time.Time { return t }, nil
 }
 
-// Parse parses args with fs, whose --help prints usage, the flags and
-// exitCodes on stderr. done is true when the command must stop with code
-// (0 after --help, 2 on a bad flag or a stray argument).
-func Parse(fs *flag.FlagSet, args []string, stderr io.Writer, usage, exitCodes string, allowArgs bool) (done bool, code int) {
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, usage)
-		fs.PrintDefaults()
-		fmt.Fprint(stderr, exitCodes)
-	}
-	if err := fs.Parse(args); err != nil {
+// Parse parses args with fs. Flags may come before or after the
+// positional arguments (verify DIR --deep), up to a "--". -h/--help prints
+// usage, the flags and exitCodes on stdout; a bad flag or a stray argument
+// prints one line on stderr pointing to --help. done is true when the
+// command must stop with code (0 after --help, 2 otherwise).
+func Parse(fs *flag.FlagSet, args []string, stdout, stderr io.Writer, usage, exitCodes string, allowArgs bool) (done bool, code int) {
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	var positional []string
+	for {
+		err := fs.Parse(args)
 		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(stdout, usage)
+			PrintFlags(stdout, fs)
+			fmt.Fprint(stdout, exitCodes)
 			return true, 0
 		}
+		if err != nil {
+			fmt.Fprintf(stderr, "%s: %s (see --help)\n", fs.Name(), strings.Replace(err.Error(), " -", " --", 1))
+			return true, 2
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		if len(args) > len(rest) && args[len(args)-len(rest)-1] == "--" {
+			positional = append(positional, rest...) // everything after "--"
+			break
+		}
+		positional = append(positional, rest[0])
+		args = rest[1:]
+	}
+	if !allowArgs && len(positional) > 0 {
+		fmt.Fprintf(stderr, "%s: unexpected argument %q (see --help)\n", fs.Name(), positional[0])
 		return true, 2
 	}
-	if !allowArgs && fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "%s: unexpected argument %q (see --help)\n", fs.Name(), fs.Arg(0))
-		return true, 2
-	}
+	// The positional arguments, for fs.Args().
+	fs.Parse(append([]string{"--"}, positional...))
 	return false, 0
+}
+
+// PrintFlags prints fs's flags the way the commands spell them: --name
+// PLACEHOLDER (the backquoted word of the usage, or the kind of value),
+// the usage, and the default when there is one.
+func PrintFlags(w io.Writer, fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		name, help := flag.UnquoteUsage(f)
+		switch name {
+		case "value", "string":
+			name = strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		case "int", "uint", "uint64":
+			name = "N"
+		}
+		line := "  --" + f.Name
+		if len(f.Name) == 1 {
+			line = "  -" + f.Name
+		}
+		if name != "" {
+			line += " " + name
+		}
+		fmt.Fprintf(w, "%s\n    \t%s", line, help)
+		if d := f.DefValue; d != "" && d != "0" && d != "false" && d != "[]" {
+			fmt.Fprintf(w, " (default %s)", d)
+		}
+		fmt.Fprintln(w)
+	})
 }
 
 // Interrupted replaces err, when ctx was cancelled (SIGINT, SIGTERM), by
@@ -114,3 +160,50 @@ func Exit(code int) {
 // memory of the process that started it, which the child shares until it
 // execs.)
 const PeakFileEnv = "CLIPSHARD_PEAK_FILE"
+
+// ParseSize parses a size for --mem and the like: a number with a unit,
+// binary (KiB, MiB, GiB, TiB; K, M, G, T) or decimal (KB, MB, GB, TB), or
+// bytes (B). A bare number is refused (it meant MiB for convert and bytes
+// for shuffle before both took this one parser), except 0.
+func ParseSize(s string) (int64, error) {
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3},
+		{"T", 1 << 40}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}, {"B", 1}}
+	for _, u := range units {
+		if strings.HasSuffix(s, u.suffix) {
+			n, err := strconv.ParseFloat(strings.TrimSuffix(s, u.suffix), 64)
+			if err != nil || n < 0 || n*float64(u.mult) > 1<<62 {
+				return 0, fmt.Errorf("bad size %q (use e.g. 2GiB, 512MiB)", s)
+			}
+			return int64(n * float64(u.mult)), nil
+		}
+	}
+	if s == "0" {
+		return 0, nil
+	}
+	if _, err := strconv.ParseFloat(s, 64); err == nil {
+		return 0, fmt.Errorf("size %q has no unit: write %sMiB, %sGiB or %sB", s, s, s, s)
+	}
+	return 0, fmt.Errorf("bad size %q (use e.g. 2GiB, 512MiB)", s)
+}
+
+// Count words n things: "1 clip", "12 clips".
+func Count(n int64, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return fmt.Sprintf("%d %ss", n, thing)
+}
+
+// JSON encodes v for a --json summary: indented, "<f2" kept as it is (no
+// HTML escaping), with a final newline.
+func JSON(v any) []byte {
+	var b strings.Builder
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+	return []byte(b.String())
+}

@@ -46,3 +46,22 @@ func TestProgressPlain(t *testing.T) {
 		t.Fatalf("quiet progress printed %q", out.String())
 	}
 }
+
+func TestJSONCountSize(t *testing.T) {
+	if got := string(JSON(map[string]string{"what": "size 1 -> 2, <f2 & more"})); got != "{\n  \"what\": \"size 1 -> 2, <f2 & more\"\n}\n" {
+		t.Errorf("JSON: %q", got)
+	}
+	if Count(1, "clip") != "1 clip" || Count(0, "problem") != "0 problems" || Count(12, "sample") != "12 samples" {
+		t.Error("Count")
+	}
+	for s, want := range map[string]int64{"2GiB": 2 << 30, "512MiB": 512 << 20, "1G": 1 << 30, "1.5KiB": 1536, "10MB": 10e6, "0": 0, "4096B": 4096} {
+		if got, err := ParseSize(s); err != nil || got != want {
+			t.Errorf("ParseSize(%q) = %d, %v; want %d", s, got, err, want)
+		}
+	}
+	for _, s := range []string{"64", "lots", "-1GiB", "1e30GiB", ""} {
+		if _, err := ParseSize(s); err == nil {
+			t.Errorf("ParseSize(%q) succeeded", s)
+		}
+	}
+}

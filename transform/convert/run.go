@@ -69,12 +69,20 @@ type modState struct {
 // Run converts the clips of o.ClipList into the dataset directory o.Out.
 // See the package doc. Errors wrap ErrUsage or ErrInput where they are the
 // user's to fix; on error no dataset.json is written or replaced.
-func Run(ctx context.Context, o Options) (*Result, error) {
+func Run(ctx context.Context, o Options) (res *Result, err error) {
 	began := time.Now()
 	j, err := newJob(o)
 	if err != nil {
 		return nil, err
 	}
+	defer func() {
+		// The work done is kept for a resume: say where, and how to drop it.
+		if err != nil && !errors.Is(err, ErrUsage) && ctx.Err() == nil {
+			if _, serr := os.Stat(j.staging); serr == nil {
+				err = fmt.Errorf("%w (the clips done so far are kept in %s for a re-run to resume; convert --clean --out %s removes them)", err, j.staging, j.opts.Out)
+			}
+		}
+	}()
 	if !o.Force {
 		if d, ok := j.upToDate(); ok {
 			j.removeStale()
@@ -92,7 +100,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		return nil, err
 	}
 	defer jf.Close()
-	res := &Result{Dir: o.Out}
+	res = &Result{Dir: o.Out}
 	w, err := j.prepare(jf)
 	if err != nil {
 		return nil, err
@@ -266,6 +274,34 @@ func (j *job) removeStale() {
 	if removeStaging(j.staging) == nil {
 		os.Remove(j.journalPath)
 	}
+}
+
+// Clean removes what an interrupted or failed run into out left next to
+// it for a resume (the staging folder, if it holds only convert's files,
+// and the journal), unless a run is writing it now. It reports whether
+// there was anything.
+func Clean(out string) (bool, error) {
+	out, err := filepath.Abs(out)
+	if err != nil {
+		return false, err
+	}
+	parent, base := filepath.Split(out)
+	j := &job{opts: Options{Out: out}, staging: filepath.Join(parent, ".clipshard-partial-"+base)}
+	j.journalPath = j.staging + ".journal"
+	_, e1 := os.Stat(j.staging)
+	_, e2 := os.Stat(j.journalPath)
+	if e1 != nil && e2 != nil {
+		return false, nil
+	}
+	jf, err := j.lockJournal()
+	if err != nil {
+		return false, err
+	}
+	defer jf.Close()
+	if err := removeStaging(j.staging); err != nil {
+		return false, err
+	}
+	return true, os.Remove(j.journalPath)
 }
 
 // lockJournal opens the journal (made if need be) with an exclusive lock

@@ -362,7 +362,7 @@ func checkSpace(out string, need int64) error {
 	}
 	free := int64(st.Bavail) * int64(st.Bsize)
 	if free < need {
-		return fmt.Errorf("%w: %s needs %d bytes for the shards and manifests, the filesystem has %d free", ErrUsage, out, need, free)
+		return fmt.Errorf("%w: %s needs %s (%d bytes) for the shards and manifests, the filesystem has %s (%d bytes) free", ErrUsage, out, sizeString(need), need, sizeString(free), free)
 	}
 	return nil
 }
