@@ -338,3 +338,27 @@ func TestCleanLeftovers(t *testing.T) {
 		t.Fatalf("second --clean: %d %q", r.Code, r.Stdout)
 	}
 }
+
+// TestMaxTrim: --align trim cuts at most --max-trim frames (default 2); a
+// clip that needs more is bad input, and then strict mode does not suggest
+// --align trim but checking the keys and rates.
+func TestMaxTrim(t *testing.T) {
+	src := copyDemo(t)
+	b := must(os.ReadFile(filepath.Join("..", "..", "testdata", "convert", "short5_emotion.npy")))
+	os.WriteFile(filepath.Join(src, "emotion", "clip003.npy"), b, 0o644)
+	for _, c := range []struct {
+		extra []string
+		code  int
+		want  string
+	}{
+		{nil, 1, "disagree on length by 5 frames (rows: motion=51 whisper=102(@2) emotion=46); more than trimming would cut (--max-trim 2): check the keys and the rates"},
+		{[]string{"--align", "trim"}, 1, "trimming would cut 5 frames, more than --max-trim 2"},
+		{[]string{"--align", "trim", "--max-trim", "5"}, 0, ""},
+		{[]string{"--align", "trim", "--max-trim", "-1"}, 0, ""},
+	} {
+		r := runConvert(t, nil, demoArgs(src, filepath.Join(t.TempDir(), "ds"), c.extra...)...)
+		if r.Code != c.code || !strings.Contains(r.Stderr, c.want) || (c.code == 1 && strings.Contains(r.Stderr, "use --align trim")) {
+			t.Errorf("%v: exit %d %q; want %d and %q", c.extra, r.Code, r.Stderr, c.code, c.want)
+		}
+	}
+}

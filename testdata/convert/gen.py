@@ -34,6 +34,7 @@ bad[2, 0] = 70000.0
 save("overflow_emotion.npy", bad)
 save("int_emotion.npy", (emo * 100).astype(np.int64))
 save("short_emotion.npy", emo[:-1])
+save("short5_emotion.npy", emo[:-5])  # 5 frames short: beyond the default --max-trim
 save("wide_emotion.npy", np.concatenate([emo, emo[:, :1]], axis=1))
 save("zerowidth_emotion.npy", emo[:, :0])  # shape (T, 0): frames hold no values
 with open(os.path.join(out, "nopose_motion.pkl"), "wb") as f:

@@ -153,7 +153,8 @@ func (j *job) processClip(ctx context.Context, i int) *clipOut {
 		length = min(length, rows/r)
 		longest = max(longest, (rows+r-1)/r)
 	}
-	if j.opts.Align != "trim" && length != longest {
+	within := j.opts.MaxTrim < 0 || longest-length <= j.opts.MaxTrim
+	if length != longest && (j.opts.Align != "trim" || !within) {
 		desc := ""
 		for k, a := range arrays {
 			m := j.opts.Modalities[k]
@@ -163,7 +164,16 @@ func (j *job) processClip(ctx context.Context, i int) *clipOut {
 			}
 		}
 		out.release()
-		out.err = fmt.Errorf("%w: clip %q: modalities disagree on length (rows:%s); use --align trim to cut to the shortest", ErrInput, id, desc)
+		var hint string
+		switch {
+		case j.opts.Align != "trim" && within:
+			hint = "use --align trim to cut to the shortest"
+		case j.opts.Align != "trim":
+			hint = fmt.Sprintf("more than trimming would cut (--max-trim %d): check the keys and the rates (@RATE) of the modalities", j.opts.MaxTrim)
+		default:
+			hint = fmt.Sprintf("trimming would cut %d frames, more than --max-trim %d: check the keys and the rates (@RATE) of the modalities, or raise --max-trim", longest-length, j.opts.MaxTrim)
+		}
+		out.err = fmt.Errorf("%w: clip %q: modalities disagree on length by %d frames (rows:%s); %s", ErrInput, id, longest-length, desc, hint)
 		return out
 	}
 	out.length, out.trimmed = length, longest-length

@@ -192,13 +192,22 @@ func newJob(o Options) (*job, error) {
 	j.staging = filepath.Join(parent, ".clipshard-partial-"+base)
 	j.journalPath = j.staging + ".journal"
 	// The fingerprint covers everything that decides the output bytes.
+	if o.MaxTrim == 0 {
+		o.MaxTrim = DefaultMaxTrim
+	}
+	j.opts.MaxTrim = o.MaxTrim
+	var trimBound int64 // in the fingerprint only where it decides the output
+	if o.Align == "trim" {
+		trimBound = o.MaxTrim
+	}
 	fp, _ := json.Marshal(struct {
 		Clips      []string
 		Modalities []Modality
 		Root       string
 		Align      string
 		Flags      [4]bool
-	}{clips, o.Modalities, root, o.Align, [4]bool{o.AllowInt, o.AllowNonFinite, o.AllowOverflow, o.SkipBadClips}})
+		MaxTrim    int64 `json:",omitempty"`
+	}{clips, o.Modalities, root, o.Align, [4]bool{o.AllowInt, o.AllowNonFinite, o.AllowOverflow, o.SkipBadClips}, trimBound})
 	sum := sha256.Sum256(fp)
 	j.fingerprint = hex.EncodeToString(sum[:])
 	if o.Parts > 0 {

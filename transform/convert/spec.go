@@ -43,6 +43,11 @@ type Modality struct {
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]*$`)
 
+// DefaultMaxTrim is the clip frames --align trim cuts from a clip at most,
+// unless --max-trim says otherwise: a frame or two of rounding between
+// feature extractors; more usually means a wrong key or rate.
+const DefaultMaxTrim = 2
+
 // ReservedNames are the modality names that collide with the files and
 // columns clipshard writes: NAME.npy beside index.npy and dataset.json,
 // NAME_file beside samples_file in shards.parquet, and so on.
@@ -118,6 +123,11 @@ type Options struct {
 	Root       string     // --root; default: the clip list's folder
 	Out        string     // --out
 	Align      string     // "strict" (default) or "trim"
+	// MaxTrim bounds the clip frames --align trim may cut from a clip
+	// (the longest modality's minus the shortest's): a clip needing more
+	// is bad input, naming the clip and lengths. 0 means the default,
+	// DefaultMaxTrim; a negative value, no bound.
+	MaxTrim int64
 
 	// AllowOutsideRoot accepts clip ids that are absolute or have ".."
 	// components (otherwise refused: a template must not reach outside
