@@ -122,7 +122,7 @@ func TestCheckSpace(t *testing.T) {
 		t.Fatalf("2 MiB: %v", err)
 	}
 	err := checkSpace(dir, 1<<61)
-	if !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), "needs 2305843009213693952 bytes for the shards and manifests, the filesystem has") {
+	if !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), "needs 2147483648.0GiB (2305843009213693952 bytes) for the shards and manifests, the filesystem has") {
 		t.Fatalf("shards: %v", err)
 	}
 }
