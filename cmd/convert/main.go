@@ -236,12 +236,14 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	o.Now = now
 
 	var bar *ui.Progress
+	var bytesIn int64 // the finishing phases report no reads: keep the last count
 	crash := crashHook()
 	o.Progress = func(p convert.Progress) {
 		if bar == nil {
 			bar = ui.New("convert", "clips", int64(p.ClipsTotal), quiet)
 		}
-		bar.Update(int64(p.Clips), func() string { return ui.Bytes(p.BytesIn) + " in, " + ui.Bytes(p.BytesOut) + " out" })
+		bytesIn = max(bytesIn, p.BytesIn)
+		bar.Update(int64(p.Clips), func() string { return ui.Bytes(bytesIn) + " in, " + ui.Bytes(p.BytesOut) + " out" })
 		crash(p)
 	}
 	res, err := convert.Run(ctx, o)

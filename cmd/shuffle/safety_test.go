@@ -445,3 +445,16 @@ func TestSymlinkedOut(t *testing.T) {
 	}
 	verifyOK(t, link)
 }
+
+// TestTotalsAgree: the bytes the plan line announces on stderr are the
+// bytes the summary reports on stdout.
+func TestTotalsAgree(t *testing.T) {
+	ds := demoDataset(t)
+	r := clitest.Run(t, bin, nil, base(ds, filepath.Join(t.TempDir(), "ep"), "--epochs", "2")...)
+	_, planned, _ := strings.Cut(strings.SplitN(r.Stderr, "\n", 2)[0], " samples, ")
+	_, wrote, _ := strings.Cut(r.Stdout, "s: ")
+	wrote, _, _ = strings.Cut(wrote, " (")
+	if r.Code != 0 || planned == "" || planned != wrote {
+		t.Fatalf("exit %d: planned %q, wrote %q\n%s%s", r.Code, planned, wrote, r.Stderr, r.Stdout)
+	}
+}

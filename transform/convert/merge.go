@@ -176,6 +176,7 @@ func Merge(ctx context.Context, o MergeOptions) (*Result, error) {
 			return nil, err
 		}
 		res.BytesOut += n
+		res.BytesIn += n // the parts' rows, read once each
 		known[mm.File] = sum
 		d.Modalities = append(d.Modalities, mm)
 	}

@@ -271,7 +271,7 @@ func (c *cursor) report(u unit, sums [][2]string) error {
 		return err
 	}
 	c.s.results <- shardResult{ep: u.ep, idx: u.idx, sums: append(sums, [2]string{sm.name(), sum}), samples: int64(n),
-		bytes: int64(n) * (j.rec + 24)}
+		bytes: int64(n)*(j.rec+24) + int64(len(j.mods)+1)*npy.DataAlign} // as epochBytes counts them
 	return nil
 }
 
