@@ -291,7 +291,7 @@ func summary(w io.Writer, r *convert.Result, asJSON bool) {
 			"stats": d.Stats, "trimmed": d.Trimmed,
 		}
 		b := ui.JSON(out)
-		fmt.Fprintln(w, string(b))
+		w.Write(b)
 		return
 	}
 	if r.UpToDate {

@@ -164,7 +164,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		b := ui.JSON(map[string]any{"dir": res.Dir, "up_to_date": res.UpToDate, "epochs_written": res.Done,
 			"epochs_skipped": res.Skipped, "external": res.External, "bytes": res.Bytes, "quality": res.Quality,
 			"planned_bytes": res.Planned, "seconds": res.Elapsed.Seconds()})
-		fmt.Fprintln(stdout, string(b))
+		stdout.Write(b)
 		return 0
 	}
 	if res.UpToDate {
@@ -222,7 +222,7 @@ func runDrop(fs *flag.FlagSet, out, drop string, jsonOut bool, stdout, stderr io
 			dropped = []int{}
 		}
 		b := ui.JSON(map[string]any{"dir": out, "dropped": dropped})
-		fmt.Fprintln(stdout, string(b))
+		stdout.Write(b)
 		return 0
 	}
 	if len(dropped) == 0 {

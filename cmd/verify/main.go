@@ -103,7 +103,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 			r.Problems = []manifests.Problem{}
 		}
 		b := ui.JSON(r)
-		fmt.Fprintln(stdout, string(b))
+		stdout.Write(b)
 	} else {
 		for _, p := range r.Problems {
 			fmt.Fprintln(stdout, ui.OneLine(p.String()))
