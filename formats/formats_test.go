@@ -116,7 +116,8 @@ func TestUnknownExtension(t *testing.T) {
 }
 
 // TestNotRegular: a FIFO, a directory or a missing file is an error naming
-// the path, and opening a FIFO does not block.
+// the path, and opening a FIFO does not block (whole loads and the
+// piece-at-a-time reader alike).
 func TestNotRegular(t *testing.T) {
 	dir := t.TempDir()
 	fifo := filepath.Join(dir, "c.npy")
@@ -127,13 +128,17 @@ func TestNotRegular(t *testing.T) {
 	for _, p := range []string{fifo, filepath.Join(dir, "d.pkl"), filepath.Join(dir, "missing.npy")} {
 		done := make(chan error, 1)
 		go func() { _, _, err := formats.LoadInto(p, "", nil); done <- err }()
-		select {
-		case err := <-done:
-			if err == nil || !strings.Contains(err.Error(), p) {
-				t.Errorf("%s: error %v, want one naming the path", p, err)
+		// The piece-at-a-time reader of large .npy sources too.
+		go func() { _, err := formats.OpenNPYRows(nil, p); done <- err }()
+		for range 2 {
+			select {
+			case err := <-done:
+				if err == nil || !strings.Contains(err.Error(), p) {
+					t.Errorf("%s: error %v, want one naming the path", p, err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatalf("%s: LoadInto or OpenNPYRows blocked", p)
 			}
-		case <-time.After(5 * time.Second):
-			t.Fatalf("%s: LoadInto blocked", p)
 		}
 	}
 }
