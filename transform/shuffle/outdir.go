@@ -187,6 +187,12 @@ func foreignFiles(out string, man *manifests.Epochs) ([]string, error) {
 			} else {
 				_, bad, err = epochFolder(p)
 			}
+			if errors.Is(err, fs.ErrNotExist) {
+				// Renamed or emptied by a concurrent run's commit while it
+				// was listed (the check before the lock; setup checks
+				// again under it): what is gone is nobody's files.
+				continue
+			}
 			if err != nil {
 				return nil, err
 			}
