@@ -29,7 +29,7 @@ bench:
 
 # The README's demo: convert testdata/demo and check the sums.
 demo:
-    go run ./cmd/convert --clips testdata/demo/clips.txt --out /tmp/clipshard-demo -m 'motion=motion/{clip}.pkl:exp+pose' -m 'whisper@2=whisper/{clip}.npy' -m 'emotion=emotion/{clip}.npy'
+    go run ./cmd/convert --clips testdata/demo/clips.txt --out /tmp/clipshard-demo -m 'motion=motion/{clip}.pkl:exp+pose' -m 'shape@clip=motion/{clip}.pkl:shape' -m 'whisper@2=whisper/{clip}.npy' -m 'emotion=emotion/{clip}.npy'
     go run ./cmd/verify --deep --sources /tmp/clipshard-demo
     cd /tmp/clipshard-demo && sha256sum -c SHA256SUMS
 

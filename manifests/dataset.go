@@ -104,6 +104,19 @@ type Modality struct {
 	SHA256      string `json:"sha256"`
 	Template    string `json:"template"`
 	Keys        string `json:"keys"`
+	// PerClip marks a per-clip modality (convert's NAME@clip=...): the
+	// blob holds one row per clip, row i being clip i's value (FrameShape
+	// is the value's shape, [] for a scalar), and Rate is 0.
+	PerClip bool `json:"per_clip,omitempty"`
+}
+
+// ClipRows returns the rows of the blob that clip i occupies, given its
+// start and length in clip frames (index.npy): first row and count.
+func (m *Modality) ClipRows(i int, start, length int64) (first, n int64) {
+	if m.PerClip {
+		return int64(i), 1
+	}
+	return start * int64(m.Rate), length * int64(m.Rate)
 }
 
 // Stats is the conversion audit of a modality.

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/clipshard/clipshard/formats/array"
 	"github.com/clipshard/clipshard/formats/atomicfile"
 	"github.com/clipshard/clipshard/formats/regfile"
 )
@@ -62,7 +63,29 @@ type EpochModality struct {
 	DType      string `json:"dtype"`
 	Rate       int    `json:"rate"`
 	FrameShape []int  `json:"frame_shape"`
-	WindowRows int    `json:"window_rows"` // W * rate
+	WindowRows int    `json:"window_rows"` // W * rate (0 for a per-clip modality)
+	// PerClip marks a per-clip modality of the dataset: a sample holds its
+	// clip's row, shape FrameShape, rather than a window.
+	PerClip bool `json:"per_clip,omitempty"`
+}
+
+// SampleShape is the shape of one sample's value in a shard file:
+// [WindowRows, *FrameShape], or FrameShape for a per-clip modality.
+func (m *EpochModality) SampleShape() []int {
+	if m.PerClip {
+		return append([]int{}, m.FrameShape...)
+	}
+	return append([]int{m.WindowRows}, m.FrameShape...)
+}
+
+// SampleBytes is the bytes one sample takes in a shard file, or an error
+// for a dtype or shape that makes no sense.
+func (m *EpochModality) SampleBytes() (int64, error) {
+	dt, _, err := array.ParseDescr(m.DType)
+	if err != nil {
+		return 0, err
+	}
+	return array.ByteSize(m.SampleShape(), dt.Size)
 }
 
 // EpochFiles names the other manifests.

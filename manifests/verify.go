@@ -146,7 +146,10 @@ func checkBlobs(dir string, d *Dataset, present map[string]bool, r *Report) {
 		if h.DataOffset != m.DataOffset || h.DataOffset%npy.DataAlign != 0 {
 			r.add(Problem{File: m.File, What: fmt.Sprintf("data at offset %d, dataset.json says %d (must be 4096-aligned)", h.DataOffset, m.DataOffset)})
 		}
-		if m.Rate < 1 || m.Rows != d.Frames*int64(m.Rate) {
+		switch {
+		case m.PerClip && (m.Rate != 0 || m.Rows != d.Clips):
+			r.add(Problem{File: DatasetFile, What: fmt.Sprintf("per-clip modality %q has %d rows at rate %d, want a row for each of %d clips at rate 0", m.Name, m.Rows, m.Rate, d.Clips)})
+		case !m.PerClip && (m.Rate < 1 || m.Rows != d.Frames*int64(m.Rate)):
 			r.add(Problem{File: DatasetFile, What: fmt.Sprintf("modality %q has %d rows, but %d frames at rate %d make %d", m.Name, m.Rows, d.Frames, m.Rate, d.Frames*int64(m.Rate))})
 		}
 	}
@@ -252,8 +255,9 @@ func deepClips(dir string, d *Dataset, rows []ClipRow, r *Report) {
 			continue
 		}
 		off := m.DataOffset
-		for _, row := range rows {
-			n := row.Length * int64(m.Rate) * fb
+		for i, row := range rows {
+			first, nr := m.ClipRows(i, row.Start, row.Length)
+			n := nr * fb
 			h := xxhash.New()
 			got, err := io.Copy(h, io.NewSectionReader(f, off, n))
 			if err != nil || got != n {
@@ -261,9 +265,8 @@ func deepClips(dir string, d *Dataset, rows []ClipRow, r *Report) {
 				break
 			}
 			if h.Sum64() != row.Sources[k].XXH64 {
-				first := row.Start * int64(m.Rate)
 				r.add(Problem{File: m.File, Clip: row.Clip, What: fmt.Sprintf("xxh64 mismatch: rows %d..%d (bytes %d..%d) differ from what convert wrote",
-					first, first+row.Length*int64(m.Rate), off, off+n)})
+					first, first+nr, off, off+n)})
 			}
 			off += n
 		}
@@ -296,7 +299,7 @@ func checkSources(dir string, d *Dataset, rows []ClipRow, r *Report) {
 		rowBytes[k], _ = array.ByteSize(m.FrameShape, dtypeSize(m.DType))
 	}
 	var blobRows []byte
-	for _, row := range rows {
+	for i, row := range rows {
 		for k, m := range d.Modalities {
 			s := row.Sources[k]
 			st := Stamp(s.Path)
@@ -310,7 +313,16 @@ func checkSources(dir string, d *Dataset, rows []ClipRow, r *Report) {
 				r.add(Problem{File: s.Path, Clip: row.Clip, What: "source no longer decodes: " + oneLine(err)})
 				continue
 			}
-			n := row.Length * int64(m.Rate)
+			first, n := m.ClipRows(i, row.Start, row.Length)
+			if m.PerClip {
+				wrapped := *a // one row: the whole value
+				wrapped.Shape = append([]int{1}, a.Shape...)
+				a = &wrapped
+			}
+			if !slices.Equal(a.FrameShape(), m.FrameShape) {
+				r.add(Problem{File: s.Path, Clip: row.Clip, What: fmt.Sprintf("source %s: its frames are %s, the dataset's %s", a, array.FormatShape(a.FrameShape()), array.FormatShape(m.FrameShape))})
+				continue
+			}
 			got, err := converted(a, n, m.DType)
 			if err != nil {
 				r.add(Problem{File: s.Path, Clip: row.Clip, What: oneLine(err)})
@@ -319,7 +331,6 @@ func checkSources(dir string, d *Dataset, rows []ClipRow, r *Report) {
 			if blobs[k] == nil {
 				continue
 			}
-			first := row.Start * int64(m.Rate)
 			off := m.DataOffset + first*rowBytes[k]
 			if int64(cap(blobRows)) < int64(len(got)) {
 				blobRows = make([]byte, len(got))

@@ -152,7 +152,7 @@ func checkShardHeaders(dir string, man *Epochs, s ShardEntry, present map[string
 		}
 	}
 	for _, m := range man.Modalities {
-		check(m.Name, m.DType, append([]int{s.Samples, m.WindowRows}, m.FrameShape...))
+		check(m.Name, m.DType, append([]int{s.Samples}, m.SampleShape()...))
 	}
 	check("samples", "<i8", []int{s.Samples, 3})
 }
@@ -204,7 +204,7 @@ func deepEpochs(dir string, man *Epochs, r *Report) {
 		}
 		defer f.Close()
 		blobs[k] = f
-		rowBytes[k], _ = array.ByteSize(m.FrameShape, 2)
+		rowBytes[k], _ = array.ByteSize(m.FrameShape, dtypeSize(m.DType))
 	}
 	s := Sampling{Window: man.Window, Mode: man.Sampling, PerClip: man.PerClip, Short: man.Short}
 	for _, e := range man.Epochs {
@@ -262,13 +262,18 @@ func deepEpochs(dir string, man *Epochs, r *Report) {
 					if wins[k] == nil {
 						continue
 					}
-					wb := int64(m.WindowRows) * rowBytes[k]
-					n := got.Valid * int64(m.Rate) * rowBytes[k]
-					if got.Clip < 0 || got.Clip >= int64(len(starts)) || n > wb {
+					wb, _ := m.SampleBytes()
+					if got.Clip < 0 || got.Clip >= int64(len(starts)) {
+						continue // the sample list check reports it
+					}
+					dm := d.Modality(m.Name)
+					first, rows := dm.ClipRows(int(got.Clip), starts[got.Clip]+got.Start, got.Valid)
+					n := rows * rowBytes[k]
+					if n > wb || dm.PerClip != m.PerClip {
 						continue // the sample list check reports it
 					}
 					want := make([]byte, n)
-					blobs[k].ReadAt(want, d.Modality(m.Name).DataOffset+(starts[got.Clip]+got.Start)*int64(m.Rate)*rowBytes[k])
+					blobs[k].ReadAt(want, dm.DataOffset+first*rowBytes[k])
 					w := make([]byte, wb)
 					if _, err := wins[k].ReadAt(w, offs[k]+int64(i)*wb); err != nil {
 						r.Add(Problem{File: sh.Files[m.Name], What: fmt.Sprintf("sample %d: %v", i, err)})

@@ -9,7 +9,9 @@ from the sources (pickles loaded with pickle, keys joined along the last
 axis, rows cut as --align trim would, skipped clips left out); NaN positions
 must match. Also: data starts at a 4096-aligned offset, index.npy holds
 (start, length) with start_0 = 0 and no gaps, and the header agrees with
-dataset.json. Prints "ok" or raises.
+dataset.json. A per-clip modality (NAME@clip=) must equal
+np.stack([np.asarray(x).astype(np.float16) for x in clips]): one row per
+clip, whatever the value's shape (a scalar gives [N]). Prints "ok" or raises.
 """
 import json
 import os
@@ -52,7 +54,7 @@ mods = meta["modalities"]
 sources = {m["name"]: [load(m, c) for c in clips] for m in mods}
 lengths = []
 for i, c in enumerate(clips):
-    frames = [len(sources[m["name"]][i]) // m["rate"] for m in mods]
+    frames = [len(sources[m["name"]][i]) // m["rate"] for m in mods if not m.get("per_clip")]
     lengths.append(min(frames))
     if meta["align"] == "strict":
         assert len(set(frames)) == 1, (c, frames)
@@ -68,8 +70,12 @@ for m in mods:
     assert blob.offset % 4096 == 0 and blob.offset == m["data_offset"], (m["file"], blob.offset)
     out_dtype = np.float16 if m["dtype"] == "<f2" else np.dtype(m["dtype"])
     with np.errstate(all="ignore"):
-        parts = [x[: n * m["rate"]].astype(out_dtype) for x, n in zip(sources[m["name"]], lengths)]
-    want = np.concatenate(parts)
+        if m.get("per_clip"):
+            assert m["rate"] == 0, m
+            want = np.stack([np.asarray(x).astype(out_dtype) for x in sources[m["name"]]])
+        else:
+            parts = [x[: n * m["rate"]].astype(out_dtype) for x, n in zip(sources[m["name"]], lengths)]
+            want = np.concatenate(parts)
     assert blob.dtype == want.dtype and blob.shape == want.shape, (m["name"], blob.dtype, blob.shape, want.shape)
     assert list(blob.shape[1:]) == m["frame_shape"] and blob.shape[0] == m["rows"], m
     got_bits = np.asarray(blob).view(np.uint8)

@@ -4,7 +4,8 @@
     python3 testdata/check_epochs.py EPOCHS_DIR
 
 For every epoch and shard in epochs.json: the shard files open with
-np.load(mmap_mode="r") (data 4096-aligned) with shape [S, W*rate, *frame];
+np.load(mmap_mode="r") (data 4096-aligned) with shape [S, W*rate, *frame]
+([S, *frame] for a per-clip modality, holding each sample's clip row);
 the shards hold the epoch's samples in order, shard_samples each (the last
 fewer); every sample (clip, start, valid) equals the dataset rows of its
 clip [start*rate, (start+W)*rate), zeros past valid; with tile sampling no
@@ -28,6 +29,7 @@ dsman = json.load(open(os.path.join(ds, "dataset.json")))
 index = np.load(os.path.join(ds, "index.npy"))
 blobs = {m["name"]: np.load(os.path.join(ds, m["file"]), mmap_mode="r") for m in dsman["modalities"]}
 rates = {m["name"]: m["rate"] for m in dsman["modalities"]}
+per_clip = {m["name"] for m in dsman["modalities"] if m.get("per_clip")}
 W = man["window"]
 S = man["shard_samples"]
 total = 0
@@ -46,7 +48,9 @@ for ep in man["epochs"]:
         for m in man["modalities"]:
             a = np.load(os.path.join(edir, sh["files"][m["name"]]), mmap_mode="r")
             assert a.offset % 4096 == 0, a.offset
-            assert a.dtype == np.float16 and a.shape == (len(smp), W * m["rate"], *m["frame_shape"]), (a.shape, m)
+            assert m.get("per_clip", False) == (m["name"] in per_clip), m
+            want_shape = (len(smp), *m["frame_shape"]) if m["name"] in per_clip else (len(smp), W * m["rate"], *m["frame_shape"])
+            assert a.dtype == blobs[m["name"]].dtype and a.shape == want_shape, (a.shape, want_shape, m)
             arrays[m["name"]] = a
         for i, (clip, start, valid) in enumerate(smp):
             key = (int(clip), int(start))
@@ -57,6 +61,9 @@ for ep in man["epochs"]:
             c0, length = index[clip]
             assert 0 < valid <= W and start + valid <= length, (clip, start, valid, length)
             for name, a in arrays.items():
+                if name in per_clip:
+                    assert np.array_equal(np.atleast_1d(a[i]).view(np.uint8), np.atleast_1d(blobs[name][clip]).view(np.uint8)), (name, clip)
+                    continue
                 r = rates[name]
                 want = blobs[name][(c0 + start) * r : (c0 + start + valid) * r]
                 got = a[i]

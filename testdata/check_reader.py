@@ -46,7 +46,7 @@ def order(epoch):
 
 def same(a, b, what):
     assert a.dtype == b.dtype and a.shape == b.shape, (what, a.dtype, b.dtype, a.shape, b.shape)
-    assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), what
+    assert np.array_equal(np.atleast_1d(a).view(np.uint8), np.atleast_1d(b).view(np.uint8)), what
 
 
 for ep in man["epochs"]:
@@ -187,11 +187,18 @@ for i, clip in enumerate(ds.ids):
     a, b = ds[clip], ds[i]
     for name in a:
         same(np.asarray(a[name]), np.asarray(b[name]), ("dataset", clip, name))
+        if ds.modalities[name].get("per_clip"):
+            assert a[name].shape == tuple(ds.modalities[name]["frame_shape"]), (name, a[name].shape)
+            same(np.asarray(a[name]), np.asarray(ds.blobs[name][i]), ("per-clip", clip, name))
+            continue
         rate = ds.modalities[name]["rate"]
         assert len(a[name]) == ds.index[i][1] * rate
 for j, s in enumerate(smp["samples"][:50]):
     w = ds.window(s)
     for name, rows in w.items():
+        if ds.modalities[name].get("per_clip"):
+            same(smp[name][j], np.asarray(rows), ("per-clip value", j, name))
+            continue
         same(smp[name][j][: len(rows)], np.asarray(rows), ("window", j, name))
 try:
     ds["no such clip"]

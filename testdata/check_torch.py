@@ -9,7 +9,8 @@
 - a training process killed (SIGKILL) at a random batch, resumed from its
   last checkpoint with another world size and batch size, has trained on
   the epoch's samples in order, each once, as an uninterrupted run would
-  (under the "drop" remainder rule).
+  (under the "drop" remainder rule);
+- a per-clip modality's batch is [B, *frame_shape], each sample's clip row.
 Prints "ok: torch ..." or raises.
 """
 import io
@@ -52,6 +53,19 @@ for R, B in ((1, 4), (3, 2)):
                 assert set(a) == set(b)
                 for k in a:
                     assert torch.equal(a[k], b[k]), (R, r, w, k)
+
+# Per-clip modalities (convert's NAME@clip=): each sample carries its
+# clip's value, [B, *frame_shape], equal to the dataset's row.
+per_clip = [m for m in man["modalities"] if m.get("per_clip")]
+if per_clip:
+    dset = clipshard.Dataset(man["dataset"]["dir"])
+    for b in run(2, 1, 3, 2):
+        clips = b["samples"][:, 0].numpy()
+        for m in per_clip:
+            got = b[m["name"]]
+            assert tuple(got.shape) == (len(clips), *m["frame_shape"]), (m["name"], tuple(got.shape))
+            want = np.asarray(dset.blobs[m["name"]])[clips]
+            assert np.array_equal(got.numpy().view(np.uint8), want.view(np.uint8)), m["name"]
 
 # State through torch.save, with workers: the state of the last batch.
 ds = EpochDataset(edir, epoch, rank=0, world_size=2, batch_size=3)

@@ -20,7 +20,7 @@ import (
 	"github.com/clipshard/clipshard/transform/convert"
 )
 
-const usage = `usage: convert --clips FILE --out DIR -m NAME[@RATE]=TEMPLATE[:KEYS] [-m ...] [flags]
+const usage = `usage: convert --clips FILE --out DIR -m NAME[@RATE|@clip]=TEMPLATE[:KEYS] [-m ...] [flags]
 
 Decode every clip's sources, convert them to float16 exactly as numpy's
 astype(np.float16), and concatenate each modality along time into
@@ -36,7 +36,14 @@ Example:
 TEMPLATE is a path with {clip} replaced by the clip id, relative to --root.
 KEYS select arrays inside a pickle: exp, params/exp, exp+pose (concatenated
 along the last axis); without KEYS the pickle must hold a bare array.
-@RATE: rows per clip frame (default 1).
+@RATE: rows per clip frame (default 1). @clip: one value per clip (a
+vector such as shape [100], or a number such as fps), stored a row per
+clip in DIR/NAME.npy and given whole to every sample; it plays no part
+in the clips' lengths. Integers are kept exactly with --keep-dtype NAME.
+
+Example with per-clip values:
+  convert ... -m 'motion=motion/{clip}.pkl:exp+pose' \
+    -m 'shape@clip=motion/{clip}.pkl:shape' -m 'fps@clip=motion/{clip}.pkl:fps' --keep-dtype fps
 
 Flags:
 `
@@ -122,8 +129,8 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		checkpointFlag string
 	)
 	fs.StringVar(&o.ClipList, "clips", "", "clip list `FILE`: text (one id per line), .csv or .parquet with a clip column")
-	fs.Var(&mods, "modality", "`NAME[@RATE]=TEMPLATE[:KEYS]` (repeatable)")
-	fs.Var(&mods, "m", "short for --modality `NAME[@RATE]=TEMPLATE[:KEYS]`")
+	fs.Var(&mods, "modality", "`NAME[@RATE|@clip]=TEMPLATE[:KEYS]` (repeatable)")
+	fs.Var(&mods, "m", "short for --modality `NAME[@RATE|@clip]=TEMPLATE[:KEYS]`")
 	fs.StringVar(&o.Root, "root", "", "`DIR` relative templates start from (default: the clip list's folder)")
 	fs.StringVar(&o.Out, "out", "", "dataset `DIR` to write")
 	fs.StringVar(&o.Align, "align", "strict", "`strict|trim`: modalities must agree on each clip's length, or are cut to the shortest")

@@ -26,6 +26,7 @@ func TestMain(m *testing.M) { clitest.Main(m, "convert", &bin) }
 
 var demoMods = []string{
 	"-m", "motion=motion/{clip}.pkl:exp+pose",
+	"-m", "shape@clip=motion/{clip}.pkl:shape", // one vector [100] per clip
 	"-m", "whisper@2=whisper/{clip}.npy",
 	"-m", "emotion=emotion/{clip}.npy",
 }
@@ -297,7 +298,7 @@ func TestUsageErrors(t *testing.T) {
 	for _, h := range []string{"--help", "-h"} {
 		r := runConvert(t, nil, h)
 		if r.Code != 0 || r.Stderr != "" || !strings.Contains(r.Stdout, "Example:") || !strings.Contains(r.Stdout, "Exit status") ||
-			!strings.Contains(r.Stdout, "--clips FILE") || !strings.Contains(r.Stdout, "--mem SIZE") || !strings.Contains(r.Stdout, "-m NAME[@RATE]") {
+			!strings.Contains(r.Stdout, "--clips FILE") || !strings.Contains(r.Stdout, "--mem SIZE") || !strings.Contains(r.Stdout, "-m NAME[@RATE|@clip]") {
 			t.Fatalf("%s: %d %q %q", h, r.Code, r.Stdout, r.Stderr)
 		}
 	}

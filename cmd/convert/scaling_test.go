@@ -75,7 +75,7 @@ func TestSlurmScripts(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			runScript(t, filepath.Join(scripts, "convert.sbatch"), path, "DATA="+data, "PARTS="+parts,
-				"MODALITIES=motion=motion/{clip}.pkl:exp+pose whisper@2=whisper/{clip}.npy emotion=emotion/{clip}.npy",
+				"MODALITIES=motion=motion/{clip}.pkl:exp+pose shape@clip=motion/{clip}.pkl:shape whisper@2=whisper/{clip}.npy emotion=emotion/{clip}.npy",
 				fmt.Sprintf("SLURM_ARRAY_TASK_ID=%d", id), fmt.Sprintf("SLURM_ARRAY_TASK_COUNT=%d", len(ids)),
 				fmt.Sprintf("SLURM_ARRAY_TASK_MIN=%d", ids[0]), "SLURM_CPUS_PER_TASK=2")
 		}()

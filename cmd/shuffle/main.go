@@ -24,7 +24,8 @@ const usage = `usage: shuffle --dataset DIR --out EDIR --window W (--epochs N | 
 
 Materialise, for each epoch, the windows a trainer would sample from the
 dataset, in one shuffled order, into shard files read strictly in order:
-EDIR/epoch-0003/shard-00000.NAME.npy [S, W*RATE, ...] and
+EDIR/epoch-0003/shard-00000.NAME.npy [S, W*RATE, ...] (a per-clip
+modality, convert's NAME@clip: [S, ...], each sample's clip value) and
 shard-00000.samples.npy int64 [S, 3] (clip, start, valid). A job of any
 world size reads an epoch (rank r takes its slice of each global batch:
 python/clipshard). Same seed, same bytes, whatever --mem or --workers.

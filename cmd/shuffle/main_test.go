@@ -45,8 +45,12 @@ func demoDataset(t *testing.T) string {
 			return
 		}
 		var mods []convert.Modality
-		for _, s := range []string{"motion=motion/{clip}.pkl:exp+pose", "whisper@2=whisper/{clip}.npy", "emotion=emotion/{clip}.npy"} {
+		// With per-clip modalities (a float16 vector and a kept int64
+		// scalar), which every sample carries whole.
+		for _, s := range []string{"motion=motion/{clip}.pkl:exp+pose", "shape@clip=motion/{clip}.pkl:shape", "whisper@2=whisper/{clip}.npy",
+			"fps@clip=motion/{clip}.pkl:fps", "emotion=emotion/{clip}.npy"} {
 			m, _ := convert.ParseModality(s)
+			m.KeepDType = m.Name == "fps"
 			mods = append(mods, m)
 		}
 		dsDir = filepath.Join(dir, "ds")

@@ -71,7 +71,7 @@ func TestSampleListRefused(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--window", "1", "--sampling", "random", "--per-clip", "2000000", "--mem", "64MiB"}, "epoch 0 has 24000000 samples: planning it takes 748.2MiB"},
+		{[]string{"--window", "1", "--sampling", "random", "--per-clip", "2000000", "--mem", "64MiB"}, "epoch 0 has 24000000 samples: planning it takes 751.0MiB"},
 		{[]string{"--window", "1", "--sampling", "random", "--per-clip", "1000000000", "--mem", "64MiB"}, "epoch 0 has 12000000000 samples"},
 		{[]string{"--window", "40", "--sampling", "random", "--per-clip", "2000000", "--mem", "4GiB"}, "for the shards and manifests, the filesystem has"},
 	} {

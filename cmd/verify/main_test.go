@@ -29,7 +29,7 @@ func demoDataset(t *testing.T) (string, string) {
 	src := filepath.Join(t.TempDir(), "src")
 	clitest.CopyTree(t, filepath.Join("..", "..", "testdata", "demo"), src)
 	var mods []convert.Modality
-	for _, s := range []string{"motion=motion/{clip}.pkl:exp+pose", "whisper@2=whisper/{clip}.npy", "emotion=emotion/{clip}.npy"} {
+	for _, s := range []string{"motion=motion/{clip}.pkl:exp+pose", "shape@clip=motion/{clip}.pkl:shape", "whisper@2=whisper/{clip}.npy", "emotion=emotion/{clip}.npy"} {
 		m, err := convert.ParseModality(s)
 		if err != nil {
 			t.Fatal(err)
@@ -88,7 +88,7 @@ func TestIntact(t *testing.T) {
 	}
 	r := verify(t, "--json", "--deep", dir)
 	var rep manifests.Report
-	if err := json.Unmarshal([]byte(r.Stdout), &rep); err != nil || rep.Files != 7 || rep.Clips != 12 || len(rep.Problems) != 0 {
+	if err := json.Unmarshal([]byte(r.Stdout), &rep); err != nil || rep.Files != 8 || rep.Clips != 12 || len(rep.Problems) != 0 {
 		t.Fatalf("json: %v %+v", err, rep)
 	}
 }
@@ -299,7 +299,7 @@ func TestEpochCorruption(t *testing.T) {
 	shard := "epoch-0001/shard-00002"
 	swap := func(t *testing.T, dir string) {
 		// Swap samples 0 and 1 of a shard: every modality and the samples file.
-		for _, what := range []string{"motion", "whisper", "emotion", "samples"} {
+		for _, what := range []string{"motion", "shape", "whisper", "emotion", "samples"} {
 			p := filepath.Join(dir, shard+"."+what+".npy")
 			b, _ := os.ReadFile(p)
 			n := (len(b) - 4096) / 4
@@ -321,7 +321,7 @@ func TestEpochCorruption(t *testing.T) {
 		dir := shuffleDemo(t, ds, 7)
 		swap(t, dir)
 		var files []string
-		for _, what := range []string{"motion", "whisper", "emotion", "samples"} {
+		for _, what := range []string{"motion", "shape", "whisper", "emotion", "samples"} {
 			files = append(files, shard+"."+what+".npy")
 		}
 		rewriteSums(t, dir, files...)
@@ -333,11 +333,21 @@ func TestEpochCorruption(t *testing.T) {
 			t.Fatalf("%d %s", r.Code, r.Stdout)
 		}
 	})
+	t.Run("a per-clip value changed, --deep names the sample's clip", func(t *testing.T) {
+		dir := shuffleDemo(t, ds, 7)
+		f := shard + ".shape.npy" // [S, 100] float16: sample 1's clip row
+		flipByte(t, filepath.Join(dir, f), 4096+200+6)
+		rewriteSums(t, dir, f)
+		r := verify(t, "--deep", dir)
+		if r.Code != 1 || !strings.Contains(r.Stdout, f+": clip") || !strings.Contains(r.Stdout, "sample 1 (clip") {
+			t.Fatalf("%d %s", r.Code, r.Stdout)
+		}
+	})
 	t.Run("shard from another seed, --deep", func(t *testing.T) {
 		dir := shuffleDemo(t, ds, 7)
 		other := shuffleDemo(t, ds, 8)
 		var files []string
-		for _, what := range []string{"motion", "whisper", "emotion", "samples"} {
+		for _, what := range []string{"motion", "shape", "whisper", "emotion", "samples"} {
 			f := "epoch-0000/shard-00000." + what + ".npy"
 			b, err := os.ReadFile(filepath.Join(other, f))
 			if err != nil {

@@ -3,7 +3,9 @@
 package pickle
 
 import (
+	"encoding/binary"
 	"fmt"
+	"math"
 	"math/big"
 	"sort"
 	"strconv"
@@ -110,6 +112,12 @@ func asArray(v any, path string) (*array.Array, error) {
 	}
 	nd, ok := v.(*NDArray)
 	if !ok {
+		if a, ok, err := valueArray(v); ok {
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", what, err)
+			}
+			return a, nil
+		}
 		hint := ""
 		if keys := topKeys(v); keys != "" {
 			hint = "; select one with :KEY, keys: " + keys
@@ -164,4 +172,98 @@ func listKeys(keys []any) string {
 		return "(none)"
 	}
 	return strings.Join(out, ", ")
+}
+
+// valueArray turns a number into a 0-d array, and a flat list or tuple of
+// numbers into a 1-D one (ok false for anything else): a numpy scalar
+// keeps its dtype; a Python float is float64, an int int64 (an int
+// beyond int64 is an error), a bool bool; a list of floats (or of floats
+// and ints) is float64, of ints int64, of bools bool. Per-clip values
+// (fps, a speaker id, identity coefficients) are often stored so.
+func valueArray(v any) (*array.Array, bool, error) {
+	switch x := v.(type) {
+	case *Scalar:
+		if x.DType.err != nil {
+			return nil, true, x.DType.err
+		}
+		data, ok := toBytes(x.Value)
+		if !ok {
+			return nil, true, fmt.Errorf("%w: numpy scalar data is %s, not bytes", ErrFormat, typeName(x.Value))
+		}
+		a, err := array.New(x.DType.Descr(), []int{}, false, append([]byte(nil), data...))
+		return a, true, err
+	case bool, int, *big.Int, float64:
+		a, err := numbersArray([]any{x}, []int{})
+		return a, true, err
+	case *types.List, *types.Tuple:
+		var items []any
+		if l, ok := x.(*types.List); ok {
+			items = *l
+		} else {
+			items = *x.(*types.Tuple)
+		}
+		if len(items) == 0 {
+			return nil, false, nil
+		}
+		for _, it := range items {
+			switch it.(type) {
+			case bool, int, *big.Int, float64:
+			default:
+				return nil, false, nil
+			}
+		}
+		a, err := numbersArray(items, []int{len(items)})
+		return a, true, err
+	}
+	return nil, false, nil
+}
+
+// numbersArray packs Python numbers into an array of shape: bool if all
+// are bools, int64 if all are ints (or bools), float64 otherwise.
+func numbersArray(items []any, shape []int) (*array.Array, error) {
+	kind := "|b1"
+	for _, it := range items {
+		switch it.(type) {
+		case float64:
+			kind = "<f8"
+		case int, *big.Int:
+			if kind == "|b1" {
+				kind = "<i8"
+			}
+		}
+	}
+	size := 8
+	if kind == "|b1" {
+		size = 1
+	}
+	data := make([]byte, 0, size*len(items))
+	for _, it := range items {
+		var f float64
+		var i int64
+		switch n := it.(type) {
+		case bool:
+			if n {
+				f, i = 1, 1
+			}
+		case int:
+			f, i = float64(n), int64(n)
+		case *big.Int:
+			if !n.IsInt64() {
+				return nil, fmt.Errorf("%w: int %s does not fit int64", array.ErrDType, n)
+			}
+			i = n.Int64()
+			f, _ = new(big.Float).SetInt(n).Float64()
+		case float64:
+			f = n
+		}
+		switch kind {
+		case "<f8":
+			data = binary.LittleEndian.AppendUint64(data, math.Float64bits(f))
+		case "<i8":
+			data = binary.LittleEndian.AppendUint64(data, uint64(i))
+		default:
+			data = append(data, byte(i))
+		}
+	}
+	return array.New(kind, shape, false, data)
 }

@@ -49,16 +49,23 @@ class Dataset:
             self._row = {c: i for i, c in enumerate(self.ids)}
         return self._row[clip]
 
+    def _rows(self, name, clip, first, count):
+        m = self.modalities[name]
+        if m.get("per_clip"):
+            return self.blobs[name][clip]  # the clip's value, of frame_shape
+        return self.blobs[name][first * m["rate"]: (first + count) * m["rate"]]
+
     def __getitem__(self, clip):
+        """The clip's rows of each modality; a per-clip modality (convert's
+        NAME@clip=) gives the clip's value (shape frame_shape)."""
         i = self.row(clip)
         start, length = (int(x) for x in self.index[i])
-        return {name: self.blobs[name][start * m["rate"]: (start + length) * m["rate"]]
-                for name, m in self.modalities.items()}
+        return {name: self._rows(name, i, start, length) for name in self.modalities}
 
     def window(self, sample):
         """The dataset rows of an epoch sample (clip row, start, valid):
-        what its shard windows hold before the zero padding."""
+        what its shard windows hold before the zero padding (a per-clip
+        modality: the clip's value)."""
         clip, start, valid = (int(x) for x in sample)
         c0 = int(self.index[clip][0])
-        return {name: self.blobs[name][(c0 + start) * m["rate"]: (c0 + start + valid) * m["rate"]]
-                for name, m in self.modalities.items()}
+        return {name: self._rows(name, clip, c0 + start, valid) for name in self.modalities}

@@ -55,8 +55,10 @@ def _worker():
 
 class EpochReader:
     """The batches of one rank of one epoch, as dicts of numpy arrays:
-    one entry per modality ([B, W*rate, *frame_shape] float16) and
-    "samples" (int64 [B, 3]: clip row, start frame, valid frames).
+    one entry per modality ([B, W*rate, *frame_shape] float16; a per-clip
+    modality, convert's NAME@clip=, gives each sample its clip's value:
+    [B, *frame_shape]) and "samples" (int64 [B, 3]: clip row, start
+    frame, valid frames).
 
     rank, world_size: this process's place in the job (any world size: the
         epoch does not depend on it).

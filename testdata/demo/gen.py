@@ -4,7 +4,8 @@
     python3 testdata/demo/gen.py [OUTDIR]     (default: this folder)
 
 Per clip: motion/{clip}.pkl, a pickled dict {"exp": float32 [T, 50],
-"pose": float32 [T, 6], "fps": 30} (pickle protocols 2, 4 and 5 in turn);
+"pose": float32 [T, 6], "shape": float32 [100] (identity coefficients,
+one vector per clip), "fps": 30} (pickle protocols 2, 4 and 5 in turn);
 whisper/{clip}.npy, float16 [2T, 64] (two rows per motion frame);
 emotion/{clip}.npy, float64 [T, 8] (big-endian for every third clip).
 clips.txt lists the clips. expected.py rebuilds what convert must produce.
@@ -19,6 +20,7 @@ out = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__fi
 for sub in ("motion", "whisper", "emotion"):
     os.makedirs(os.path.join(out, sub), exist_ok=True)
 rng = np.random.default_rng(2026)
+shape_rng = np.random.default_rng(100)  # its own stream: the other arrays stay as they were
 clips = ["clip%03d" % i for i in range(12)]
 with open(os.path.join(out, "clips.txt"), "w") as f:
     f.write("# demo clip list: one id per line\n")
@@ -29,6 +31,7 @@ for i, c in enumerate(clips):
     motion = {
         "exp": (rng.standard_normal((t, 50)) * 0.5).astype(np.float32),
         "pose": (rng.standard_normal((t, 6)) * 0.1).astype(np.float32),
+        "shape": shape_rng.standard_normal(100).astype(np.float32),
         "fps": 30,
     }
     with open(os.path.join(out, "motion", c + ".pkl"), "wb") as f:

@@ -159,6 +159,10 @@ record = {
     "names": np.array(["a", None], dtype=object),
     "rec": np.zeros(2, dtype=[("a", "<f4"), ("b", "<i4")]),
     "list": [floats((T, 2), "<f4"), floats((T, 3), "<f4")],
+    # per-clip values as people store them: Python numbers and lists
+    "rate": 25.0,
+    "coeffs": [0.5, 1.0, 2],
+    "flags": [True, False, True],
 }
 bare = floats((8, 3), "<f4")
 big = floats((300, 100), "<f4")  # 120 KB: written outside protocol 4 frames
@@ -229,6 +233,11 @@ def add_dict_cases(file, tag):
     expect(file, "ids", record["ids"], tag + "_ids")
     expect(file, "mask", record["mask"], tag + "_mask")
     expect(file, "list/1", record["list"][1], tag + "_list1")
+    expect(file, "fps", record["fps"], tag + "_fps")  # a numpy scalar: 0-d, its dtype
+    expect(file, "frames", np.int64(record["frames"]), tag + "_frames")  # Python int: int64
+    expect(file, "rate", np.float64(record["rate"]), tag + "_rate")  # Python float: float64
+    expect(file, "coeffs", np.asarray(record["coeffs"]), tag + "_coeffs")  # float64 [3]
+    expect(file, "flags", np.asarray(record["flags"]), tag + "_flags")  # bool [3]
 
 
 for proto in (2, 3, 4, 5):
@@ -267,7 +276,7 @@ write("pickle/p4_list.pkl", pickle.dumps(record["list"], protocol=4))
 expect("pickle/p4_list.pkl", "0", record["list"][0], "p4_list0")
 
 # key errors on good files
-fail("pickle/p4_dict.pkl", "nope", 'key "nope" not found in the top level; keys there: "be", "empty"')
+fail("pickle/p4_dict.pkl", "nope", 'key "nope" not found in the top level; keys there: "be", "coeffs", "empty"')
 fail("pickle/p4_dict.pkl", "params/nope", 'key "nope" not found in "params"; keys there: "exp", "trans"')
 fail("pickle/p4_dict.pkl", "name", 'key "name" holds a str, not a numpy array')
 fail("pickle/p4_dict.pkl", "", "the pickle holds a dict, not a numpy array; select one with :KEY")
@@ -275,6 +284,10 @@ fail("pickle/p4_dict.pkl", "exp+ids", "cannot concatenate")
 fail("pickle/p4_dict.pkl", "names", 'key "names": array: unsupported dtype: "|O8" is an object array')
 fail("pickle/p4_dict.pkl", "rec", 'key "rec": array: unsupported dtype: structured dtype')
 fail("pickle/p4_dict.pkl", "list/7", "is a list of 2 items")
+write("pickle/p4_bigint.pkl", pickle.dumps({"huge": 2**70, "neg": -2**40}, protocol=4))
+fail("pickle/p4_bigint.pkl", "huge", "int 1180591620717411303424 does not fit int64")
+expect("pickle/p4_bigint.pkl", "neg", np.int64(-2**40), "p4_bigint_neg")
+fail("pickle/p4_dict.pkl", "list", 'key "list" holds a list, not a numpy array')
 fail("pickle/p4_bare.pkl", "exp", "the top level is a ndarray, not a dict")
 
 

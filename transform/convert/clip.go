@@ -126,17 +126,25 @@ func (j *job) processClip(ctx context.Context, i int) *clipOut {
 			}
 		}
 		out.bytesIn += info.Size()
-		if len(a.Shape) == 0 {
-			return fail(m, path, fmt.Errorf("array is 0-d (%s); clips need a time axis [T, ...]", a))
-		}
-		if slices.Contains(a.FrameShape(), 0) {
+		switch {
+		case m.PerClip && slices.Contains(a.Shape, 0):
+			return fail(m, path, fmt.Errorf("value is %s: it holds no values (an axis of length 0)", a))
+		case m.PerClip:
+		case len(a.Shape) == 0:
+			return fail(m, path, fmt.Errorf("array is 0-d (%s), one value, but clips need a time axis [T, ...]; for one value per clip, declare the modality %s@clip=...", a, m.Name))
+		case slices.Contains(a.FrameShape(), 0):
 			return fail(m, path, fmt.Errorf("array is %s: its frames hold no values (an axis of length 0 after the time axis)", a))
-		}
-		if !a.DType.IsFloat() && !j.opts.AllowInt {
-			return fail(m, path, fmt.Errorf("array is %s, an integer/bool array; pass --allow-int to convert it", a))
-		}
-		if a.Rows()%m.Rate != 0 && j.opts.Align != "trim" {
+		case a.Rows()%m.Rate != 0 && j.opts.Align != "trim":
 			return fail(m, path, fmt.Errorf("%d rows is not a multiple of rate %d", a.Rows(), m.Rate))
+		}
+		if !a.DType.IsFloat() && !j.opts.AllowInt && !m.KeepDType {
+			return fail(m, path, fmt.Errorf("array is %s, an integer/bool array; pass --allow-int to convert it to float16, or --keep-dtype %s to keep it", a, m.Name))
+		}
+		if m.PerClip {
+			// One row: the whole value, whatever its shape.
+			wrapped := *a
+			wrapped.Shape = append([]int{1}, a.Shape...)
+			a = &wrapped
 		}
 		arrays[k] = a
 		out.mods[k].src = manifests.ClipSource{Path: path, Size: info.Size(), MtimeNS: info.ModTime().UnixNano()}
@@ -148,6 +156,9 @@ func (j *job) processClip(ctx context.Context, i int) *clipOut {
 	length := int64(math.MaxInt64)
 	var longest int64
 	for k, a := range arrays {
+		if j.opts.Modalities[k].PerClip {
+			continue
+		}
 		r := int64(j.opts.Modalities[k].Rate)
 		rows := int64(a.Rows())
 		length = min(length, rows/r)
@@ -155,12 +166,18 @@ func (j *job) processClip(ctx context.Context, i int) *clipOut {
 	}
 	within := j.opts.MaxTrim < 0 || longest-length <= j.opts.MaxTrim
 	if length != longest && (j.opts.Align != "trim" || !within) {
-		desc := ""
+		desc, vector := "", ""
 		for k, a := range arrays {
 			m := j.opts.Modalities[k]
+			if m.PerClip {
+				continue
+			}
 			desc += fmt.Sprintf(" %s=%d", m.Name, a.Rows())
 			if m.Rate != 1 {
 				desc += fmt.Sprintf("(@%d)", m.Rate)
+			}
+			if len(a.Shape) == 1 && vector == "" {
+				vector = fmt.Sprintf("; if %s (%s) holds one vector per clip rather than a value per frame, declare it %s@clip=...", m.Name, a, m.Name)
 			}
 		}
 		out.release()
@@ -173,7 +190,7 @@ func (j *job) processClip(ctx context.Context, i int) *clipOut {
 		default:
 			hint = fmt.Sprintf("trimming would cut %d frames, more than --max-trim %d: check the keys and the rates (@RATE) of the modalities, or raise --max-trim", longest-length, j.opts.MaxTrim)
 		}
-		out.err = fmt.Errorf("%w: clip %q: modalities disagree on length by %d frames (rows:%s); %s", ErrInput, id, longest-length, desc, hint)
+		out.err = fmt.Errorf("%w: clip %q: modalities disagree on length by %d frames (rows:%s); %s%s", ErrInput, id, longest-length, desc, hint, vector)
 		return out
 	}
 	out.length, out.trimmed = length, longest-length
@@ -182,6 +199,9 @@ func (j *job) processClip(ctx context.Context, i int) *clipOut {
 		m := j.opts.Modalities[k]
 		mo := &out.mods[k]
 		rows := length * int64(m.Rate)
+		if m.PerClip {
+			rows = 1
+		}
 		frameElems := 1
 		for _, d := range a.FrameShape() {
 			frameElems *= d
@@ -293,7 +313,7 @@ func (j *job) checkStats(m Modality, c converted) error {
 // streamed reports whether the source of modality m at path is converted
 // a piece at a time: a .npy file larger than j.streamMin.
 func (j *job) streamed(m Modality, path string) bool {
-	if f, _ := formats.FormatOf(path); f != formats.NPY || m.Keys != "" {
+	if f, _ := formats.FormatOf(path); f != formats.NPY || m.Keys != "" || m.PerClip {
 		return false
 	}
 	st, err := os.Stat(path)

@@ -88,10 +88,14 @@ func (j *job) finalize(w *writer) (*manifests.Dataset, error) {
 			w.earlyHashed++
 		}
 		fb, _ := array.ByteSize(st.frameShape, st.dtype.Size)
+		rate := m.Rate
+		if m.PerClip {
+			rate = 0
+		}
 		d.Modalities = append(d.Modalities, manifests.Modality{
 			Name: m.Name, File: m.Name + ".npy", DType: st.dtype.Descr(), SourceDType: strings.Join(st.descrs, ","),
-			FrameShape: append([]int{}, st.frameShape...), Rate: m.Rate, Rows: st.rows, DataOffset: npy.DataAlign,
-			Size: npy.DataAlign + st.rows*fb, Template: m.Template, Keys: m.Keys,
+			FrameShape: append([]int{}, st.frameShape...), Rate: rate, Rows: st.rows, DataOffset: npy.DataAlign,
+			Size: npy.DataAlign + st.rows*fb, Template: m.Template, Keys: m.Keys, PerClip: m.PerClip,
 		})
 		d.Stats[m.Name] = manifests.Stats(st.stats)
 	}

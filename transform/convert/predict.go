@@ -28,7 +28,7 @@ var predictMinClipBytes int64 = 256 << 10
 func (j *job) predictRows(ctx context.Context, from int, base int64) []int64 {
 	src := -1
 	for k, m := range j.opts.Modalities {
-		if f, _ := formats.FormatOf(m.Template); f == formats.NPY {
+		if f, _ := formats.FormatOf(m.Template); f == formats.NPY && !m.PerClip {
 			src = k
 			break
 		}
@@ -54,6 +54,9 @@ func (j *job) predictRows(ctx context.Context, from int, base int64) []int64 {
 	pred := make([]int64, len(j.opts.Modalities))
 	for k, m := range j.opts.Modalities {
 		pred[k] = frames * int64(m.Rate)
+		if m.PerClip {
+			pred[k] = int64(len(j.clips)) // one row a clip (unless clips are skipped)
+		}
 	}
 	return pred
 }

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"time"
 
 	"github.com/clipshard/clipshard/formats"
@@ -143,6 +144,9 @@ func newJob(o Options) (*job, error) {
 	case "strict", "trim":
 	default:
 		return nil, fmt.Errorf("%w: --align %q: want strict or trim", ErrUsage, o.Align)
+	}
+	if !slices.ContainsFunc(o.Modalities, func(m Modality) bool { return !m.PerClip }) {
+		return nil, fmt.Errorf("%w: every modality is per clip (@clip); at least one must have frames, to give the clips their length", ErrUsage)
 	}
 	seen := map[string]bool{}
 	for _, m := range o.Modalities {

@@ -31,7 +31,7 @@ var ErrUsage = errors.New("convert: usage")
 // missing, unreadable, refused or inconsistent.
 var ErrInput = errors.New("convert: bad input")
 
-// Modality is one --modality NAME[@RATE]=TEMPLATE[:KEYS].
+// Modality is one --modality NAME[@RATE|@clip]=TEMPLATE[:KEYS].
 type Modality struct {
 	Name     string `json:"name"`
 	Rate     int    `json:"rate"`
@@ -39,6 +39,11 @@ type Modality struct {
 	Keys     string `json:"keys"`
 	// KeepDType keeps the source dtype instead of converting to float16.
 	KeepDType bool `json:"keep_dtype"`
+	// PerClip (NAME@clip=...) marks a per-clip modality: its source holds
+	// one value per clip (a scalar, or an array of any shape, such as
+	// identity coefficients [100]), stored as one row per clip; it plays
+	// no part in the clips' lengths. Rate is 1 and unused.
+	PerClip bool `json:"per_clip,omitempty"`
 }
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]*$`)
@@ -66,18 +71,20 @@ func CheckName(name string) error {
 	return nil
 }
 
-// ParseModality parses NAME[@RATE]=TEMPLATE[:KEYS]. TEMPLATE must contain
+// ParseModality parses NAME[@RATE|@clip]=TEMPLATE[:KEYS]. TEMPLATE must contain
 // {clip} and end in .npy, .pkl or .pickle; KEYS follow a pickle template.
 func ParseModality(s string) (Modality, error) {
 	lhs, tmpl, ok := strings.Cut(s, "=")
 	if !ok || lhs == "" || tmpl == "" {
-		return Modality{}, fmt.Errorf("%w: modality %q: want NAME[@RATE]=TEMPLATE[:KEYS]", ErrUsage, s)
+		return Modality{}, fmt.Errorf("%w: modality %q: want NAME[@RATE|@clip]=TEMPLATE[:KEYS]", ErrUsage, s)
 	}
 	m := Modality{Name: lhs, Rate: 1}
-	if name, rate, ok := strings.Cut(lhs, "@"); ok {
+	if name, rate, ok := strings.Cut(lhs, "@"); ok && rate == "clip" {
+		m.Name, m.PerClip = name, true
+	} else if ok {
 		r, err := strconv.Atoi(rate)
 		if err != nil || r < 1 {
-			return Modality{}, fmt.Errorf("%w: modality %q: rate %q is not an integer >= 1", ErrUsage, s, rate)
+			return Modality{}, fmt.Errorf("%w: modality %q: rate %q is not an integer >= 1 (or \"clip\": one value per clip)", ErrUsage, s, rate)
 		}
 		m.Name, m.Rate = name, r
 	}

@@ -47,7 +47,8 @@ func (j *job) gatherInMemory(ctx context.Context, s *sink) error {
 				return ctx.Err()
 			}
 			for k, m := range j.mods {
-				win[k] = rows(k, (j.starts[smp.Clip]+smp.Start)*m.rate, smp.Valid*m.rate)
+				first, n := j.sampleRows(m, smp)
+				win[k] = rows(k, first, n)
 			}
 			if err := c.put(win); err != nil {
 				return err

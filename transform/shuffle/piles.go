@@ -223,8 +223,9 @@ func (j *job) external(ctx context.Context, s *sink) error {
 				}
 				for k, m := range j.mods {
 					at := p*nm + k
-					first := (j.starts[c]+smp.Start)*m.rate - ch.first[k]
-					n := smp.Valid * m.rate * m.rowBytes
+					first, rows := j.sampleRows(m, smp)
+					first -= ch.first[k]
+					n := rows * m.rowBytes
 					if n > 0 {
 						pending[at] = append(pending[at], ch.rows[k][first*m.rowBytes:first*m.rowBytes+n])
 					}

@@ -26,11 +26,12 @@ import (
 type modInfo struct {
 	name       string
 	file       string
-	rate       int64
+	rate       int64 // rows per clip frame; 0 for a per-clip modality
+	perClip    bool  // one row per clip: a sample takes its clip's row
 	frameShape []int
 	dtype      array.DType
 	rowBytes   int64 // bytes per blob row
-	winBytes   int64 // bytes per sample window: W*rate rows
+	winBytes   int64 // bytes per sample: W*rate rows (one row if perClip)
 	dataOffset int64
 }
 
@@ -125,8 +126,11 @@ func newJob(o Options) (*job, error) {
 		if err != nil {
 			return nil, err
 		}
-		mi := modInfo{name: m.Name, file: m.File, rate: int64(m.Rate), frameShape: m.FrameShape, dtype: dt,
+		mi := modInfo{name: m.Name, file: m.File, rate: int64(m.Rate), perClip: m.PerClip, frameShape: m.FrameShape, dtype: dt,
 			rowBytes: rb, winBytes: int64(o.Sampling.Window) * int64(m.Rate) * rb, dataOffset: m.DataOffset}
+		if m.PerClip {
+			mi.rate, mi.winBytes = 0, rb
+		}
 		if err := j.checkBlob(mi, m.Rows); err != nil {
 			return nil, err
 		}
@@ -157,8 +161,11 @@ func (j *job) checkBlob(m modInfo, rows int64) error {
 	if m.rowBytes <= 0 {
 		return bad("modality %q: frame shape %v holds no values", m.name, m.frameShape)
 	}
-	if want := j.ds.Frames * m.rate; rows != want {
+	if want := j.ds.Frames * m.rate; !m.perClip && rows != want {
 		return bad("dataset.json says %d rows, but %d frames at rate %d make %d", rows, j.ds.Frames, m.rate, want)
+	}
+	if m.perClip && rows != j.ds.Clips {
+		return bad("dataset.json says %d rows for per-clip modality %q, but there are %d clips", rows, m.name, j.ds.Clips)
 	}
 	f, fi, err := regfile.Open(path)
 	if err != nil {
@@ -186,8 +193,21 @@ func (j *job) checkBlob(m modInfo, rows int64) error {
 	}
 	have := max(0, (fi.Size()-m.dataOffset)/m.rowBytes) // whole rows present
 	c := sort.Search(len(j.starts), func(c int) bool { return (j.starts[c]+j.lengths[c])*m.rate > have })
+	if m.perClip {
+		c = int(have)
+	}
+	first, _ := j.sampleRows(m, manifests.Sample{Clip: int64(min(c, len(j.starts)-1))})
 	return fmt.Errorf("%w: %s: %d bytes, dataset.json needs %d: the rows of clip %d on (from byte %d) are missing (run verify)",
-		manifests.ErrManifest, path, fi.Size(), need, c, m.dataOffset+j.starts[min(c, len(j.starts)-1)]*m.rate*m.rowBytes)
+		manifests.ErrManifest, path, fi.Size(), need, c, m.dataOffset+first*m.rowBytes)
+}
+
+// sampleRows returns the rows of m's blob that sample smp takes: its
+// window's valid rows, or, for a per-clip modality, its clip's row.
+func (j *job) sampleRows(m modInfo, smp manifests.Sample) (first, n int64) {
+	if m.perClip {
+		return smp.Clip, 1
+	}
+	return (j.starts[smp.Clip] + smp.Start) * m.rate, smp.Valid * m.rate
 }
 
 // readErr words a failed read of a blob from byte off on, where clip
@@ -234,15 +254,11 @@ func (j *job) whole(x manifests.EpochEntry) bool {
 				if m == nil {
 					return false
 				}
-				dt, _, err := array.ParseDescr(m.DType)
+				sb, err := m.SampleBytes()
 				if err != nil {
 					return false
 				}
-				rb, err := array.ByteSize(m.FrameShape, dt.Size)
-				if err != nil {
-					return false
-				}
-				want = int64(npy.DataAlign) + int64(sh.Samples)*int64(m.WindowRows)*rb
+				want = int64(npy.DataAlign) + int64(sh.Samples)*sb
 			}
 			st, err := os.Lstat(filepath.Join(j.o.Out, filepath.FromSlash(rel)))
 			if err != nil || !st.Mode().IsRegular() || st.Size() != want {

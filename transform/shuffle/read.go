@@ -95,9 +95,14 @@ func (j *job) readChunks(limit int64) (<-chan *chunk, func(), error) {
 			for k, m := range j.mods {
 				first := g0 * m.rate
 				n := (end - g0) * m.rate * m.rowBytes
+				if m.perClip {
+					// The rows of the clips the run's frames belong to.
+					first = int64(clipAt(g0))
+					n = (int64(clipAt(end-1)) + 1 - first) * m.rowBytes
+				}
 				ch.first[k] = first
 				if int64(cap(ch.rows[k])) < n {
-					ch.rows[k] = make([]byte, n, max(n, (step+w)*m.rate*m.rowBytes))
+					ch.rows[k] = make([]byte, n, max(n, (step+w)*max(1, m.rate)*m.rowBytes))
 				}
 				ch.rows[k] = ch.rows[k][:n]
 				if _, err := files[k].ReadAt(ch.rows[k], m.dataOffset+first*m.rowBytes); err != nil {

@@ -49,11 +49,11 @@ func Open(dir string, epoch int) (*Reader, error) {
 	r := &Reader{dir: dir, man: man, shards: append([]manifests.ShardEntry(nil), entry.Shards...)}
 	sort.Slice(r.shards, func(a, b int) bool { return r.shards[a].Shard < r.shards[b].Shard })
 	for _, m := range man.Modalities {
-		n := m.WindowRows * 2
-		for _, d := range m.FrameShape {
-			n *= d
+		n, err := m.SampleBytes()
+		if err != nil {
+			return nil, fmt.Errorf("shuffle: %s: modality %q: %w", dir, m.Name, err)
 		}
-		r.sizes = append(r.sizes, n)
+		r.sizes = append(r.sizes, int(n))
 	}
 	return r, nil
 }

@@ -110,6 +110,9 @@ func (j *job) shardPath(u unit, what string) string {
 
 // shardShape is the shape of modality m's file of a shard of n samples.
 func (j *job) shardShape(m modInfo, n int) []int {
+	if m.perClip {
+		return append([]int{n}, m.frameShape...)
+	}
 	return append([]int{n, int(int64(j.o.Sampling.Window) * m.rate)}, m.frameShape...)
 }
 
