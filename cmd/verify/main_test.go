@@ -390,3 +390,34 @@ func TestEpochCorruption(t *testing.T) {
 		}
 	})
 }
+
+// TestKeptDTypeEpochs: --deep compares the shards of a --keep-dtype
+// modality (float64 rows, not float16) with the dataset row for row; it
+// used to read them as 2-byte rows and report every sample.
+func TestKeptDTypeEpochs(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "src")
+	clitest.CopyTree(t, filepath.Join("..", "..", "testdata", "demo"), src)
+	var mods []convert.Modality
+	for _, s := range []string{"motion=motion/{clip}.pkl:exp+pose", "emotion=emotion/{clip}.npy"} {
+		m, err := convert.ParseModality(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.KeepDType = m.Name == "emotion"
+		mods = append(mods, m)
+	}
+	ds := filepath.Join(t.TempDir(), "ds")
+	if _, err := convert.Run(context.Background(), convert.Options{ClipList: filepath.Join(src, "clips.txt"), Out: ds, Modalities: mods}); err != nil {
+		t.Fatal(err)
+	}
+	ep := shuffleDemo(t, ds, 7)
+	if r := verify(t, "--deep", ep); r.Code != 0 {
+		t.Fatalf("intact epochs of a kept float64 modality: %d %s", r.Code, r.Stdout)
+	}
+	f := "epoch-0000/shard-00001.emotion.npy" // [4, 15, 8] float64
+	flipByte(t, filepath.Join(ep, f), 4096+15*8*8+3*8+7)
+	rewriteSums(t, ep, f)
+	if r := verify(t, "--deep", ep); r.Code != 1 || !strings.Contains(r.Stdout, f+": clip") || !strings.Contains(r.Stdout, "sample 1 (clip") {
+		t.Fatalf("a changed float64 value: %d %s", r.Code, r.Stdout)
+	}
+}
