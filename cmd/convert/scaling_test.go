@@ -1,6 +1,7 @@
 package main_test
 
 import (
+	"debug/elf"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/clipshard/clipshard/internal/numpytest"
 )
 
 // buildTools builds shuffle and verify next to the convert binary under
@@ -114,55 +117,133 @@ func TestSlurmScripts(t *testing.T) {
 	}
 }
 
-// TestKubernetesIndexedJob runs the container command of
-// docs/scaling/convert-job.yaml once per completion index, as the Indexed
-// Job would (with /data mapped to a local folder), then the merge.
+// TestKubernetesIndexedJob runs docs/scaling/convert-job.yaml's pods as
+// the Indexed Job would start them (the ConfigMap's variables, and
+// JOB_COMPLETION_INDEX, in the environment of the container's command,
+// with /data mapped to a local folder), then merge-job.yaml's pod, with
+// binaries built by the Dockerfile's go build line (and checked static):
+// the merged, verified dataset equals a single-process convert.
 func TestKubernetesIndexedJob(t *testing.T) {
-	path := buildTools(t)
-	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "scaling", "convert-job.yaml"))
+	numpytest.Module(t, "yaml", "python3-yaml")
+	scaling := filepath.Join("..", "..", "docs", "scaling")
+	var docs []struct {
+		Kind     string `json:"kind"`
+		Metadata struct{ Name string }
+		Data     map[string]string `json:"data"`
+		Spec     struct {
+			Completions    *int   `json:"completions"`
+			CompletionMode string `json:"completionMode"`
+			Template       struct {
+				Spec struct {
+					SecurityContext struct {
+						RunAsNonRoot bool `json:"runAsNonRoot"`
+						RunAsUser    int  `json:"runAsUser"`
+					} `json:"securityContext"`
+					Containers []struct {
+						Image   string
+						Command []string
+						Args    []string
+						EnvFrom []struct {
+							ConfigMapRef struct{ Name string } `json:"configMapRef"`
+						} `json:"envFrom"`
+					}
+				}
+			}
+		}
+	}
+	out := numpytest.Run(t, filepath.Join("..", "..", "testdata", "k8s_docs.py"),
+		filepath.Join(scaling, "convert-job.yaml"), filepath.Join(scaling, "merge-job.yaml"))
+	if err := json.Unmarshal(out, &docs); err != nil || len(docs) != 3 || docs[0].Kind != "ConfigMap" || docs[1].Kind != "Job" || docs[2].Kind != "Job" {
+		t.Fatalf("want a ConfigMap and two Jobs: %v %s", err, out)
+	}
+	cm, conv, merge := docs[0], docs[1], docs[2]
+	n, err := strconv.Atoi(cm.Data["PARTS_COUNT"])
+	if conv.Spec.Completions == nil || conv.Spec.CompletionMode != "Indexed" || err != nil || *conv.Spec.Completions != n {
+		t.Fatalf("convert Job: completions %v (%s), PARTS_COUNT %q: want an Indexed Job with completions = PARTS_COUNT",
+			conv.Spec.Completions, conv.Spec.CompletionMode, cm.Data["PARTS_COUNT"])
+	}
+	for _, j := range []int{1, 2} {
+		ps := docs[j].Spec.Template.Spec
+		if len(ps.Containers) != 1 || !ps.SecurityContext.RunAsNonRoot || ps.SecurityContext.RunAsUser == 0 ||
+			len(ps.Containers[0].EnvFrom) != 1 || ps.Containers[0].EnvFrom[0].ConfigMapRef.Name != cm.Metadata.Name ||
+			ps.Containers[0].Image != conv.Spec.Template.Spec.Containers[0].Image {
+			t.Fatalf("%s: want one container of the same image, non-root, its environment from ConfigMap %q: %+v", docs[j].Metadata.Name, cm.Metadata.Name, ps)
+		}
+	}
+
+	// The Dockerfile's build, static binaries in /clipshard/bin, non-root.
+	df, err := os.ReadFile(filepath.Join("..", "..", "Dockerfile"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := regexp.MustCompile(`(?m)^  completions: (\d+)$`).FindSubmatch(b)
-	c := regexp.MustCompile(`(?m)^\s+command: (\[.*\])$`).FindSubmatch(b)
-	if m == nil || c == nil {
-		t.Fatal("convert-job.yaml: no completions or command line")
+	build := regexp.MustCompile(`(?m)^RUN CGO_ENABLED=0 (go build .*) -o /out/ (.*)$`).FindSubmatch(df)
+	if build == nil || !regexp.MustCompile(`(?m)^COPY --from=build /out/ /clipshard/bin/$`).Match(df) ||
+		!regexp.MustCompile(`(?m)^USER [1-9][0-9]*:[1-9][0-9]*$`).Match(df) {
+		t.Fatal("Dockerfile: want RUN CGO_ENABLED=0 go build ... -o /out/ ./cmd/..., COPY --from=build /out/ /clipshard/bin/, and a numeric non-root USER")
 	}
-	n, _ := strconv.Atoi(string(m[1]))
-	var command []string
-	if err := json.Unmarshal(c[1], &command); err != nil {
-		t.Fatalf("command is not a flow list: %v", err)
+	binDir := t.TempDir()
+	args := append(strings.Fields(string(build[1]))[1:], "-o", binDir+"/")
+	args = append(args, strings.Fields(string(build[2]))...)
+	cmd := exec.Command("go", args...)
+	cmd.Dir = filepath.Join("..", "..")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("the Dockerfile's go %v: %v\n%s", args, err, b)
 	}
+	for _, c := range []string{"convert", "shuffle", "verify"} {
+		f, err := elf.Open(filepath.Join(binDir, c))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range f.Progs {
+			if p.Type == elf.PT_INTERP {
+				t.Errorf("%s is dynamically linked: busybox has no loader for it", c)
+			}
+		}
+		f.Close()
+	}
+
+	// The pods, as Kubernetes would start them.
 	data := copyDemo(t)
-	binDir := strings.TrimPrefix(path, "CLIPSHARD_BIN=")
-	for i := range command {
-		command[i] = strings.ReplaceAll(command[i], "/data", data)
-		command[i] = strings.ReplaceAll(command[i], "/clipshard/bin", binDir)
+	env := []string{"SOURCE_DATE_EPOCH=1700000000"}
+	for k, v := range cm.Data {
+		if v == "/data" || strings.HasPrefix(v, "/data/") {
+			v = data + strings.TrimPrefix(v, "/data")
+		}
+		env = append(env, k+"="+v)
 	}
+	pod := func(c []string, extra ...string) ([]byte, error) {
+		args := append([]string{}, c...)
+		for i := range args {
+			args[i] = strings.ReplaceAll(args[i], "/clipshard/bin/", binDir+"/")
+		}
+		cmd := exec.Command(args[0], args[1:]...)
+		cmd.Env = append(append(os.Environ(), env...), extra...)
+		return cmd.CombinedOutput()
+	}
+	convC, mergeC := conv.Spec.Template.Spec.Containers[0], merge.Spec.Template.Spec.Containers[0]
 	var wg sync.WaitGroup
-	for i := 0; i < n; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			cmd := exec.Command(command[0], command[1:]...)
-			cmd.Env = append(os.Environ(), fmt.Sprintf("JOB_COMPLETION_INDEX=%d", i), "SOURCE_DATE_EPOCH=1700000000")
-			if out, err := cmd.CombinedOutput(); err != nil {
+	for i := range n {
+		wg.Go(func() {
+			if out, err := pod(append(convC.Command, convC.Args...), fmt.Sprintf("JOB_COMPLETION_INDEX=%d", i)); err != nil {
 				t.Errorf("index %d: %v\n%s", i, err, out)
 			}
-		}()
+		})
 	}
 	wg.Wait()
-	partDirs, _ := filepath.Glob(filepath.Join(data, "parts", "part-*"))
-	if len(partDirs) != n {
-		t.Fatalf("%d parts, want %d", len(partDirs), n)
+	if t.Failed() {
+		return
 	}
-	merged := filepath.Join(t.TempDir(), "dataset")
-	if r := runConvert(t, nil, append(append([]string{"--merge"}, partDirs...), "--out", merged)...); r.Code != 0 {
-		t.Fatal(r.Stderr)
+	if out, err := pod(append(mergeC.Command, mergeC.Args...)); err != nil {
+		t.Fatalf("merge pod: %v\n%s", err, out)
 	}
 	single := filepath.Join(t.TempDir(), "single")
-	if r := runConvert(t, nil, demoArgs(data, single)...); r.Code != 0 {
+	sargs := []string{"--clips", filepath.Join(data, "clips.txt"), "--root", data, "--out", single, "--quiet"}
+	for _, m := range strings.Fields(cm.Data["MODALITIES"]) {
+		sargs = append(sargs, "-m", m)
+	}
+	if r := runConvert(t, nil, sargs...); r.Code != 0 {
 		t.Fatal(r.Stderr)
 	}
-	sameTree(t, snapshot(t, single), snapshot(t, merged), "Indexed Job parts + merge vs one process")
+	sameTree(t, snapshot(t, single), snapshot(t, filepath.Join(data, "dataset")), "Indexed Job parts + merge Job vs one process")
 }
