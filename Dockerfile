@@ -5,14 +5,14 @@
 # stage 2 is busybox, for the POSIX sh that the Jobs' scripts need, and
 # runs as an unprivileged user (65532). The test of the Jobs
 # (cmd/convert/scaling_test.go) builds with this file's go build line.
-FROM golang:1.26-bookworm AS build
+FROM golang:1.26 AS build
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
 RUN CGO_ENABLED=0 go build -trimpath -ldflags=-s -o /out/ ./cmd/convert ./cmd/shuffle ./cmd/verify
 
-FROM busybox:1.37-musl
+FROM busybox:1.37
 COPY --from=build /out/ /clipshard/bin/
 USER 65532:65532
 WORKDIR /tmp
