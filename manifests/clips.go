@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 
 	"github.com/apache/arrow-go/v18/parquet"
 	"github.com/apache/arrow-go/v18/parquet/compress"
@@ -34,6 +35,13 @@ type ClipSource struct {
 	Path    string // source path as resolved
 	Size    int64
 	MtimeNS int64
+	// The conversion's audit of the clip's rows: the source dtype and the
+	// stats over the rows kept (what an incremental convert needs to
+	// reuse the rows without decoding the source again). Audited is false
+	// for a clips.parquet written before these columns existed.
+	Audited bool
+	Descr   string
+	Stats   Stats
 }
 
 type colKind int
@@ -42,29 +50,45 @@ const (
 	colString colKind = iota
 	colInt64
 	colUint64
+	colDouble
 )
 
 type column struct {
-	name string
-	kind colKind
-	get  func(r *ClipRow) any
+	name     string
+	kind     colKind
+	get      func(r *ClipRow) any
+	set      func(r *ClipRow, v any)
+	audit    int // the modality whose audit the column holds, plus one (0: not an audit column)
+	optional bool
 }
 
 func clipColumns(modalities []string) []column {
 	cols := []column{
-		{"clip", colString, func(r *ClipRow) any { return r.Clip }},
-		{"start", colInt64, func(r *ClipRow) any { return r.Start }},
-		{"length", colInt64, func(r *ClipRow) any { return r.Length }},
-		{"trimmed", colInt64, func(r *ClipRow) any { return r.Trimmed }},
+		{name: "clip", kind: colString, get: func(r *ClipRow) any { return r.Clip }, set: func(r *ClipRow, v any) { r.Clip = v.(string) }},
+		{name: "start", kind: colInt64, get: func(r *ClipRow) any { return r.Start }, set: func(r *ClipRow, v any) { r.Start = v.(int64) }},
+		{name: "length", kind: colInt64, get: func(r *ClipRow) any { return r.Length }, set: func(r *ClipRow, v any) { r.Length = v.(int64) }},
+		{name: "trimmed", kind: colInt64, get: func(r *ClipRow) any { return r.Trimmed }, set: func(r *ClipRow, v any) { r.Trimmed = v.(int64) }},
 	}
 	for i, m := range modalities {
-		i := i
+		src := func(r *ClipRow) *ClipSource { return &r.Sources[i] }
 		cols = append(cols,
-			column{m + "_xxh64", colUint64, func(r *ClipRow) any { return r.Sources[i].XXH64 }},
-			column{m + "_source", colString, func(r *ClipRow) any { return r.Sources[i].Path }},
-			column{m + "_source_size", colInt64, func(r *ClipRow) any { return r.Sources[i].Size }},
-			column{m + "_source_mtime_ns", colInt64, func(r *ClipRow) any { return r.Sources[i].MtimeNS }},
+			column{name: m + "_xxh64", kind: colUint64, get: func(r *ClipRow) any { return src(r).XXH64 }, set: func(r *ClipRow, v any) { src(r).XXH64 = uint64(v.(int64)) }},
+			column{name: m + "_source", kind: colString, get: func(r *ClipRow) any { return src(r).Path }, set: func(r *ClipRow, v any) { src(r).Path = v.(string) }},
+			column{name: m + "_source_size", kind: colInt64, get: func(r *ClipRow) any { return src(r).Size }, set: func(r *ClipRow, v any) { src(r).Size = v.(int64) }},
+			column{name: m + "_source_mtime_ns", kind: colInt64, get: func(r *ClipRow) any { return src(r).MtimeNS }, set: func(r *ClipRow, v any) { src(r).MtimeNS = v.(int64) }},
 		)
+		audit := []column{
+			{name: m + "_source_dtype", kind: colString, get: func(r *ClipRow) any { return src(r).Descr }, set: func(r *ClipRow, v any) { src(r).Descr = v.(string) }},
+			{name: m + "_nan", kind: colInt64, get: func(r *ClipRow) any { return src(r).Stats.NaN }, set: func(r *ClipRow, v any) { src(r).Stats.NaN = v.(int64) }},
+			{name: m + "_inf_in", kind: colInt64, get: func(r *ClipRow) any { return src(r).Stats.InfIn }, set: func(r *ClipRow, v any) { src(r).Stats.InfIn = v.(int64) }},
+			{name: m + "_overflow", kind: colInt64, get: func(r *ClipRow) any { return src(r).Stats.Overflow }, set: func(r *ClipRow, v any) { src(r).Stats.Overflow = v.(int64) }},
+			{name: m + "_underflow", kind: colInt64, get: func(r *ClipRow) any { return src(r).Stats.Underflow }, set: func(r *ClipRow, v any) { src(r).Stats.Underflow = v.(int64) }},
+			{name: m + "_max_abs", kind: colDouble, get: func(r *ClipRow) any { return src(r).Stats.MaxAbs }, set: func(r *ClipRow, v any) { src(r).Stats.MaxAbs = v.(float64) }},
+		}
+		for k := range audit {
+			audit[k].audit, audit[k].optional = i+1, true
+		}
+		cols = append(cols, audit...)
 	}
 	return cols
 }
@@ -80,6 +104,8 @@ func parquetSchema(cols []column) (*schema.GroupNode, error) {
 			fields[i], err = schema.NewPrimitiveNodeLogical(c.name, parquet.Repetitions.Required, schema.NewIntLogicalType(64, true), parquet.Types.Int64, -1, -1)
 		case colUint64:
 			fields[i], err = schema.NewPrimitiveNodeLogical(c.name, parquet.Repetitions.Required, schema.NewIntLogicalType(64, false), parquet.Types.Int64, -1, -1)
+		case colDouble:
+			fields[i], err = schema.NewPrimitiveNode(c.name, parquet.Repetitions.Required, parquet.Types.Double, -1, -1)
 		}
 		if err != nil {
 			return nil, err
@@ -89,9 +115,16 @@ func parquetSchema(cols []column) (*schema.GroupNode, error) {
 }
 
 // WriteClips writes clips.parquet atomically: the columns of docs/FORMAT.md
-// for the given modality names, one row group.
+// for the given modality names, one row group. A modality's audit columns
+// are written when every row's source is Audited.
 func WriteClips(path string, modalities []string, rows []ClipRow) error {
-	cols := clipColumns(modalities)
+	var cols []column
+	for _, c := range clipColumns(modalities) {
+		if c.audit > 0 && slices.ContainsFunc(rows, func(r ClipRow) bool { return !r.Sources[c.audit-1].Audited }) {
+			continue
+		}
+		cols = append(cols, c)
+	}
 	table := make([]Column, len(cols))
 	for ci, c := range cols {
 		table[ci] = Column{Name: c.name, Unsigned: c.kind == colUint64}
@@ -103,20 +136,27 @@ func WriteClips(path string, modalities []string, rows []ClipRow) error {
 				table[ci].Ints = append(table[ci].Ints, v)
 			case uint64:
 				table[ci].Ints = append(table[ci].Ints, int64(v))
+			case float64:
+				table[ci].Floats = append(table[ci].Floats, v)
 			}
 		}
 		if c.kind == colString && table[ci].Strings == nil {
 			table[ci].Strings = []string{}
+		}
+		if c.kind == colDouble && table[ci].Floats == nil {
+			table[ci].Floats = []float64{}
 		}
 	}
 	return WriteTable(path, table)
 }
 
 // Column is one column of a table for WriteTable: Strings for a string
-// column, else Ints (int64, or uint64 bits when Unsigned).
+// column, Floats for a double one, else Ints (int64, or uint64 bits when
+// Unsigned).
 type Column struct {
 	Name     string
 	Strings  []string
+	Floats   []float64
 	Ints     []int64
 	Unsigned bool
 }
@@ -130,6 +170,8 @@ func WriteTable(path string, table []Column) (err error) {
 		switch {
 		case c.Strings != nil:
 			cols[i].kind = colString
+		case c.Floats != nil:
+			cols[i].kind = colDouble
 		case c.Unsigned:
 			cols[i].kind = colUint64
 		}
@@ -174,6 +216,8 @@ func WriteTable(path string, table []Column) (err error) {
 				vals[k] = parquet.ByteArray(v)
 			}
 			_, err = cw.(*file.ByteArrayColumnChunkWriter).WriteBatch(vals, nil, nil)
+		} else if cols[i].kind == colDouble {
+			_, err = cw.(*file.Float64ColumnChunkWriter).WriteBatch(c.Floats, nil, nil)
 		} else {
 			_, err = cw.(*file.Int64ColumnChunkWriter).WriteBatch(c.Ints, nil, nil)
 		}
@@ -194,7 +238,9 @@ func WriteTable(path string, table []Column) (err error) {
 }
 
 // ReadClips reads clips.parquet and checks that it has the columns of the
-// given modalities.
+// given modalities. A modality's audit columns are optional (earlier
+// versions did not write them): without all of them, its sources are not
+// Audited.
 func ReadClips(path string, modalities []string) (rows []ClipRow, err error) {
 	defer func() {
 		if r := recover(); r != nil {
@@ -214,10 +260,17 @@ func ReadClips(path string, modalities []string) (rows []ClipRow, err error) {
 	cols := clipColumns(modalities)
 	sch := rd.MetaData().Schema
 	idx := make([]int, len(cols))
+	audited := make([]bool, len(modalities))
+	for i := range audited {
+		audited[i] = true
+	}
 	for i, c := range cols {
 		idx[i] = sch.ColumnIndexByName(c.name)
-		if idx[i] < 0 {
+		if idx[i] < 0 && !c.optional {
 			return nil, fmt.Errorf("%w: %s: no column %q", ErrManifest, path, c.name)
+		}
+		if idx[i] < 0 {
+			audited[c.audit-1] = false
 		}
 	}
 	n := rd.NumRows()
@@ -227,6 +280,9 @@ func ReadClips(path string, modalities []string) (rows []ClipRow, err error) {
 	rows = make([]ClipRow, n)
 	for i := range rows {
 		rows[i].Sources = make([]ClipSource, len(modalities))
+		for k := range modalities {
+			rows[i].Sources[k].Audited = audited[k]
+		}
 	}
 	base := 0
 	for g := 0; g < rd.NumRowGroups(); g++ {
@@ -236,11 +292,14 @@ func ReadClips(path string, modalities []string) (rows []ClipRow, err error) {
 			return nil, fmt.Errorf("%w: %s: row groups hold more rows than the footer says", ErrManifest, path)
 		}
 		for ci, c := range cols {
+			if c.audit > 0 && !audited[c.audit-1] {
+				continue
+			}
 			cr, err := rg.Column(idx[ci])
 			if err != nil {
 				return nil, fmt.Errorf("%w: %s: column %q: %w", ErrManifest, path, c.name, err)
 			}
-			if err := readColumn(cr, c, rows[base:base+m], ci, len(modalities)); err != nil {
+			if err := readColumn(cr, c, rows[base:base+m]); err != nil {
 				return nil, fmt.Errorf("%w: %s: column %q: %w", ErrManifest, path, c.name, err)
 			}
 		}
@@ -252,31 +311,8 @@ func ReadClips(path string, modalities []string) (rows []ClipRow, err error) {
 	return rows, nil
 }
 
-func readColumn(cr file.ColumnChunkReader, c column, rows []ClipRow, ci, nmod int) error {
-	set := func(r *ClipRow, v any) {
-		switch ci {
-		case 0:
-			r.Clip = v.(string)
-		case 1:
-			r.Start = v.(int64)
-		case 2:
-			r.Length = v.(int64)
-		case 3:
-			r.Trimmed = v.(int64)
-		default:
-			s := &r.Sources[(ci-4)/4]
-			switch (ci - 4) % 4 {
-			case 0:
-				s.XXH64 = uint64(v.(int64))
-			case 1:
-				s.Path = v.(string)
-			case 2:
-				s.Size = v.(int64)
-			case 3:
-				s.MtimeNS = v.(int64)
-			}
-		}
-	}
+func readColumn(cr file.ColumnChunkReader, c column, rows []ClipRow) error {
+	set := c.set
 	n := len(rows)
 	switch c.kind {
 	case colString:
@@ -290,6 +326,18 @@ func readColumn(cr file.ColumnChunkReader, c column, rows []ClipRow, ci, nmod in
 		}
 		for i := range rows {
 			set(&rows[i], string(vals[i]))
+		}
+	case colDouble:
+		r, ok := cr.(*file.Float64ColumnChunkReader)
+		if !ok {
+			return errors.New("not a double column")
+		}
+		vals, err := readValues(n, func(b int64, v []float64, d []int16) (int64, int, error) { return r.ReadBatch(b, v, d, nil) })
+		if err != nil {
+			return err
+		}
+		for i := range rows {
+			set(&rows[i], vals[i])
 		}
 	default:
 		r, ok := cr.(*file.Int64ColumnChunkReader)

@@ -15,8 +15,12 @@ import (
 
 func sampleRows() []manifests.ClipRow {
 	return []manifests.ClipRow{
-		{Clip: "a", Start: 0, Length: 10, Sources: []manifests.ClipSource{{XXH64: 0xffffffffffffffff, Path: "/d/a.pkl", Size: 5, MtimeNS: 1700000000123456789}, {XXH64: 1, Path: "/d/a.npy", Size: 7, MtimeNS: 2}}},
-		{Clip: "b é", Start: 10, Length: 3, Trimmed: 2, Sources: []manifests.ClipSource{{XXH64: 0x8000000000000000, Path: "/d/b.pkl", Size: 6, MtimeNS: 3}, {XXH64: 42, Path: "/d/b.npy", Size: 8, MtimeNS: 4}}},
+		// motion has its audit (source dtype, stats), w2v not (as written
+		// before those columns existed).
+		{Clip: "a", Start: 0, Length: 10, Sources: []manifests.ClipSource{{XXH64: 0xffffffffffffffff, Path: "/d/a.pkl", Size: 5, MtimeNS: 1700000000123456789,
+			Audited: true, Descr: "<f4", Stats: manifests.Stats{NaN: 1, InfIn: 2, Overflow: 3, Underflow: 4, MaxAbs: 65504.5}}, {XXH64: 1, Path: "/d/a.npy", Size: 7, MtimeNS: 2}}},
+		{Clip: "b é", Start: 10, Length: 3, Trimmed: 2, Sources: []manifests.ClipSource{{XXH64: 0x8000000000000000, Path: "/d/b.pkl", Size: 6, MtimeNS: 3,
+			Audited: true, Descr: ">f8,<f2", Stats: manifests.Stats{MaxAbs: 0.1}}, {XXH64: 42, Path: "/d/b.npy", Size: 8, MtimeNS: 4}}},
 	}
 }
 
@@ -66,6 +70,7 @@ func TestClipsDuckDB(t *testing.T) {
 	}
 	want := []string{"clip:VARCHAR", "start:BIGINT", "length:BIGINT", "trimmed:BIGINT",
 		"motion_xxh64:UBIGINT", "motion_source:VARCHAR", "motion_source_size:BIGINT", "motion_source_mtime_ns:BIGINT",
+		"motion_source_dtype:VARCHAR", "motion_nan:BIGINT", "motion_inf_in:BIGINT", "motion_overflow:BIGINT", "motion_underflow:BIGINT", "motion_max_abs:DOUBLE",
 		"w2v_xxh64:UBIGINT", "w2v_source:VARCHAR", "w2v_source_size:BIGINT", "w2v_source_mtime_ns:BIGINT"}
 	if !reflect.DeepEqual(res.Columns, want) {
 		t.Fatalf("columns %v", res.Columns)
@@ -77,7 +82,9 @@ func TestClipsDuckDB(t *testing.T) {
 		d := res.Rows[i]
 		if d["clip"] != r.Clip || d["start"] != strconv.FormatInt(r.Start, 10) || d["trimmed"] != strconv.FormatInt(r.Trimmed, 10) ||
 			d["motion_xxh64"] != strconv.FormatUint(r.Sources[0].XXH64, 10) || d["w2v_source"] != r.Sources[1].Path ||
-			d["motion_source_mtime_ns"] != strconv.FormatInt(r.Sources[0].MtimeNS, 10) {
+			d["motion_source_mtime_ns"] != strconv.FormatInt(r.Sources[0].MtimeNS, 10) ||
+			d["motion_source_dtype"] != r.Sources[0].Descr || d["motion_max_abs"] != r.Sources[0].Stats.MaxAbs ||
+			d["motion_nan"] != strconv.FormatInt(r.Sources[0].Stats.NaN, 10) {
 			t.Errorf("row %d: duckdb %v, wrote %+v", i, d, r)
 		}
 	}

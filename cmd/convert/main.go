@@ -26,7 +26,9 @@ Decode every clip's sources, convert them to float16 exactly as numpy's
 astype(np.float16), and concatenate each modality along time into
 DIR/NAME.npy, with DIR/clips.parquet, DIR/index.npy, DIR/SHA256SUMS and
 DIR/dataset.json (written last). A re-run with unchanged inputs does nothing;
-a killed run resumes where it stopped.
+after a change only the clips whose sources changed are decoded (the others'
+rows are copied from the dataset in DIR); a killed run resumes where it
+stopped.
 
 Example:
   convert --clips testdata/demo/clips.txt --out /tmp/demo-ds \
@@ -144,7 +146,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	fs.StringVar(&memFlag, "mem", "256MiB", "memory for the clips in flight, a `SIZE` such as 256MiB or 1GiB (peak RSS: SIZE + 64 MiB, plus one pickle clip per worker)")
 	fs.StringVar(&checkpointFlag, "checkpoint", "16MiB", "journal finished clips every `SIZE` of output, once their rows are on file (0: every clip, waiting for it); a kill loses about twice that much work")
 	fs.StringVar(&onError, "on-error", "fail", "`fail|skip`: stop at the first bad clip, or skip it (listed in skipped.tsv)")
-	fs.BoolVar(&o.Force, "force", false, "rebuild even if the dataset is up to date")
+	fs.BoolVar(&o.Force, "force", false, "rebuild even if the dataset is up to date, decoding every clip (without it, clips whose sources are unchanged are copied from the dataset being replaced)")
 	fs.BoolVar(&quiet, "quiet", false, "no progress on stderr")
 	fs.BoolVar(&jsonOut, "json", false, "print the summary as JSON")
 	var partFlag string
@@ -293,7 +295,7 @@ func summary(w io.Writer, r *convert.Result, asJSON bool) {
 	if asJSON {
 		out := map[string]any{
 			"dir": r.Dir, "up_to_date": r.UpToDate, "clips": d.Clips, "frames": d.Frames,
-			"converted": r.Converted, "resumed": r.Resumed, "skipped": d.Skipped,
+			"converted": r.Converted, "resumed": r.Resumed, "reused": r.Reused, "reused_in_part": r.ReusedPart, "skipped": d.Skipped,
 			"bytes_in": r.BytesIn, "bytes_out": r.BytesOut, "seconds": r.Elapsed.Seconds(),
 			"stats": d.Stats, "trimmed": d.Trimmed,
 		}
@@ -313,6 +315,13 @@ func summary(w io.Writer, r *convert.Result, asJSON bool) {
 		d.Clips, d.Frames, r.Dir, r.Elapsed.Seconds(), ui.Bytes(r.BytesIn), ui.Bytes(r.BytesOut), rate)
 	if r.Resumed > 0 {
 		fmt.Fprintf(w, "resumed: %s already done by an interrupted run\n", ui.Count(int64(r.Resumed), "clip"))
+	}
+	if r.Reused+r.ReusedPart > 0 {
+		part := ""
+		if r.ReusedPart > 0 {
+			part = fmt.Sprintf(", and some modalities of %s", ui.Count(int64(r.ReusedPart), "more clip"))
+		}
+		fmt.Fprintf(w, "reused from the previous dataset (sources unchanged, not decoded): all the rows of %s%s\n", ui.Count(int64(r.Reused), "clip"), part)
 	}
 	for _, m := range d.Modalities {
 		s := d.Stats[m.Name]

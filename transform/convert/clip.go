@@ -31,6 +31,7 @@ type clipOut struct {
 	cost    int64 // budget held until written
 	bytesIn int64
 	journal []byte // the clip's journal record, encoded by the worker
+	reused  int    // modalities taken from the previous dataset
 }
 
 // modOut is one modality of a clipOut.
@@ -42,8 +43,9 @@ type modOut struct {
 	frameShape  []int
 	sourceDescr string
 	xxh         uint64
-	size        int64 // bytes of converted rows
-	stream      bool  // data is nil: the writer reads the source again (see processClip)
+	size        int64   // bytes of converted rows
+	stream      bool    // data is nil: the writer reads the source again (see processClip)
+	reuse       *reused // data is nil: the writer copies the rows from the previous dataset
 	stats       f16.Stats
 	src         manifests.ClipSource
 }
@@ -80,8 +82,24 @@ func (c *clipOut) release() {
 // and compute its hash and stats, and again by the writer (writeStream),
 // so that a clip larger than memory takes only a few pieces of it.
 func (j *job) processClip(ctx context.Context, i int) *clipOut {
+	if plan := j.planReuse(j.clips[i]); plan != nil {
+		if out := j.convertClip(ctx, i, plan); out != nil {
+			return out
+		}
+	}
+	return j.convertClip(ctx, i, nil)
+}
+
+// convertClip is processClip, with the modalities plan says taken from
+// the previous dataset (see planReuse) rather than decoded; it returns
+// nil when the plan cannot be followed (the clip's length would differ
+// from the reused rows', or they are not what was recorded), and the
+// clip is then decoded whole.
+func (j *job) convertClip(ctx context.Context, i int, plan *reusePlan) *clipOut {
 	id := j.clips[i]
 	out := &clipOut{index: i, mods: make([]modOut, len(j.opts.Modalities))}
+	reused := func(k int) bool { return plan != nil && plan.use[k] }
+	rowsOf := make([]int64, len(j.opts.Modalities)) // source rows, per modality
 	arrays := make([]*array.Array, len(j.opts.Modalities))
 	srcBufs := make([]*[]byte, len(j.opts.Modalities))
 	streams := make([]*formats.NPYRows, len(j.opts.Modalities))
@@ -109,6 +127,12 @@ func (j *job) processClip(ctx context.Context, i int) *clipOut {
 		return out
 	}
 	for k, m := range j.opts.Modalities {
+		if reused(k) {
+			// Unchanged and trimmed by nothing (see planReuse): its
+			// recorded rows are the source's.
+			rowsOf[k] = plan.row.Length * int64(m.Rate)
+			continue
+		}
 		path := m.Path(j.root, id)
 		var a *array.Array
 		var info fs.FileInfo
@@ -146,7 +170,7 @@ func (j *job) processClip(ctx context.Context, i int) *clipOut {
 			wrapped.Shape = append([]int{1}, a.Shape...)
 			a = &wrapped
 		}
-		arrays[k] = a
+		arrays[k], rowsOf[k] = a, int64(a.Rows())
 		out.mods[k].src = manifests.ClipSource{Path: path, Size: info.Size(), MtimeNS: info.ModTime().UnixNano()}
 		out.mods[k].sourceDescr = a.SourceDescr
 		out.mods[k].frameShape = a.FrameShape()
@@ -155,14 +179,26 @@ func (j *job) processClip(ctx context.Context, i int) *clipOut {
 	// Alignment, in clip frames.
 	length := int64(math.MaxInt64)
 	var longest int64
-	for k, a := range arrays {
+	for k, rows := range rowsOf {
 		if j.opts.Modalities[k].PerClip {
 			continue
 		}
 		r := int64(j.opts.Modalities[k].Rate)
-		rows := int64(a.Rows())
 		length = min(length, rows/r)
 		longest = max(longest, (rows+r-1)/r)
+	}
+	if plan != nil {
+		switch {
+		case plan.all && plan.row.Trimmed > 0:
+			// Every source as it was: cut as it was (see planReuse).
+			length, longest = plan.row.Length, plan.row.Length+plan.row.Trimmed
+		case length != plan.row.Length, length != longest && (j.opts.Align != "trim" || longest-length > j.opts.MaxTrim && j.opts.MaxTrim >= 0):
+			// A changed source changes the clip's length (the reused rows
+			// would be cut otherwise than they were), or makes it bad
+			// input: decoded whole, it gets a full rebuild's error.
+			out.release()
+			return nil
+		}
 	}
 	within := j.opts.MaxTrim < 0 || longest-length <= j.opts.MaxTrim
 	if length != longest && (j.opts.Align != "trim" || !within) {
@@ -202,6 +238,17 @@ func (j *job) processClip(ctx context.Context, i int) *clipOut {
 		if m.PerClip {
 			rows = 1
 		}
+		if reused(k) {
+			ok, err := j.reuseMod(ctx, plan, k, rows, mo)
+			if err != nil || !ok {
+				out.release()
+				return nil
+			}
+			out.bytesIn += mo.size
+			out.cost += int64(len(mo.data))
+			out.reused++
+			continue
+		}
 		frameElems := 1
 		for _, d := range a.FrameShape() {
 			frameElems *= d
@@ -234,6 +281,7 @@ func (j *job) processClip(ctx context.Context, i int) *clipOut {
 			return fail(m, mo.src.Path, err)
 		}
 		mo.src.XXH64 = mo.xxh
+		mo.src.Audited, mo.src.Descr, mo.src.Stats = true, mo.sourceDescr, manifests.Stats(mo.stats)
 		out.cost += int64(len(mo.data))
 	}
 	out.journal = out.record(id)

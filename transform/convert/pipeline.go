@@ -105,6 +105,13 @@ func (j *job) pipeline(ctx context.Context, w *writer, res *Result) error {
 			}
 			if c.err == nil {
 				res.Converted++
+				switch c.reused {
+				case 0:
+				case len(c.mods):
+					res.Reused++
+				default:
+					res.ReusedPart++
+				}
 			}
 			report("convert")
 		}

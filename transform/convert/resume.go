@@ -156,7 +156,6 @@ func (w *writer) replay(r journalRecord) error {
 		}
 		var x uint64
 		fmt.Sscanf(m.XXH64, "%x", &x)
-		row.Sources[k] = manifests.ClipSource{XXH64: x, Path: m.Path, Size: m.Size, MtimeNS: m.MtimeNS}
 		st.rows += m.Rows
 		if !slices.Contains(st.descrs, m.SourceDescr) {
 			st.descrs = append(st.descrs, m.SourceDescr)
@@ -166,6 +165,7 @@ func (w *writer) replay(r journalRecord) error {
 			return err
 		}
 		st.stats.Add(f16.Stats(s))
+		row.Sources[k] = manifests.ClipSource{XXH64: x, Path: m.Path, Size: m.Size, MtimeNS: m.MtimeNS, Audited: true, Descr: m.SourceDescr, Stats: s}
 	}
 	w.rows = append(w.rows, row)
 	w.frames += r.Length

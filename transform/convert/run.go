@@ -32,9 +32,13 @@ type Result struct {
 	UpToDate  bool // nothing changed since the last run: nothing was written
 	Resumed   int  // clips taken over from an interrupted run
 	Converted int  // clips converted by this run
-	BytesIn   int64
-	BytesOut  int64
-	Elapsed   time.Duration
+	// Reused counts the clips whose rows were all copied from the dataset
+	// being replaced (unchanged sources, nothing decoded), ReusedPart
+	// those of which some modalities were.
+	Reused, ReusedPart int
+	BytesIn            int64
+	BytesOut           int64
+	Elapsed            time.Duration
 	// EarlyHashed counts the blobs whose sha256 was computed while they
 	// were written (see predictRows), not read back at the end.
 	EarlyHashed int
@@ -50,6 +54,7 @@ type job struct {
 	staging     string // directory the dataset is built in
 	journalPath string
 	dirs        formats.Dirs // source folders kept open
+	prev        *previous    // the dataset being replaced, for its rows (nil: none, or --force)
 	// streamMin: a .npy source larger than this is converted a piece at a
 	// time (see processClip), so that the workers' clips stay within half
 	// the budget whatever their size.
@@ -101,6 +106,11 @@ func Run(ctx context.Context, o Options) (res *Result, err error) {
 		return nil, err
 	}
 	defer jf.Close()
+	if !o.Force {
+		// Under the lock: no other convert replaces it meanwhile.
+		j.prev = j.openPrevious()
+		defer j.prev.close()
+	}
 	res = &Result{Dir: o.Out}
 	w, err := j.prepare(jf)
 	if err != nil {

@@ -171,6 +171,11 @@ func (w *writer) write(c *clipOut) error {
 				_, err := st.w.Write(p)
 				return err
 			})
+		} else if mo.reuse != nil {
+			err = j.copyReused(w.ctx, mo, func(p []byte) error {
+				_, err := st.w.Write(p)
+				return err
+			})
 		} else {
 			_, err = st.w.Write(mo.data)
 		}

@@ -1,0 +1,261 @@
+// Reuse: an incremental convert copies the rows of the clips whose
+// sources did not change from the dataset it replaces, without decoding
+// them again, and decodes only the rest (or a modality the dataset does
+// not have yet). The output is byte for byte what a full rebuild writes.
+
+package convert
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/clipshard/clipshard/formats/array"
+	"github.com/clipshard/clipshard/formats/f16"
+	"github.com/clipshard/clipshard/manifests"
+)
+
+// previous is the dataset in --out when a run starts, as far as its rows
+// can be reused: its clips by id, and for each modality of this run the
+// same modality there (same name, template, keys, rate or per-clip) with
+// its blob open, or none.
+type previous struct {
+	ds       *manifests.Dataset
+	rows     map[string]int // clip id -> row
+	clips    []manifests.ClipRow
+	mods     []int // per modality of the run: its index in ds, or -1
+	blobs    []*os.File
+	rowBytes []int64
+	// sameFrames: ds's modalities with frames are the run's (by name),
+	// so that a clip it trimmed is trimmed alike when all its sources
+	// are reused.
+	sameFrames bool
+}
+
+// openPrevious loads the dataset in --out for reuse, or returns nil when
+// there is none, it is unreadable, or it shares no modality with the run
+// (older datasets without the per-clip audit columns share none).
+func (j *job) openPrevious() *previous {
+	d, err := manifests.LoadDataset(j.opts.Out)
+	if err != nil {
+		return nil
+	}
+	names := make([]string, len(d.Modalities))
+	for i, m := range d.Modalities {
+		names[i] = m.Name
+	}
+	rows, err := manifests.ReadClips(filepath.Join(j.opts.Out, d.Files.Clips), names)
+	if err != nil || int64(len(rows)) != d.Clips {
+		return nil
+	}
+	p := &previous{ds: d, clips: rows, rows: make(map[string]int, len(rows)), mods: make([]int, len(j.opts.Modalities)),
+		blobs: make([]*os.File, len(j.opts.Modalities)), rowBytes: make([]int64, len(j.opts.Modalities))}
+	for i, r := range rows {
+		p.rows[r.Clip] = i
+	}
+	any := false
+	framed := map[string]bool{}
+	for k, m := range j.opts.Modalities {
+		p.mods[k] = -1
+		if !m.PerClip {
+			framed[m.Name] = true
+		}
+		for i, om := range d.Modalities {
+			if om.Name != m.Name {
+				continue
+			}
+			dt, _, err := array.ParseDescr(om.DType)
+			rb, err2 := array.ByteSize(om.FrameShape, dt.Size)
+			if om.Template != m.Template || om.Keys != m.Keys || om.PerClip != m.PerClip || (!m.PerClip && om.Rate != m.Rate) ||
+				err != nil || err2 != nil || rb <= 0 || (!m.KeepDType && om.DType != array.Float16.Descr()) ||
+				len(rows) == 0 || !rows[0].Sources[i].Audited {
+				break
+			}
+			f, err := os.Open(filepath.Join(j.opts.Out, om.File))
+			if err != nil {
+				break
+			}
+			if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() || st.Size() != om.Size {
+				f.Close()
+				break
+			}
+			p.mods[k], p.blobs[k], p.rowBytes[k] = i, f, rb
+			any = true
+		}
+	}
+	if !any {
+		p.close()
+		return nil
+	}
+	p.sameFrames = d.Align == j.opts.Align
+	oldFramed := 0
+	for _, om := range d.Modalities {
+		if !om.PerClip {
+			oldFramed++
+			p.sameFrames = p.sameFrames && framed[om.Name]
+		}
+	}
+	p.sameFrames = p.sameFrames && oldFramed == len(framed)
+	return p
+}
+
+func (p *previous) close() {
+	if p == nil {
+		return
+	}
+	for _, f := range p.blobs {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+// reusePlan is which modalities of a clip are taken from the previous
+// dataset: its row there, and a flag per modality.
+type reusePlan struct {
+	row   *manifests.ClipRow
+	index int // the row's index in the previous dataset
+	use   []bool
+	all   bool
+}
+
+// planReuse returns what of clip id (at path per modality) can be reused,
+// or nil. A modality is reused when the previous dataset has it with the
+// clip's source unchanged (same path, size and mtime) and its rows pass
+// this run's checks as recorded (dtype, NaN/Inf, overflow): otherwise it
+// is decoded, which also gives the error a full rebuild would. Rows cut
+// by --align trim are reused only when every modality is (with the same
+// modalities and alignment), since the cut depends on all of them.
+func (j *job) planReuse(id string) *reusePlan {
+	p := j.prev
+	if p == nil {
+		return nil
+	}
+	ri, ok := p.rows[id]
+	if !ok {
+		return nil
+	}
+	row := &p.clips[ri]
+	if row.Start < 0 || row.Length < 0 || row.Trimmed < 0 || row.Length > p.ds.Frames-row.Start {
+		return nil // a damaged manifest: decode
+	}
+	plan := &reusePlan{row: row, index: ri, use: make([]bool, len(j.opts.Modalities)), all: true}
+	some := false
+	for k, m := range j.opts.Modalities {
+		om := p.mods[k]
+		if om < 0 {
+			plan.all = false
+			continue
+		}
+		s := row.Sources[om]
+		path := m.Path(j.root, id)
+		st := manifests.Stamp(path)
+		if s.Path != path || st.Size != s.Size || st.MtimeNS != s.MtimeNS || !s.Audited || !j.acceptsRecorded(m, s, p.ds.Modalities[om].DType) {
+			plan.all = false
+			continue
+		}
+		plan.use[k], some = true, true
+	}
+	switch {
+	case !some:
+		return nil
+	case row.Trimmed > 0 && !(plan.all && p.sameFrames && (j.opts.MaxTrim < 0 || row.Trimmed <= j.opts.MaxTrim)):
+		return nil
+	}
+	return plan
+}
+
+// acceptsRecorded reports whether rows recorded with source dtype descr,
+// stats s and output dtype out are what this run would write and accept.
+func (j *job) acceptsRecorded(m Modality, s manifests.ClipSource, out string) bool {
+	allF16 := true
+	for _, d := range strings.FieldsFunc(s.Descr, func(r rune) bool { return r == ',' || r == '+' }) { // "<f4+<f4": exp+pose
+		dt, _, err := array.ParseDescr(d)
+		if err != nil {
+			return false
+		}
+		if !dt.IsFloat() && !j.opts.AllowInt && !m.KeepDType {
+			return false
+		}
+		allF16 = allF16 && dt == array.Float16
+	}
+	if m.KeepDType && out == array.Float16.Descr() && !allF16 {
+		return false // converted last time, kept now: other bytes
+	}
+	st := s.Stats
+	return (st.NaN+st.InfIn == 0 || j.opts.AllowNonFinite) && (st.Overflow == 0 || j.opts.AllowOverflow)
+}
+
+// reuseMod fills mo with the rows of modality k of the plan's clip, rows
+// of them, from the previous dataset: read (and checked against their
+// recorded xxHash64) into memory, or, above j.streamMin, checked a piece
+// at a time now and copied by the writer (copyReused). It reports false
+// when the rows are not what the previous dataset recorded.
+func (j *job) reuseMod(ctx context.Context, plan *reusePlan, k int, rows int64, mo *modOut) (bool, error) {
+	p := j.prev
+	om := &p.ds.Modalities[p.mods[k]]
+	s := plan.row.Sources[p.mods[k]]
+	first, n := om.ClipRows(plan.index, plan.row.Start, plan.row.Length)
+	if n != rows {
+		return false, nil
+	}
+	dt, _, _ := array.ParseDescr(om.DType)
+	mo.rows, mo.dtype, mo.frameShape = rows, dt, append([]int{}, om.FrameShape...)
+	mo.sourceDescr, mo.stats, mo.xxh = s.Descr, f16.Stats(s.Stats), s.XXH64
+	mo.size = rows * p.rowBytes[k]
+	mo.src = s
+	off := om.DataOffset + first*p.rowBytes[k]
+	if mo.size <= j.streamMin {
+		mo.buf = getBuf(int(mo.size))
+		mo.data = *mo.buf
+		if _, err := p.blobs[k].ReadAt(mo.data, off); err != nil || xxhash.Sum64(mo.data) != s.XXH64 {
+			return false, nil
+		}
+		return true, nil
+	}
+	mo.reuse = &reused{f: p.blobs[k], off: off}
+	if err := j.copyReused(ctx, mo, nil); err != nil {
+		mo.reuse = nil
+		return false, nil
+	}
+	return true, nil
+}
+
+// reused locates a modality's rows in the previous dataset's blob.
+type reused struct {
+	f   *os.File
+	off int64
+}
+
+// copyReused reads mo's reused rows a piece at a time, checks them
+// against their recorded xxHash64 and size, and hands them to write (if
+// not nil).
+func (j *job) copyReused(ctx context.Context, mo *modOut, write func([]byte) error) error {
+	buf := getBuf(int(min(mo.size, pieceBytes)))
+	defer putBuf(buf)
+	h := xxhash.New()
+	for done := int64(0); done < mo.size; {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		b := (*buf)[:min(int64(len(*buf)), mo.size-done)]
+		if _, err := mo.reuse.f.ReadAt(b, mo.reuse.off+done); err != nil {
+			return fmt.Errorf("%w: reading the previous dataset's %s: %w", ErrInput, mo.reuse.f.Name(), err)
+		}
+		h.Write(b)
+		if write != nil {
+			if err := write(b); err != nil {
+				return err
+			}
+		}
+		done += int64(len(b))
+	}
+	if h.Sum64() != mo.xxh {
+		return fmt.Errorf("%w: the previous dataset's %s changed during the run (run again)", ErrInput, mo.reuse.f.Name())
+	}
+	return nil
+}
