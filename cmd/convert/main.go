@@ -138,7 +138,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	fs.StringVar(&o.Align, "align", "strict", "`strict|trim`: modalities must agree on each clip's length, or are cut to the shortest")
 	fs.Int64Var(&o.MaxTrim, "max-trim", convert.DefaultMaxTrim, "with --align trim: a clip may lose at most `N` clip frames (a clip needing more is bad input; -1: no bound)")
 	fs.Var(&keep, "keep-dtype", "keep modality `NAME` in its source dtype instead of float16 (repeatable)")
-	fs.BoolVar(&o.AllowInt, "allow-int", false, "accept integer and bool arrays")
+	fs.BoolVar(&o.AllowInt, "allow-int", false, "accept integer and bool arrays (converted to float16; --keep-dtype NAME keeps them as they are)")
 	fs.BoolVar(&o.AllowOutsideRoot, "allow-outside-root", false, "accept clip ids that are absolute or contain .. (they read outside --root)")
 	fs.BoolVar(&o.AllowNonFinite, "allow-nonfinite", false, "accept NaN and ±Inf in sources (counted in stats)")
 	fs.BoolVar(&o.AllowOverflow, "allow-overflow", false, "accept finite values that become ±Inf in float16 (counted in stats)")

@@ -78,7 +78,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	fs.IntVar(&o.Workers, "workers", 0, "shard writers (default: the CPUs, at most 8; same bytes whatever the count)")
 	fs.BoolVar(&o.NoFsync, "no-fsync", false, "do not fsync shards before committing an epoch (kill -9 stays safe, a power cut may not; for scratch space)")
 	fs.BoolVar(&o.Force, "force", false, "rewrite epochs that are already done (or replace other options' epochs)")
-	fs.BoolVar(&o.AllowEmpty, "allow-empty", false, "write epochs without samples (window longer than every clip, more ranks than samples) instead of failing")
+	fs.BoolVar(&o.AllowEmpty, "allow-empty", false, "write epochs without samples (a window longer than every clip, with --short skip) instead of failing")
 	fs.StringVar(&drop, "drop", "", "remove epochs `A:B` (A..B-1) from --out: manifests first, then their files")
 	fs.BoolVar(&quiet, "quiet", false, "no progress on stderr")
 	fs.BoolVar(&jsonOut, "json", false, "print the summary as JSON, with each epoch's shuffle quality")

@@ -50,42 +50,53 @@ func sameAsGopickle(t *testing.T, name string, data []byte) bool {
 }
 
 // sameObject is reflect.DeepEqual, except that floats are compared by
-// their bits (NaN equals NaN).
-func sameObject(a, b any) bool {
+// their bits (NaN equals NaN). Containers may hold themselves (a pickle can
+// append a list to itself through the memo): a pair of containers already
+// being compared is taken as equal, as reflect.DeepEqual does.
+func sameObject(a, b any) bool { return sameObj(a, b, map[[2]any]bool{}) }
+
+func sameObj(a, b any, seen map[[2]any]bool) bool {
 	switch x := a.(type) {
 	case float64:
 		y, ok := b.(float64)
 		return ok && math.Float64bits(x) == math.Float64bits(y)
+	case *types.Dict, *types.Tuple, *types.List:
+		if seen[[2]any{a, b}] {
+			return true
+		}
+		seen[[2]any{a, b}] = true
+	}
+	switch x := a.(type) {
 	case *types.Dict:
 		y, ok := b.(*types.Dict)
 		if !ok || len(*x) != len(*y) {
 			return false
 		}
 		for i := range *x {
-			if !sameObject((*x)[i].Key, (*y)[i].Key) || !sameObject((*x)[i].Value, (*y)[i].Value) {
+			if !sameObj((*x)[i].Key, (*y)[i].Key, seen) || !sameObj((*x)[i].Value, (*y)[i].Value, seen) {
 				return false
 			}
 		}
 		return true
 	case *types.Tuple:
 		y, ok := b.(*types.Tuple)
-		return ok && sameSlice(*x, *y)
+		return ok && sameSlice(*x, *y, seen)
 	case *types.List:
 		y, ok := b.(*types.List)
-		return ok && sameSlice(*x, *y)
+		return ok && sameSlice(*x, *y, seen)
 	case *Scalar:
 		y, ok := b.(*Scalar)
-		return ok && reflect.DeepEqual(x.DType, y.DType) && sameObject(x.Value, y.Value)
+		return ok && reflect.DeepEqual(x.DType, y.DType) && sameObj(x.Value, y.Value, seen)
 	}
 	return reflect.DeepEqual(a, b)
 }
 
-func sameSlice(a, b []any) bool {
+func sameSlice(a, b []any, seen map[[2]any]bool) bool {
 	if len(a) != len(b) {
 		return false
 	}
 	for i := range a {
-		if !sameObject(a[i], b[i]) {
+		if !sameObj(a[i], b[i], seen) {
 			return false
 		}
 	}
