@@ -37,6 +37,10 @@ demo:
 bench-convert:
     docs/bench_convert.sh
 
+# Incremental convert vs a full rebuild, warm and cold page cache (docs/BENCHMARKS.md).
+bench-incremental:
+    docs/bench_incremental.sh
+
 # external shuffle vs cp, and the training-read simulation (docs/BENCHMARKS.md).
 bench-shuffle:
     docs/bench_shuffle.sh
