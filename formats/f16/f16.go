@@ -251,9 +251,10 @@ func FromFloat16(dst, src []uint16, st *Stats) {
 
 // Audit16 adds to st the audit of little-endian float16 values (float16
 // to float16 is exact: only NaN, ±Inf and the largest magnitude are
-// counted). Four values are screened at a time in a 64-bit word (for
-// finite values, the bits without the sign order as the magnitudes do);
-// a block holding a NaN or an Inf is counted value by value.
+// counted). Sixteen values are screened at a time with AVX2 (four in a
+// 64-bit word without it; for finite values, the bits without the sign
+// order as the magnitudes do); a block holding a NaN or an Inf is counted
+// value by value.
 func Audit16(src []byte, st *Stats) {
 	const block = 2048 // bytes
 	var s Stats
@@ -261,7 +262,7 @@ func Audit16(src []byte, st *Stats) {
 	for len(src) > 0 {
 		b := src[:min(len(src), block)]
 		src = src[len(b):]
-		if m, ok := audit16Words(b); ok {
+		if m, ok := audit16Block(b); ok {
 			maxBits = max(maxBits, m)
 			continue
 		}

@@ -37,6 +37,19 @@ type accum struct {
 func f32ToF16AVX2(dst *uint16, src *float32, n int, acc *accum)
 
 //go:noescape
+func audit16AVX2(p *byte, n int) (maxBits uint16, special bool)
+
+// audit16Block is audit16Words, 16 values a step with AVX2 where the CPU
+// has it and b is a whole number of steps.
+func audit16Block(b []byte) (maxBits uint16, ok bool) {
+	if useAsm && len(b) > 0 && len(b)%32 == 0 {
+		m, special := audit16AVX2(&b[0], len(b))
+		return m, !special
+	}
+	return audit16Words(b)
+}
+
+//go:noescape
 func f32ToF16AVX2NoAudit(dst *uint16, src *float32, n int)
 
 //go:noescape

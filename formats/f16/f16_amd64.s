@@ -181,3 +181,43 @@ done:
 	MOVQ    BX, ret+32(FP)
 	VZEROUPPER
 	RET
+
+// func audit16AVX2(p *byte, n int) (maxBits uint16, special bool)
+// n is a positive multiple of 32: the little-endian float16 values at p,
+// 16 a step. maxBits is the largest |x| bits; special reports a NaN or
+// an Inf (|x| bits > 0x7bff), in which case maxBits means nothing.
+TEXT ·audit16AVX2(SB), NOSPLIT, $0-19
+	MOVQ p+0(FP), SI
+	MOVQ n+8(FP), CX
+	MOVL $0x7fff7fff, AX
+	MOVQ AX, X15
+	VPBROADCASTD X15, Y15 // |x| mask
+	MOVL $0x7bff7bff, AX
+	MOVQ AX, X14
+	VPBROADCASTD X14, Y14 // largest finite |x|
+	VPXOR Y0, Y0, Y0      // lanes' largest |x|
+	VPXOR Y1, Y1, Y1      // lanes' NaN or Inf seen
+
+audit16loop:
+	VPAND    (SI), Y15, Y2
+	VPCMPGTW Y14, Y2, Y3
+	VPOR     Y3, Y1, Y1
+	VPMAXUW  Y2, Y0, Y0
+	ADDQ     $32, SI
+	SUBQ     $32, CX
+	JNZ      audit16loop
+
+	VEXTRACTI128 $1, Y0, X2
+	VPMAXUW      X2, X0, X0
+	VPSHUFD      $0x4e, X0, X2
+	VPMAXUW      X2, X0, X0
+	VPSHUFD      $0xb1, X0, X2
+	VPMAXUW      X2, X0, X0
+	VPSRLD       $16, X0, X2
+	VPMAXUW      X2, X0, X0
+	MOVQ         X0, AX
+	MOVW         AX, maxBits+16(FP)
+	VPTEST       Y1, Y1
+	SETNE        special+18(FP)
+	VZEROUPPER
+	RET
