@@ -69,8 +69,12 @@ func (j *job) readChunks(limit int64) (<-chan *chunk, func(), error) {
 	quit := make(chan struct{})
 	finished := make(chan struct{})
 	var frameBytes int64 // all modalities' bytes for one clip frame
+	var clipBytes int64  // the per-clip modalities' bytes for one clip
 	for _, m := range j.mods {
 		frameBytes += m.rate * m.rowBytes
+		if m.perClip {
+			clipBytes += m.rowBytes
+		}
 	}
 	total := j.ds.Frames
 	w := int64(j.o.Sampling.Window)
@@ -82,8 +86,16 @@ func (j *job) readChunks(limit int64) (<-chan *chunk, func(), error) {
 		defer close(finished)
 		defer close(out)
 		defer closeFiles()
-		for g0 := int64(0); g0 < total; g0 += step {
-			g1 := min(total, g0+step)
+		for g0, g1 := int64(0), int64(0); g0 < total; g0 = g1 {
+			g1 = min(total, g0+step)
+			if clipBytes > 0 {
+				// Short clips with large per-clip values: the run also
+				// ends where its clips' values would pass the limit.
+				c := clipAt(g0) + int(max(1, limit/clipBytes))
+				if c < len(j.starts) && j.starts[c] < g1 {
+					g1 = max(g0+1, j.starts[c])
+				}
+			}
 			end := min(total, g1+w)
 			var ch *chunk
 			select {
@@ -96,13 +108,17 @@ func (j *job) readChunks(limit int64) (<-chan *chunk, func(), error) {
 				first := g0 * m.rate
 				n := (end - g0) * m.rate * m.rowBytes
 				if m.perClip {
-					// The rows of the clips the run's frames belong to.
+					// The rows of the clips the run's samples start in.
 					first = int64(clipAt(g0))
-					n = (int64(clipAt(end-1)) + 1 - first) * m.rowBytes
+					n = (int64(clipAt(g1-1)) + 1 - first) * m.rowBytes
 				}
 				ch.first[k] = first
 				if int64(cap(ch.rows[k])) < n {
-					ch.rows[k] = make([]byte, n, max(n, (step+w)*max(1, m.rate)*m.rowBytes))
+					c := n
+					if !m.perClip {
+						c = max(n, (step+w)*m.rate*m.rowBytes)
+					}
+					ch.rows[k] = make([]byte, n, c)
 				}
 				ch.rows[k] = ch.rows[k][:n]
 				if _, err := files[k].ReadAt(ch.rows[k], m.dataOffset+first*m.rowBytes); err != nil {
