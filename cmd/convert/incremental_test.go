@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -66,4 +67,15 @@ func TestIncremental(t *testing.T) {
 		t.Fatal(r.Stderr)
 	}
 	sameTree(t, snapshot(t, full), snapshot(t, out), "incremental vs full rebuild")
+
+	// A previous blob replaced by a FIFO is not waited on: its rows are
+	// decoded again.
+	os.Remove(filepath.Join(out, "whisper.npy"))
+	if err := syscall.Mkfifo(filepath.Join(out, "whisper.npy"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r := runConvert(t, env, demoArgs(src, out)...); r.Code != 0 || r.Elapsed > time.Minute {
+		t.Fatalf("over a FIFO: exit %d in %v: %s", r.Code, r.Elapsed, r.Stderr)
+	}
+	sameTree(t, snapshot(t, full), snapshot(t, out), "incremental over a FIFO vs full rebuild")
 }

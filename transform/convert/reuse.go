@@ -16,6 +16,7 @@ import (
 
 	"github.com/clipshard/clipshard/formats/array"
 	"github.com/clipshard/clipshard/formats/f16"
+	"github.com/clipshard/clipshard/formats/regfile"
 	"github.com/clipshard/clipshard/manifests"
 )
 
@@ -75,11 +76,12 @@ func (j *job) openPrevious() *previous {
 				len(rows) == 0 || !rows[0].Sources[i].Audited {
 				break
 			}
-			f, err := os.Open(filepath.Join(j.opts.Out, om.File))
+			// (a FIFO or device put there is refused, not waited on)
+			f, st, err := regfile.Open(filepath.Join(j.opts.Out, om.File))
 			if err != nil {
 				break
 			}
-			if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() || st.Size() != om.Size {
+			if st.Size() != om.Size {
 				f.Close()
 				break
 			}
