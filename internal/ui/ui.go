@@ -125,9 +125,10 @@ func (p *Progress) Finish() {
 	}
 }
 
-// Bytes formats a byte count for people: "1.5 GB".
+// Bytes formats a byte count for people in binary units, the ones --mem
+// and the other size flags take: "1.5 GiB".
 func Bytes(n int64) string {
-	const unit = 1000
+	const unit = 1024
 	if n < unit {
 		return fmt.Sprintf("%d B", n)
 	}
@@ -136,7 +137,7 @@ func Bytes(n int64) string {
 		div *= unit
 		exp++
 	}
-	return fmt.Sprintf("%.1f %cB", float64(n)/float64(div), "kMGTPE"[exp])
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
 // OneLine makes an error message a single line.

@@ -65,3 +65,13 @@ func TestJSONCountSize(t *testing.T) {
 		}
 	}
 }
+
+// TestBytes: binary units throughout, as the size flags take them.
+func TestBytes(t *testing.T) {
+	for n, want := range map[int64]string{0: "0 B", 1023: "1023 B", 1024: "1.0 KiB", 1536: "1.5 KiB",
+		256 << 20: "256.0 MiB", 3 << 30: "3.0 GiB", 5 << 40: "5.0 TiB"} {
+		if got := Bytes(n); got != want {
+			t.Errorf("Bytes(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
