@@ -39,7 +39,7 @@ var (
 func demoDataset(t *testing.T) string {
 	t.Helper()
 	dsOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "clipshard-shuffle-ds")
+		dir, err := os.MkdirTemp(filepath.Dir(bin), "ds") // removed with the build
 		if err != nil {
 			dsErr = err
 			return
