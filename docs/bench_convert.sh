@@ -7,6 +7,7 @@
 #   mixed: 400 clips, four modalities (float16 whisper, float32 w2v and emotion,
 #          motion pickles), a quarter of the .npy files big-endian, Fortran or
 #          float64 (~380 MB), against the floor: page-cache read + durable write
+#   huge:  one 512 MiB float32 clip among 40 small ones (docs/bench_gen_huge.py)
 # Usage: docs/bench_convert.sh [WORKDIR]   (default /tmp/clipshard-bench; needs python3-numpy)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -104,6 +105,17 @@ awk -v c="$(cat "$W/convert-mixed.best")" -v r="$(cat "$W/read-sources.best")" -
     -v n="$(cat "$W/numpy-mixed.best")" -v f="$(cat "$W/convert-float16.best")" -v k="$(cat "$W/cat-float16.best")" \
   'BEGIN{printf "  mixed: convert/(read + durable write) %.2fx (goal <= 1.3x)   numpy/convert %.2fx (goal >= 3x)\n  float16 only: convert/cat %.2fx (goal <= 2x)\n", c/(r+w), n/c, f/k}'
 rm -rf "$W/dd.out" "$W/cat.out" "$W/mixed-np" "$W/whisper-ds"
+
+# One huge clip (512 MiB of float32) among 40 small ones (docs/bench_gen_huge.py):
+# converted a piece at a time, at the default --mem.
+H="$W/huge"
+[ -f "$H/clips.txt" ] || "$PY" docs/bench_gen_huge.py "$H"
+echo "huge clip: sources $(du -sh --apparent-size "$H" | cut -f1)"
+cat "$H"/feat/*.npy > /dev/null
+FRESH="$W/cat.out" best cat-huge sh -c "cat '$H'/feat/*.npy > '$W/cat.out'"
+FRESH="$W/huge-ds" best convert-huge "$W/convert" --clips "$H/clips.txt" --out "$W/huge-ds" --quiet -m 'feat=feat/{clip}.npy'
+awk -v c="$(cat "$W/convert-huge.best")" -v k="$(cat "$W/cat-huge.best")" 'BEGIN{printf "  huge clip: convert/cat %.2fx\n", c/k}'
+rm -rf "$W/cat.out" "$W/huge-ds"
 
 # verify (default level: structure + sha256 of every file) vs sha256sum of
 # the same files, on the large dataset just written.

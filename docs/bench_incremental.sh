@@ -5,6 +5,7 @@
 # first read over NFS would be; needs root, else only the warm figures).
 #   small: 5000 clips, float32 [30, 64] .npy + motion pickles
 #   mixed: 400 clips, four modalities (docs/bench_gen_mixed.py)
+#   huge:  one float32 [131072, 1024] clip (512 MiB) among 40 small ones (docs/bench_gen_huge.py)
 # Both outputs are checked byte-identical (sha256 of blobs and manifests).
 # Usage: docs/bench_incremental.sh [WORKDIR]   (default /tmp/clipshard-bench; needs python3-numpy)
 set -euo pipefail
@@ -16,15 +17,17 @@ mkdir -p "$W"
 go build -o "$W/convert" ./cmd/convert
 [ -f "$W/small/clips.txt" ] || "$PY" docs/bench_gen.py "$W/small" 5000 30 30 64
 [ -f "$W/mixed/clips.txt" ] || "$PY" docs/bench_gen_mixed.py "$W/mixed" 400
+[ -f "$W/huge/clips.txt" ] || "$PY" docs/bench_gen_huge.py "$W/huge"
 cold=no
 if [ -w /proc/sys/vm/drop_caches ]; then cold=yes; fi
 export SOURCE_DATE_EPOCH=1700000000
 
-for set in small mixed; do
+for set in small mixed huge; do
   S="$W/$set"
   case $set in
     small) mods=(-m 'feat=feat/{clip}.npy' -m 'motion=motion/{clip}.pkl:exp+pose'); touched=feat ;;
     mixed) mods=(-m 'motion=motion/{clip}.pkl:exp+pose' -m 'whisper@2=whisper/{clip}.npy' -m 'w2v=w2v/{clip}.npy' -m 'emotion=emotion/{clip}.npy'); touched=w2v ;;
+    huge) mods=(-m 'feat=feat/{clip}.npy'); touched=feat ;;
   esac
   echo "$set: $(wc -l < "$S/clips.txt") clips, sources $(du -sh --apparent-size "$S" | cut -f1)"
   "$W/convert" --quiet --clips "$S/clips.txt" --out "$W/$set-inc" "${mods[@]}" --force >/dev/null
@@ -34,7 +37,8 @@ for set in small mixed; do
       # full: a new output every run; incremental: 2 sources touched, then over the previous dataset
       rm -rf "$W/$set-full"; sync; [ $cache = warm ] && cat "$S"/*/* > /dev/null || echo 3 > /proc/sys/vm/drop_caches
       t0=$(date +%s%N); "$W/convert" --quiet --clips "$S/clips.txt" --out "$W/$set-full" "${mods[@]}" >/dev/null; t1=$(date +%s%N)
-      for k in 1 2; do touch "$S/$touched/$(sed -n "$((run * 17 + k * 5))p" "$S/clips.txt").npy"; done
+      n=$(wc -l < "$S/clips.txt")
+      for k in 1 2; do touch "$S/$touched/$(sed -n "$(( (run * 17 + k * 7) % n + 1 ))p" "$S/clips.txt").npy"; done
       sync; [ $cache = warm ] && cat "$S"/*/* > /dev/null || echo 3 > /proc/sys/vm/drop_caches
       t2=$(date +%s%N); "$W/convert" --quiet --clips "$S/clips.txt" --out "$W/$set-inc" "${mods[@]}" >/dev/null; t3=$(date +%s%N)
       awk -v a="$t0" -v b="$t1" -v c="$t2" -v d="$t3" -v s="$cache" \

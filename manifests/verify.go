@@ -315,9 +315,7 @@ func checkSources(dir string, d *Dataset, rows []ClipRow, r *Report) {
 			}
 			first, n := m.ClipRows(i, row.Start, row.Length)
 			if m.PerClip {
-				wrapped := *a // one row: the whole value
-				wrapped.Shape = append([]int{1}, a.Shape...)
-				a = &wrapped
+				a = a.OneRow() // one row: the whole value
 			}
 			if !slices.Equal(a.FrameShape(), m.FrameShape) {
 				r.add(Problem{File: s.Path, Clip: row.Clip, What: fmt.Sprintf("source %s: its frames are %s, the dataset's %s", a, array.FormatShape(a.FrameShape()), array.FormatShape(m.FrameShape))})

@@ -74,8 +74,9 @@ func TestIncremental(t *testing.T) {
 	if err := syscall.Mkfifo(filepath.Join(out, "whisper.npy"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if r := runConvert(t, env, demoArgs(src, out)...); r.Code != 0 || r.Elapsed > time.Minute {
-		t.Fatalf("over a FIFO: exit %d in %v: %s", r.Code, r.Elapsed, r.Stderr)
+	// (a run that hangs fails in clitest.Run)
+	if r := runConvert(t, env, demoArgs(src, out)...); r.Code != 0 {
+		t.Fatalf("over a FIFO: exit %d: %s", r.Code, r.Stderr)
 	}
 	sameTree(t, snapshot(t, full), snapshot(t, out), "incremental over a FIFO vs full rebuild")
 }

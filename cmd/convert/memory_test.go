@@ -31,14 +31,17 @@ func bigClipSources(t *testing.T, frames int) string {
 
 // TestMemoryBounded: a .npy clip larger than --mem is converted in pieces:
 // peak RSS of the real binary stays under --mem + 64 MiB (it held the
-// whole clip and its float16 copy before), and the dataset is exact.
+// whole clip and its float16 copy before), and the dataset is exact. So
+// is a run over that dataset after another clip changed, which copies
+// the large clip's rows from it a piece at a time.
 func TestMemoryBounded(t *testing.T) {
 	if testing.Short() {
 		t.Skip("writes a 384 MiB clip; run without -short")
 	}
 	list := bigClipSources(t, 96<<10) // 384 MiB of float32
+	var out string
 	for _, workers := range []string{"1", "2"} {
-		out := filepath.Join(t.TempDir(), "ds")
+		out = filepath.Join(t.TempDir(), "ds")
 		r := runConvert(t, nil, "--clips", list, "--out", out, "-m", "f=f/{clip}.npy", "--mem", "64MiB", "--workers", workers, "--quiet")
 		if r.Code != 0 {
 			t.Fatalf("exit %d: %s", r.Code, r.Stderr)
@@ -51,6 +54,23 @@ func TestMemoryBounded(t *testing.T) {
 		if err != nil || !rep.OK() {
 			t.Fatalf("verify --deep --sources: %v %v", err, rep.Problems)
 		}
+	}
+	before, err := os.ReadFile(filepath.Join(out, "f.npy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	later := time.Now().Add(time.Minute)
+	os.Chtimes(filepath.Join(filepath.Dir(list), "f", "a.npy"), later, later)
+	r := runConvert(t, nil, "--clips", list, "--out", out, "-m", "f=f/{clip}.npy", "--mem", "64MiB", "--workers", "2", "--quiet")
+	if r.Code != 0 || !strings.Contains(r.Stdout, "all the rows of 2 clips") {
+		t.Fatalf("incremental: exit %d: %s %s", r.Code, r.Stdout, r.Stderr)
+	}
+	t.Logf("incremental: peak RSS %d MiB in %v", r.MaxRSS>>20, r.Elapsed)
+	if r.MaxRSS == 0 || r.MaxRSS > (64+64)<<20 {
+		t.Errorf("incremental: peak RSS %d MiB > --mem 64 MiB + 64 MiB", r.MaxRSS>>20)
+	}
+	if after, _ := os.ReadFile(filepath.Join(out, "f.npy")); !bytes.Equal(before, after) {
+		t.Error("incremental: f.npy differs from the full conversion")
 	}
 }
 

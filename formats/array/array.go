@@ -166,6 +166,14 @@ func (a *Array) Rows() int {
 	return a.Shape[0]
 }
 
+// OneRow returns the array as a single row, shape [1, *Shape], on the same
+// data: a per-clip value is one row of its blob, whatever its shape.
+func (a *Array) OneRow() *Array {
+	r := *a
+	r.Shape = append([]int{1}, a.Shape...)
+	return &r
+}
+
 // FrameShape returns the shape without axis 0 (the shape of one time step).
 func (a *Array) FrameShape() []int {
 	if len(a.Shape) == 0 {

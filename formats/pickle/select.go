@@ -90,12 +90,7 @@ func child(v any, key, where string) (any, error) {
 		}
 		return nil, fmt.Errorf("%w %q not found in %s; keys there: %s", ErrKey, key, in, listKeys(keys))
 	case *types.List, *types.Tuple:
-		var items []any
-		if l, ok := c.(*types.List); ok {
-			items = *l
-		} else {
-			items = *c.(*types.Tuple)
-		}
+		items := seqItems(c)
 		i, err := strconv.Atoi(key)
 		if err != nil || i < 0 || i >= len(items) {
 			return nil, fmt.Errorf("%w %q: %s is a %s of %d items; use an index 0..%d", ErrKey, key, in, typeName(v), len(items), len(items)-1)
@@ -196,12 +191,7 @@ func valueArray(v any) (*array.Array, bool, error) {
 		a, err := numbersArray([]any{x}, []int{})
 		return a, true, err
 	case *types.List, *types.Tuple:
-		var items []any
-		if l, ok := x.(*types.List); ok {
-			items = *l
-		} else {
-			items = *x.(*types.Tuple)
-		}
+		items := seqItems(x)
 		if len(items) == 0 {
 			return nil, false, nil
 		}
@@ -266,4 +256,15 @@ func numbersArray(items []any, shape []int) (*array.Array, error) {
 		}
 	}
 	return array.New(kind, shape, false, data)
+}
+
+// seqItems returns the items of a list or tuple (nil for anything else).
+func seqItems(v any) []any {
+	switch c := v.(type) {
+	case *types.List:
+		return *c
+	case *types.Tuple:
+		return *c
+	}
+	return nil
 }

@@ -202,9 +202,7 @@ func (j *job) convertClip(ctx context.Context, i int, plan *reusePlan) *clipOut 
 		}
 		if m.PerClip {
 			// One row: the whole value, whatever its shape.
-			wrapped := *a
-			wrapped.Shape = append([]int{1}, a.Shape...)
-			a = &wrapped
+			a = a.OneRow()
 		}
 		arrays[k], rowsOf[k] = a, int64(a.Rows())
 		out.mods[k].src = manifests.ClipSource{Path: path, Size: info.Size(), MtimeNS: info.ModTime().UnixNano()}

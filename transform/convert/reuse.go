@@ -58,7 +58,7 @@ func (j *job) openPrevious() *previous {
 	for i, r := range rows {
 		p.rows[r.Clip] = i
 	}
-	any := false
+	found := false
 	framed := map[string]bool{}
 	for k, m := range j.opts.Modalities {
 		p.mods[k] = -1
@@ -86,10 +86,10 @@ func (j *job) openPrevious() *previous {
 				break
 			}
 			p.mods[k], p.blobs[k], p.rowBytes[k] = i, f, rb
-			any = true
+			found = true
 		}
 	}
-	if !any {
+	if !found {
 		p.close()
 		return nil
 	}

@@ -1,6 +1,7 @@
 package convert
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
@@ -8,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cespare/xxhash/v2"
 
 	"github.com/clipshard/clipshard/formats/npy"
 	"github.com/clipshard/clipshard/internal/clitest"
@@ -57,6 +60,7 @@ func TestReuseSameBytes(t *testing.T) {
 		reused, partly int
 		streamed       bool
 		wantErr        string
+		broken, dst    string // a testdata/convert file copied over a demo source first
 	}{
 		{name: "one source changed", before: withShape, after: withShape, reused: 11, partly: 1,
 			change: func(t *testing.T, src string) { rewriteNPY(t, filepath.Join(src, "whisper", "clip005.npy"), -1, true) }},
@@ -84,10 +88,7 @@ func TestReuseSameBytes(t *testing.T) {
 			prep:    func(t *testing.T, src string) { rewriteNPY(t, filepath.Join(src, "emotion", "clip005.npy"), 34, false) },
 			wantErr: "trimming would cut 3 frames, more than --max-trim 2"},
 		{name: "nonfinite no longer allowed", before: func(o *Options) { o.AllowNonFinite = true },
-			prep: func(t *testing.T, src string) {
-				copyFile(t, filepath.Join("..", "..", "testdata", "convert", "nan_emotion.npy"), filepath.Join(src, "emotion", "clip003.npy"))
-			},
-			wantErr: "first at row 5"},
+			broken: "nan_emotion.npy", dst: "emotion/clip003.npy", wantErr: "first at row 5"},
 		{name: "forced", after: func(o *Options) { o.Force = true }},
 		// A damaged previous dataset: rows that are not what clips.parquet
 		// recorded, and rows it places out of range, are decoded instead.
@@ -120,7 +121,7 @@ func TestReuseSameBytes(t *testing.T) {
 			if c.streamed {
 				minStreamBytes, pieceBytes = 0, 300
 			}
-			src := demoCopy(t, "", "")
+			src := demoCopy(t, c.broken, c.dst)
 			if c.prep != nil {
 				c.prep(t, src)
 			}
@@ -170,13 +171,36 @@ func TestReuseSameBytes(t *testing.T) {
 	}
 }
 
-func copyFile(t *testing.T, from, to string) {
-	t.Helper()
-	b, err := os.ReadFile(from)
+// TestCopyReusedChanged: rows of the previous dataset that no longer hash
+// to what the worker checked (the file changed between the two reads)
+// fail the write with one line naming the file, and a short file too.
+func TestCopyReusedChanged(t *testing.T) {
+	defer func(b int64) { pieceBytes = b }(pieceBytes)
+	pieceBytes = 100
+	path := filepath.Join(t.TempDir(), "w.npy")
+	data := make([]byte, 1000)
+	for i := range data {
+		data[i] = byte(i)
+	}
+	os.WriteFile(path, data, 0o644)
+	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(to, b, 0o644); err != nil {
-		t.Fatal(err)
+	defer f.Close()
+	j := &job{}
+	var got []byte
+	write := func(p []byte) error { got = append(got, p...); return nil }
+	mo := &modOut{size: 900, xxh: xxhash.Sum64(data[100:]), reuse: &reused{f: f, off: 100}}
+	if err := j.copyReused(context.Background(), mo, write); err != nil || !bytes.Equal(got, data[100:]) {
+		t.Fatalf("intact rows: %v, %d bytes", err, len(got))
+	}
+	mo.xxh++
+	if err := j.copyReused(context.Background(), mo, nil); err == nil || !strings.Contains(err.Error(), path+" changed during the run") {
+		t.Fatalf("changed rows: %v", err)
+	}
+	mo.size = 2000
+	if err := j.copyReused(context.Background(), mo, nil); err == nil || !strings.Contains(err.Error(), "reading the previous dataset's "+path) {
+		t.Fatalf("short file: %v", err)
 	}
 }

@@ -180,7 +180,7 @@ func (w *writer) write(c *clipOut) error {
 			_, err = st.w.Write(mo.data)
 		}
 		if err != nil {
-			return fmt.Errorf("writing modality %q: %w", j.opts.Modalities[k].Name, err)
+			return fmt.Errorf("clip %q: writing modality %q: %w", id, j.opts.Modalities[k].Name, err)
 		}
 		st.rows += mo.rows
 		st.stats.Add(mo.stats)
