@@ -15,6 +15,7 @@ import (
 	"math/bits"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // Errors returned by this package; test with errors.Is.
@@ -214,10 +215,11 @@ func ByteSize(shape []int, itemSize int) (int64, error) {
 	return int64(total), nil
 }
 
-// New builds an Array from raw bytes as a source stored them, normalising in
-// place where it can: big-endian data is byte-swapped inside raw; Fortran-
-// ordered data is copied into a new C-ordered buffer. raw must hold exactly
-// the bytes the shape declares.
+// New builds an Array from raw bytes as a source stored them, normalised in
+// place: big-endian data is byte-swapped inside raw, and Fortran-ordered
+// data is put in C order inside raw (through a scratch buffer kept for the
+// next, rather than a new buffer each time). The Array's data is raw,
+// which must hold exactly the bytes the shape declares.
 func New(descr string, shape []int, fortran bool, raw []byte) (*Array, error) {
 	dt, big, err := ParseDescr(descr)
 	if err != nil {
@@ -233,28 +235,135 @@ func New(descr string, shape []int, fortran bool, raw []byte) (*Array, error) {
 	if big {
 		SwapBytes(raw, dt.Size)
 	}
-	data := raw
 	if fortran && len(shape) > 1 {
-		data = make([]byte, len(raw))
-		FortranToC(data, raw, shape, dt.Size)
+		p, _ := scratch.Get().(*[]byte)
+		if p == nil || cap(*p) < len(raw) {
+			p = &[]byte{}
+			*p = make([]byte, len(raw), 1<<bits.Len(uint(len(raw))))
+		}
+		t := (*p)[:len(raw)]
+		FortranToC(t, raw, shape, dt.Size)
+		copy(raw, t)
+		scratch.Put(p)
 	}
-	return &Array{DType: dt, Shape: append([]int(nil), shape...), Data: data, SourceDescr: descr, SourceFortran: fortran}, nil
+	return &Array{DType: dt, Shape: append([]int(nil), shape...), Data: raw, SourceDescr: descr, SourceFortran: fortran}, nil
 }
 
-// SwapBytes reverses the byte order of every size-byte item of b in place.
+// scratch holds New's transpose buffers. A fresh buffer for each Fortran
+// array was a quarter of what a convert of the mixed benchmark set
+// allocated (29 of 117 MB), faulted in and zeroed page by page.
+var scratch sync.Pool
+
+// SwapBytes reverses the byte order of every size-byte item of b in place,
+// eight bytes at a time where it can.
 func SwapBytes(b []byte, size int) {
+	le := binary.LittleEndian
+	i := 0
 	switch size {
 	case 2:
-		for i := 0; i+2 <= len(b); i += 2 {
-			binary.LittleEndian.PutUint16(b[i:], binary.BigEndian.Uint16(b[i:]))
+		for ; i+8 <= len(b); i += 8 {
+			x := le.Uint64(b[i:])
+			le.PutUint64(b[i:], x&0x00ff00ff00ff00ff<<8|x>>8&0x00ff00ff00ff00ff)
+		}
+		for ; i+2 <= len(b); i += 2 {
+			le.PutUint16(b[i:], bits.ReverseBytes16(le.Uint16(b[i:])))
 		}
 	case 4:
-		for i := 0; i+4 <= len(b); i += 4 {
-			binary.LittleEndian.PutUint32(b[i:], binary.BigEndian.Uint32(b[i:]))
+		for ; i+8 <= len(b); i += 8 {
+			le.PutUint64(b[i:], bits.RotateLeft64(bits.ReverseBytes64(le.Uint64(b[i:])), 32))
+		}
+		for ; i+4 <= len(b); i += 4 {
+			le.PutUint32(b[i:], bits.ReverseBytes32(le.Uint32(b[i:])))
 		}
 	case 8:
-		for i := 0; i+8 <= len(b); i += 8 {
-			binary.LittleEndian.PutUint64(b[i:], binary.BigEndian.Uint64(b[i:]))
+		for ; i+8 <= len(b); i += 8 {
+			le.PutUint64(b[i:], bits.ReverseBytes64(le.Uint64(b[i:])))
+		}
+	}
+}
+
+// transpose16, 32 and 64 are FortranToC's 2-d case for items of 2, 4
+// and 8 bytes: src holds cols columns of rows items, dst gets rows rows of
+// cols. They move blocks (4 x 4 items of 2 bytes, 2 x 2 of 4 bytes, 4 rows
+// of one column of 8 bytes) through 64-bit words, a few columns at a time
+// so that the rows being written stay in the cache. BenchmarkFortranToC
+// ([300, 512]): 2.9, 3.5 and 7.4 GB/s, against 0.9, 1.8 and 3.3 GB/s for
+// an item at a time in 32 x 32 tiles.
+func transpose16(dst, src []byte, rows, cols int) {
+	le := binary.LittleEndian
+	r4, c4 := rows&^3, cols&^3
+	for c0 := 0; c0 < c4; c0 += transposeCols {
+		c1 := min(c0+transposeCols, c4)
+		for r := 0; r < r4; r += 4 {
+			for c := c0; c < c1; c += 4 {
+				// Four items of each of columns c..c+3: rows r..r+3.
+				a := le.Uint64(src[2*(c*rows+r):])
+				b := le.Uint64(src[2*((c+1)*rows+r):])
+				e := le.Uint64(src[2*((c+2)*rows+r):])
+				f := le.Uint64(src[2*((c+3)*rows+r):])
+				ab02 := a&0x0000ffff0000ffff | (b&0x0000ffff0000ffff)<<16 // a0 b0 a2 b2
+				ab13 := (a>>16)&0x0000ffff0000ffff | b&0xffff0000ffff0000 // a1 b1 a3 b3
+				ef02 := e&0x0000ffff0000ffff | (f&0x0000ffff0000ffff)<<16
+				ef13 := (e>>16)&0x0000ffff0000ffff | f&0xffff0000ffff0000
+				le.PutUint64(dst[2*(r*cols+c):], ab02&0xffffffff|ef02<<32)
+				le.PutUint64(dst[2*((r+1)*cols+c):], ab13&0xffffffff|ef13<<32)
+				le.PutUint64(dst[2*((r+2)*cols+c):], ab02>>32|ef02&0xffffffff00000000)
+				le.PutUint64(dst[2*((r+3)*cols+c):], ab13>>32|ef13&0xffffffff00000000)
+			}
+		}
+	}
+	transposeEdges(dst, src, rows, cols, r4, c4, 2)
+}
+
+func transpose32(dst, src []byte, rows, cols int) {
+	le := binary.LittleEndian
+	r2, c2 := rows&^1, cols&^1
+	for c0 := 0; c0 < c2; c0 += transposeCols {
+		c1 := min(c0+transposeCols, c2)
+		for r := 0; r < r2; r += 2 {
+			for c := c0; c < c1; c += 2 {
+				a := le.Uint64(src[4*(c*rows+r):]) // column c, rows r and r+1
+				b := le.Uint64(src[4*((c+1)*rows+r):])
+				le.PutUint64(dst[4*(r*cols+c):], a&0xffffffff|b<<32)
+				le.PutUint64(dst[4*((r+1)*cols+c):], a>>32|b&0xffffffff00000000)
+			}
+		}
+	}
+	transposeEdges(dst, src, rows, cols, r2, c2, 4)
+}
+
+func transpose64(dst, src []byte, rows, cols int) {
+	le := binary.LittleEndian
+	r4 := rows &^ 3
+	for c0 := 0; c0 < cols; c0 += transposeCols {
+		c1 := min(c0+transposeCols, cols)
+		for r := 0; r < r4; r += 4 {
+			for c := c0; c < c1; c++ {
+				s := src[8*(c*rows+r):][:32]
+				le.PutUint64(dst[8*(r*cols+c):], le.Uint64(s))
+				le.PutUint64(dst[8*((r+1)*cols+c):], le.Uint64(s[8:]))
+				le.PutUint64(dst[8*((r+2)*cols+c):], le.Uint64(s[16:]))
+				le.PutUint64(dst[8*((r+3)*cols+c):], le.Uint64(s[24:]))
+			}
+		}
+	}
+	transposeEdges(dst, src, rows, cols, r4, cols, 8)
+}
+
+// transposeCols is how many columns the blocked transposes take at a time.
+const transposeCols = 64
+
+// transposeEdges moves the items the blocks left out: the columns from c
+// on, and the rows from r on.
+func transposeEdges(dst, src []byte, rows, cols, r, c, size int) {
+	for i := 0; i < rows; i++ {
+		for j := c; j < cols; j++ {
+			copy(dst[size*(i*cols+j):][:size], src[size*(j*rows+i):])
+		}
+	}
+	for i := r; i < rows; i++ {
+		for j := 0; j < c; j++ {
+			copy(dst[size*(i*cols+j):][:size], src[size*(j*rows+i):])
 		}
 	}
 }
@@ -262,53 +371,6 @@ func SwapBytes(b []byte, size int) {
 // FortranToC copies src, an array of the given shape stored in Fortran
 // (column-major) order, into dst in C (row-major) order. dst and src must
 // both hold the whole array and must not overlap.
-// transpose16, 32 and 64 are FortranToC's 2-d case for items of 2, 4
-// and 8 bytes, in tiles of 32 x 32 items.
-func transpose16(dst, src []byte, rows, cols int) {
-	for r0 := 0; r0 < rows; r0 += 32 {
-		r1 := min(r0+32, rows)
-		for c0 := 0; c0 < cols; c0 += 32 {
-			c1 := min(c0+32, cols)
-			for r := r0; r < r1; r++ {
-				d := dst[2*(r*cols+c0) : 2*(r*cols+c1)]
-				for c := c0; c < c1; c++ {
-					binary.LittleEndian.PutUint16(d[2*(c-c0):], binary.LittleEndian.Uint16(src[2*(c*rows+r):]))
-				}
-			}
-		}
-	}
-}
-
-func transpose32(dst, src []byte, rows, cols int) {
-	for r0 := 0; r0 < rows; r0 += 32 {
-		r1 := min(r0+32, rows)
-		for c0 := 0; c0 < cols; c0 += 32 {
-			c1 := min(c0+32, cols)
-			for r := r0; r < r1; r++ {
-				d := dst[4*(r*cols+c0) : 4*(r*cols+c1)]
-				for c := c0; c < c1; c++ {
-					binary.LittleEndian.PutUint32(d[4*(c-c0):], binary.LittleEndian.Uint32(src[4*(c*rows+r):]))
-				}
-			}
-		}
-	}
-}
-
-func transpose64(dst, src []byte, rows, cols int) {
-	for r0 := 0; r0 < rows; r0 += 32 {
-		r1 := min(r0+32, rows)
-		for c0 := 0; c0 < cols; c0 += 32 {
-			c1 := min(c0+32, cols)
-			for r := r0; r < r1; r++ {
-				d := dst[8*(r*cols+c0) : 8*(r*cols+c1)]
-				for c := c0; c < c1; c++ {
-					binary.LittleEndian.PutUint64(d[8*(c-c0):], binary.LittleEndian.Uint64(src[8*(c*rows+r):]))
-				}
-			}
-		}
-	}
-}
-
 func FortranToC(dst, src []byte, shape []int, size int) {
 	nd := len(shape)
 	total := 1
@@ -320,9 +382,8 @@ func FortranToC(dst, src []byte, shape []int, size int) {
 	}
 	if nd == 2 {
 		rows, cols := shape[0], shape[1]
-		// src[c*rows+r] -> dst[r*cols+c], in cache-sized tiles; items of
-		// 2, 4 and 8 bytes moved as one load and store each (a copy call
-		// per item cost 5 % of a convert of float16 sources).
+		// src[c*rows+r] -> dst[r*cols+c]: items of 2, 4 and 8 bytes in
+		// blocks; others (1 or 16 bytes) one at a time, in tiles.
 		const tile = 32
 		switch size {
 		case 2:

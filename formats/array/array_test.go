@@ -3,6 +3,7 @@ package array
 import (
 	"bytes"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -18,12 +19,13 @@ func fortranRef(src []byte, rows, cols, size int) []byte {
 }
 
 // TestFortranToC: 2-d transposes of every item size equal the byte-by-
-// byte reference, on shapes around the tile size.
+// byte reference, on shapes around the block and tile sizes (edges of 1-3
+// rows or columns).
 func TestFortranToC(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
 	for _, size := range []int{1, 2, 4, 8} {
-		for _, rows := range []int{1, 3, 31, 32, 33, 100} {
-			for _, cols := range []int{1, 7, 32, 65} {
+		for _, rows := range []int{1, 2, 3, 4, 5, 6, 7, 31, 32, 33, 100} {
+			for _, cols := range []int{1, 2, 3, 4, 5, 7, 32, 63, 64, 65, 130} {
 				src := make([]byte, rows*cols*size)
 				for i := range src {
 					src[i] = byte(r.Uint32())
@@ -39,13 +41,47 @@ func TestFortranToC(t *testing.T) {
 }
 
 func BenchmarkFortranToC(b *testing.B) {
-	for _, size := range []int{2, 4} {
+	for _, size := range []int{2, 4, 8} {
 		src := make([]byte, 300*512*size)
 		dst := make([]byte, len(src))
-		b.Run(map[int]string{2: "float16", 4: "float32"}[size], func(b *testing.B) {
+		b.Run(map[int]string{2: "float16", 4: "float32", 8: "float64"}[size], func(b *testing.B) {
 			b.SetBytes(int64(len(src)))
 			for range b.N {
 				FortranToC(dst, src, []int{300, 512}, size)
+			}
+		})
+	}
+}
+
+// TestSwapBytes: every item size, on lengths around the 8-byte step,
+// against reversing each item's bytes one by one.
+func TestSwapBytes(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	for _, size := range []int{2, 4, 8} {
+		for items := range 12 {
+			b := make([]byte, items*size)
+			for i := range b {
+				b[i] = byte(r.Uint32())
+			}
+			want := bytes.Clone(b)
+			for i := 0; i < len(want); i += size {
+				slices.Reverse(want[i : i+size])
+			}
+			SwapBytes(b, size)
+			if !bytes.Equal(b, want) {
+				t.Fatalf("size %d, %d items: %x, want %x", size, items, b, want)
+			}
+		}
+	}
+}
+
+func BenchmarkSwapBytes(b *testing.B) {
+	for _, size := range []int{2, 4, 8} {
+		buf := make([]byte, 1<<20)
+		b.Run(map[int]string{2: "2", 4: "4", 8: "8"}[size], func(b *testing.B) {
+			b.SetBytes(int64(len(buf)))
+			for b.Loop() {
+				SwapBytes(buf, size)
 			}
 		})
 	}

@@ -4,6 +4,7 @@
 package pickle
 
 import (
+	"bytes"
 	"fmt"
 	"math/big"
 
@@ -69,8 +70,19 @@ func (a *NDArray) PySetState(state any) error {
 		a.err = fmt.Errorf("%w: ndarray data is %s, not bytes", array.ErrDType, typeName(items[3]))
 		return nil
 	}
-	a.arr, a.err = array.New(dt.Descr(), shape, fortran, data)
+	a.arr, a.err = newArray(dt.Descr(), shape, fortran, data)
 	return nil
+}
+
+// newArray is array.New for a payload that other arrays of the pickle may
+// share (a memoized bytes object: numpy never writes one, but a pickle can
+// hold one): array.New byte-swaps and transposes in place, so a payload
+// it would change is copied first.
+func newArray(descr string, shape []int, fortran bool, data []byte) (*array.Array, error) {
+	if dt, big, err := array.ParseDescr(descr); err == nil && (big && dt.Size > 1 || fortran && len(shape) > 1) {
+		data = bytes.Clone(data)
+	}
+	return array.New(descr, shape, fortran, data)
 }
 
 // DType is numpy.dtype rebuilt from a pickle.
@@ -165,7 +177,7 @@ func (frombufferFunc) Call(args ...any) (any, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w: _frombuffer buffer is %s", ErrFormat, typeName(args[0]))
 	}
-	a.arr, a.err = array.New(dt.Descr(), shape, order == "F", data)
+	a.arr, a.err = newArray(dt.Descr(), shape, order == "F", data)
 	return a, nil
 }
 
