@@ -12,9 +12,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . docs/bench_lib.sh
-PY=${CLIPSHARD_PYTHON:-/usr/bin/python3}
-W=${1:-/tmp/clipshard-bench}
-mkdir -p "$W"
 go build -o "$W/convert" ./cmd/convert
 go build -o "$W/verify" ./cmd/verify
 

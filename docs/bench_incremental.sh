@@ -11,9 +11,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . docs/bench_lib.sh
-PY=${CLIPSHARD_PYTHON:-/usr/bin/python3}
-W=${1:-/tmp/clipshard-bench}
-mkdir -p "$W"
 go build -o "$W/convert" ./cmd/convert
 [ -f "$W/small/clips.txt" ] || "$PY" docs/bench_gen.py "$W/small" 5000 30 30 64
 [ -f "$W/mixed/clips.txt" ] || "$PY" docs/bench_gen_mixed.py "$W/mixed" 400

@@ -1,4 +1,11 @@
-# Shared by the docs/bench_*.sh scripts (sourced, not run).
+# Shared by the docs/bench_*.sh scripts (sourced, not run, from the
+# repository's root).
+
+# PY: the Python with numpy (Debian's). W: the work folder, the script's
+# first argument, else $BENCH_DIR, else /tmp/clipshard-bench.
+PY=${CLIPSHARD_PYTHON:-/usr/bin/python3}
+W=${1:-${BENCH_DIR:-/tmp/clipshard-bench}}
+mkdir -p "$W"
 
 # best LABEL COMMAND...: runs COMMAND $RUNS times (default 5) after a sync,
 # prints the best wall time (to the ms, from date +%s%N around

@@ -7,10 +7,8 @@
 # Usage: docs/bench_memory.sh [WORKDIR]   (default /tmp/clipshard-bench-mem; needs python3-numpy)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+BENCH_DIR=${BENCH_DIR:-/tmp/clipshard-bench-mem}
 . docs/bench_lib.sh
-PY=${CLIPSHARD_PYTHON:-/usr/bin/python3}
-W=${1:-/tmp/clipshard-bench-mem}
-mkdir -p "$W"
 go build -o "$W/" ./cmd/convert ./cmd/shuffle
 S="$W/src"
 if [ ! -f "$S/clips.txt" ]; then

@@ -5,9 +5,7 @@
 # Usage: docs/bench_merge.sh [WORKDIR]   (default /tmp/clipshard-bench; needs python3-numpy)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${CLIPSHARD_PYTHON:-/usr/bin/python3}
-W=${1:-/tmp/clipshard-bench}
-mkdir -p "$W"
+. docs/bench_lib.sh
 go build -o "$W/convert" ./cmd/convert
 for spec in "merge1 200" "merge4 800"; do
   set -- $spec

@@ -11,8 +11,7 @@
 # Usage: docs/bench_read.sh [WORKDIR]   (default /tmp/clipshard-bench; needs python3-numpy and git history)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${CLIPSHARD_PYTHON:-/usr/bin/python3}
-W=${1:-/tmp/clipshard-bench}
+. docs/bench_lib.sh
 S="$W/shuf"
 mkdir -p "$W/old"
 go build -o "$W/" ./cmd/convert ./cmd/shuffle

@@ -9,10 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . docs/bench_lib.sh
-PY=${CLIPSHARD_PYTHON:-/usr/bin/python3}
-W=${1:-/tmp/clipshard-bench}
 S="$W/shuf"
-mkdir -p "$W"
 go build -o "$W/convert" ./cmd/convert
 go build -o "$W/shuffle" ./cmd/shuffle
 [ -f "$S/clips.txt" ] || "$PY" docs/bench_gen.py "$S" 200 600 1000 1024

@@ -15,20 +15,6 @@ import (
 	"github.com/clipshard/clipshard/manifests"
 )
 
-// bigClipSources writes a clip list of three clips, the middle one a
-// frames x 1024 float32 .npy (4 KiB a frame), and returns the list.
-func bigClipSources(t *testing.T, frames int) string {
-	t.Helper()
-	src := t.TempDir()
-	os.MkdirAll(filepath.Join(src, "f"), 0o755)
-	for i, n := range []int{500, frames, 300} {
-		clitest.BigNPY(t, filepath.Join(src, "f", []string{"a", "b", "c"}[i]+".npy"), array.Float32, n, 1024)
-	}
-	list := filepath.Join(src, "clips.txt")
-	os.WriteFile(list, []byte("a\nb\nc\n"), 0o644)
-	return list
-}
-
 // TestMemoryBounded: a .npy clip larger than --mem is converted in pieces:
 // peak RSS of the real binary stays under --mem + 64 MiB (it held the
 // whole clip and its float16 copy before), and the dataset is exact. So
@@ -38,7 +24,7 @@ func TestMemoryBounded(t *testing.T) {
 	if testing.Short() {
 		t.Skip("writes a 384 MiB clip; run without -short")
 	}
-	list := bigClipSources(t, 96<<10) // 384 MiB of float32
+	list := clitest.ClipSet(t, "f", array.Float32, 1024, 500, 96<<10, 300) // 384 MiB of float32 in the middle
 	var out string
 	for _, workers := range []string{"1", "2"} {
 		out = filepath.Join(t.TempDir(), "ds")
@@ -60,7 +46,7 @@ func TestMemoryBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	later := time.Now().Add(time.Minute)
-	os.Chtimes(filepath.Join(filepath.Dir(list), "f", "a.npy"), later, later)
+	os.Chtimes(filepath.Join(filepath.Dir(list), "f", "c0.npy"), later, later)
 	r := runConvert(t, nil, "--clips", list, "--out", out, "-m", "f=f/{clip}.npy", "--mem", "64MiB", "--workers", "2", "--quiet")
 	if r.Code != 0 || !strings.Contains(r.Stdout, "all the rows of 2 clips") {
 		t.Fatalf("incremental: exit %d: %s %s", r.Code, r.Stdout, r.Stderr)
@@ -78,7 +64,7 @@ func TestMemoryBounded(t *testing.T) {
 // stops the run within a second (it was acted on only after the clip),
 // with the one line that says so, and leaves --out alone.
 func TestTermDuringLongClip(t *testing.T) {
-	list := bigClipSources(t, 16<<10) // 64 MiB, 16 pieces
+	list := clitest.ClipSet(t, "f", array.Float32, 1024, 500, 16<<10, 300) // 64 MiB in the middle, 16 pieces
 	out := filepath.Join(t.TempDir(), "ds")
 	cmd := exec.Command(bin, "--clips", list, "--out", out, "-m", "f=f/{clip}.npy", "--mem", "16MiB", "--workers", "1", "--quiet")
 	// Every piece takes 300 ms more: the clip takes about 10 s.

@@ -2,7 +2,6 @@ package main_test
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,18 +17,13 @@ import (
 // float16 values (8 MiB per 2048 frames) between two small ones.
 func bigClipDataset(t *testing.T, frames int) string {
 	t.Helper()
-	src := t.TempDir()
-	os.MkdirAll(filepath.Join(src, "w"), 0o755)
-	for i, n := range []int{300, frames, 200} {
-		clitest.BigNPY(t, filepath.Join(src, "w", fmt.Sprintf("c%d.npy", i)), array.Float16, n, 2048)
-	}
-	os.WriteFile(filepath.Join(src, "clips.txt"), []byte("c0\nc1\nc2\n"), 0o644)
+	list := clitest.ClipSet(t, "w", array.Float16, 2048, 300, frames, 200)
 	m, err := convert.ParseModality("w=w/{clip}.npy")
 	if err != nil {
 		t.Fatal(err)
 	}
 	ds := filepath.Join(t.TempDir(), "ds")
-	if _, err := convert.Run(context.Background(), convert.Options{ClipList: filepath.Join(src, "clips.txt"), Out: ds, Modalities: []convert.Modality{m}}); err != nil {
+	if _, err := convert.Run(context.Background(), convert.Options{ClipList: list, Out: ds, Modalities: []convert.Modality{m}}); err != nil {
 		t.Fatal(err)
 	}
 	return ds

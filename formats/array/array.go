@@ -221,6 +221,17 @@ func ByteSize(shape []int, itemSize int) (int64, error) {
 // next, rather than a new buffer each time). The Array's data is raw,
 // which must hold exactly the bytes the shape declares.
 func New(descr string, shape []int, fortran bool, raw []byte) (*Array, error) {
+	return build(descr, shape, fortran, raw, true)
+}
+
+// NewFrom is New for bytes the caller does not give up, such as a pickle's
+// payload, which several arrays may share: data is left as it is, and an
+// array that needs normalising gets a buffer of its own.
+func NewFrom(descr string, shape []int, fortran bool, data []byte) (*Array, error) {
+	return build(descr, shape, fortran, data, false)
+}
+
+func build(descr string, shape []int, fortran bool, raw []byte, inPlace bool) (*Array, error) {
 	dt, big, err := ParseDescr(descr)
 	if err != nil {
 		return nil, err
@@ -232,21 +243,33 @@ func New(descr string, shape []int, fortran bool, raw []byte) (*Array, error) {
 	if int64(len(raw)) != n {
 		return nil, fmt.Errorf("%w: %s of %s needs %d bytes, have %d", ErrShape, FormatShape(shape), dt, n, len(raw))
 	}
-	if big {
-		SwapBytes(raw, dt.Size)
+	reorder := fortran && len(shape) > 1 && n > 0
+	swap := big && dt.Size > 1
+	data := raw
+	if !inPlace && (reorder || swap) {
+		data = make([]byte, n)
+		if !reorder {
+			copy(data, raw)
+		}
 	}
-	if fortran && len(shape) > 1 {
+	switch {
+	case reorder && inPlace:
 		p, _ := scratch.Get().(*[]byte)
 		if p == nil || cap(*p) < len(raw) {
 			p = &[]byte{}
-			*p = make([]byte, len(raw), 1<<bits.Len(uint(len(raw))))
+			*p = make([]byte, len(raw), 1<<bits.Len(uint(len(raw)-1)))
 		}
 		t := (*p)[:len(raw)]
 		FortranToC(t, raw, shape, dt.Size)
 		copy(raw, t)
 		scratch.Put(p)
+	case reorder:
+		FortranToC(data, raw, shape, dt.Size)
 	}
-	return &Array{DType: dt, Shape: append([]int(nil), shape...), Data: raw, SourceDescr: descr, SourceFortran: fortran}, nil
+	if swap {
+		SwapBytes(data, dt.Size) // an item's bytes, wherever the item went
+	}
+	return &Array{DType: dt, Shape: append([]int(nil), shape...), Data: data, SourceDescr: descr, SourceFortran: fortran}, nil
 }
 
 // scratch holds New's transpose buffers. A fresh buffer for each Fortran

@@ -86,3 +86,36 @@ func BenchmarkSwapBytes(b *testing.B) {
 		})
 	}
 }
+
+// TestNewFrom: NewFrom gives the array New gives, for every mix of byte
+// order and memory order, and leaves its data as it was.
+func TestNewFrom(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 10))
+	for _, descr := range []string{"<f4", ">f4", "<f2", ">f8", "|u1"} {
+		for _, fortran := range []bool{false, true} {
+			for _, shape := range [][]int{{5, 3}, {4}, {0, 2}, {2, 3, 2}} {
+				dt, _, _ := ParseDescr(descr)
+				n, _ := ByteSize(shape, dt.Size)
+				data := make([]byte, n)
+				for i := range data {
+					data[i] = byte(r.Uint32())
+				}
+				orig := bytes.Clone(data)
+				want, err := New(descr, shape, fortran, bytes.Clone(data))
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, err := NewFrom(descr, shape, fortran, data)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(data, orig) {
+					t.Fatalf("%s %v fortran=%v: NewFrom changed its data", descr, shape, fortran)
+				}
+				if !bytes.Equal(got.Data, want.Data) || got.SourceFortran != fortran {
+					t.Fatalf("%s %v fortran=%v: NewFrom %x, New %x", descr, shape, fortran, got.Data, want.Data)
+				}
+			}
+		}
+	}
+}

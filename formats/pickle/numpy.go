@@ -4,7 +4,6 @@
 package pickle
 
 import (
-	"bytes"
 	"fmt"
 	"math/big"
 
@@ -70,37 +69,8 @@ func (a *NDArray) PySetState(state any) error {
 		a.err = fmt.Errorf("%w: ndarray data is %s, not bytes", array.ErrDType, typeName(items[3]))
 		return nil
 	}
-	a.arr, a.err = newArray(dt.Descr(), shape, fortran, data)
+	a.arr, a.err = array.NewFrom(dt.Descr(), shape, fortran, data)
 	return nil
-}
-
-// newArray is array.New for a payload that other arrays of the pickle may
-// share (a memoized bytes object: numpy never writes one, but a pickle can
-// hold one): array.New byte-swaps and transposes in place, so a payload
-// it would change is not given to it. A Fortran-ordered one is transposed
-// into a new buffer (twice the array's size at the peak, as before New
-// worked in place); a big-endian one is copied first.
-func newArray(descr string, shape []int, fortran bool, data []byte) (*array.Array, error) {
-	dt, big, err := array.ParseDescr(descr)
-	if err != nil {
-		return nil, err
-	}
-	if n, err := array.ByteSize(shape, dt.Size); err != nil || int64(len(data)) != n {
-		return array.New(descr, shape, fortran, data) // its error
-	}
-	switch {
-	case fortran && len(shape) > 1:
-		c := make([]byte, len(data))
-		array.FortranToC(c, data, shape, dt.Size)
-		a, err := array.New(descr, shape, false, c)
-		if a != nil {
-			a.SourceFortran = true
-		}
-		return a, err
-	case big && dt.Size > 1:
-		return array.New(descr, shape, false, bytes.Clone(data))
-	}
-	return array.New(descr, shape, fortran, data)
 }
 
 // DType is numpy.dtype rebuilt from a pickle.
@@ -195,7 +165,7 @@ func (frombufferFunc) Call(args ...any) (any, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w: _frombuffer buffer is %s", ErrFormat, typeName(args[0]))
 	}
-	a.arr, a.err = newArray(dt.Descr(), shape, order == "F", data)
+	a.arr, a.err = array.NewFrom(dt.Descr(), shape, order == "F", data)
 	return a, nil
 }
 

@@ -185,7 +185,7 @@ func valueArray(v any) (*array.Array, bool, error) {
 		if !ok {
 			return nil, true, fmt.Errorf("%w: numpy scalar data is %s, not bytes", ErrFormat, typeName(x.Value))
 		}
-		a, err := array.New(x.DType.Descr(), []int{}, false, append([]byte(nil), data...))
+		a, err := array.NewFrom(x.DType.Descr(), []int{}, false, data)
 		return a, true, err
 	case bool, int, *big.Int, float64:
 		a, err := numbersArray([]any{x}, []int{})

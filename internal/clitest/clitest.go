@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -187,6 +188,28 @@ func Spread(t testing.TB, total, n int) []int {
 	}
 	t.Logf("%d kill points, killing at %v", total, ks)
 	return ks
+}
+
+// ClipSet writes one .npy per entry of rows, sub/c0.npy, c1.npy, ..., of
+// that many rows x cols values of dt (BigNPY), under a new temporary
+// folder, and returns its clip list. Memory tests put a large clip between
+// small ones.
+func ClipSet(t testing.TB, sub string, dt array.DType, cols int, rows ...int) string {
+	t.Helper()
+	src := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(src, sub), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var list strings.Builder
+	for i, n := range rows {
+		BigNPY(t, filepath.Join(src, sub, fmt.Sprintf("c%d.npy", i)), dt, n, cols)
+		fmt.Fprintf(&list, "c%d\n", i)
+	}
+	path := filepath.Join(src, "clips.txt")
+	if err := os.WriteFile(path, []byte(list.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 // BigNPY writes a C-order .npy of rows x cols values of dt (float16, 32 or
