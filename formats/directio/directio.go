@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -55,8 +56,9 @@ func Unmap(b []byte) { unix.Munmap(b) }
 
 // File writes to f, directly where it can. It does not own f.
 type File struct {
-	f  *os.File
-	df *os.File // O_DIRECT, or nil
+	f   *os.File
+	df  *os.File        // O_DIRECT, or nil
+	raw syscall.RawConn // df's
 }
 
 // New returns a File writing to f (opened for writing), with a second,
@@ -65,7 +67,11 @@ func New(f *os.File) *File {
 	d := &File{f: f}
 	if Enabled {
 		if df, err := os.OpenFile(f.Name(), os.O_WRONLY|unix.O_DIRECT, 0); err == nil {
-			d.df = df
+			if d.raw, err = df.SyscallConn(); err != nil {
+				df.Close()
+			} else {
+				d.df = df
+			}
 		}
 	}
 	return d
@@ -83,7 +89,10 @@ func (d *File) WriteAt(p []byte, off int64) error {
 	}
 	start := 0
 	if whole := len(p) &^ (Align - 1); d.df != nil && whole > 0 {
-		_, err := d.df.WriteAt(p[:whole], off)
+		var err error
+		if n, ok := d.writeAsync(p[:whole], off); !ok {
+			_, err = d.df.WriteAt(p[n:whole], off+int64(n))
+		}
 		switch {
 		case errors.Is(err, unix.EINVAL):
 			// The filesystem took O_DIRECT at open but refuses the write.
