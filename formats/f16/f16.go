@@ -179,14 +179,18 @@ const (
 // FromFloat64 converts src into dst directly (see Float64ToBits) and adds
 // the audit of src to st (unless st is nil).
 //
-// The audit screens blocks of 64 values with a running max and min of |x|
-// and counts only in blocks that hold something to count.
+// On amd64 with AVX2, blocks of 16 values that are zeros or convert to
+// normal float16 (the common case) go through f64ToF16Screen, the same
+// integer arithmetic four lanes at a time; the other blocks, and the
+// rest, through the Go code below, which screens blocks of 64 values with
+// a running max and min of |x| and counts only in blocks that hold
+// something to count.
 func FromFloat64(dst []uint16, src []float64, st *Stats) {
 	if len(dst) < len(src) {
 		panic("f16: dst too short")
 	}
 	dst = dst[:len(src)]
-	if st == nil {
+	if st == nil && !useAsm {
 		for i, f := range src {
 			b := math.Float64bits(f)
 			if a := b &^ (1 << 63); a-normLo64 < normHi64-normLo64 { // Float64ToBits, inlined
@@ -200,45 +204,66 @@ func FromFloat64(dst []uint16, src []float64, st *Stats) {
 	}
 	var s Stats
 	var maxBits uint64
-	for off := 0; off < len(src); off += 64 {
-		blk := src[off:min(off+64, len(src))]
-		out := dst[off : off+len(blk)]
-		hiA, loA := uint64(0), ^uint64(0)
-		for i, f := range blk {
-			b := math.Float64bits(f)
-			a := b &^ (1 << 63)
-			if a-normLo64 < normHi64-normLo64 { // Float64ToBits, inlined
-				v := a - 1008<<52
-				out[i] = uint16(b>>48)&0x8000 | uint16((v+(1<<41-1)+(v>>42)&1)>>42)
-			} else {
-				out[i] = float64ToBitsRare(b)
-			}
-			hiA = max(hiA, a)
-			loA = min(loA, a-1) // 0 wraps to the top and drops out
-		}
-		if hiA < overflow64 && loA >= underflow64 {
-			maxBits = max(maxBits, hiA)
-			continue
-		}
-		for _, f := range blk {
-			a := math.Float64bits(f) &^ (1 << 63)
-			switch {
-			case a > inf64:
-				s.NaN++
-			case a == inf64:
-				s.InfIn++
-			default:
-				if a >= overflow64 {
-					s.Overflow++
-				} else if a != 0 && a <= underflow64 {
-					s.Underflow++
-				}
-				maxBits = max(maxBits, a)
+	off := 0
+	if useAsm {
+		blocks := len(src) &^ 15
+		for off < blocks {
+			var m [4]uint64
+			off += f64ToF16Screen(&dst[off], &src[off], blocks-off, &m)
+			maxBits = max(maxBits, m[0], m[1], m[2], m[3])
+			if off < blocks {
+				fromFloat64Block(dst[off:off+16], src[off:off+16], &s, &maxBits)
+				off += 16
 			}
 		}
 	}
-	s.MaxAbs = math.Float64frombits(maxBits)
-	st.Add(s)
+	for ; off < len(src); off += 64 {
+		end := min(off+64, len(src))
+		fromFloat64Block(dst[off:end], src[off:end], &s, &maxBits)
+	}
+	if st != nil {
+		s.MaxAbs = math.Float64frombits(maxBits)
+		st.Add(s)
+	}
+}
+
+// fromFloat64Block converts blk into out and adds its audit to s and
+// *maxBits (the largest finite |x| bits).
+func fromFloat64Block(out []uint16, blk []float64, s *Stats, maxBits *uint64) {
+	out = out[:len(blk)]
+	hiA, loA := uint64(0), ^uint64(0)
+	for i, f := range blk {
+		b := math.Float64bits(f)
+		a := b &^ (1 << 63)
+		if a-normLo64 < normHi64-normLo64 { // Float64ToBits, inlined
+			v := a - 1008<<52
+			out[i] = uint16(b>>48)&0x8000 | uint16((v+(1<<41-1)+(v>>42)&1)>>42)
+		} else {
+			out[i] = float64ToBitsRare(b)
+		}
+		hiA = max(hiA, a)
+		loA = min(loA, a-1) // 0 wraps to the top and drops out
+	}
+	if hiA < overflow64 && loA >= underflow64 {
+		*maxBits = max(*maxBits, hiA)
+		return
+	}
+	for _, f := range blk {
+		a := math.Float64bits(f) &^ (1 << 63)
+		switch {
+		case a > inf64:
+			s.NaN++
+		case a == inf64:
+			s.InfIn++
+		default:
+			if a >= overflow64 {
+				s.Overflow++
+			} else if a != 0 && a <= underflow64 {
+				s.Underflow++
+			}
+			*maxBits = max(*maxBits, a)
+		}
+	}
 }
 
 // FromFloat16 copies src into dst and adds the audit of src to st.

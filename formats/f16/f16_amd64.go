@@ -53,6 +53,9 @@ func audit16Block(b []byte) (maxBits uint16, ok bool) {
 func f32ToF16AVX2NoAudit(dst *uint16, src *float32, n int)
 
 //go:noescape
+func f64ToF16Screen(dst *uint16, src *float64, n int, maxOut *[4]uint64) int
+
+//go:noescape
 func f32ToF16Screen(dst *uint16, src *float32, n int, maxOut *[8]uint32) int
 
 // fromFloat32Asm converts the largest multiple of 8 elements of src it can

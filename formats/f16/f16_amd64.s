@@ -221,3 +221,110 @@ audit16loop:
 	SETNE        special+18(FP)
 	VZEROUPPER
 	RET
+
+// Constants of f64ToF16Screen (float64 bits), broadcast into registers.
+DATA f64abs<>+0(SB)/8, $0x7fffffffffffffff
+GLOBL f64abs<>(SB), RODATA|NOPTR, $8
+DATA f64lo<>+0(SB)/8, $0x3f0fffffffffffff   // |x| >  this: |x| >= 2^-14, a normal float16
+GLOBL f64lo<>(SB), RODATA|NOPTR, $8
+DATA f64big<>+0(SB)/8, $0x40effe0000000000  // |x| <  this: |x| < 65520, does not round to Inf
+GLOBL f64big<>(SB), RODATA|NOPTR, $8
+DATA f64bias<>+0(SB)/8, $0x3f00000000000000 // (1023-15) << 52: the exponents' rebias
+GLOBL f64bias<>(SB), RODATA|NOPTR, $8
+DATA f64half<>+0(SB)/8, $0x000001ffffffffff // 2^41 - 1: half a float16 ulp, less one
+GLOBL f64half<>(SB), RODATA|NOPTR, $8
+DATA f64one<>+0(SB)/8, $1
+GLOBL f64one<>(SB), RODATA|NOPTR, $8
+DATA f64sign<>+0(SB)/8, $0x8000
+GLOBL f64sign<>(SB), RODATA|NOPTR, $8
+// VPERMD indices putting the words of two VPACKUSDW rounds back in order.
+DATA f64perm<>+0(SB)/4, $0
+DATA f64perm<>+4(SB)/4, $4
+DATA f64perm<>+8(SB)/4, $1
+DATA f64perm<>+12(SB)/4, $5
+DATA f64perm<>+16(SB)/4, $2
+DATA f64perm<>+20(SB)/4, $6
+DATA f64perm<>+24(SB)/4, $3
+DATA f64perm<>+28(SB)/4, $7
+GLOBL f64perm<>(SB), RODATA|NOPTR, $32
+
+// F64GROUP converts the 4 float64 at off(SI) into 4 float16 in the low
+// words of the quadwords of res, as Float64ToBits does for a zero or an |x|
+// in [2^-14, 65520): rebias the exponent, round the mantissa to 10 bits
+// to nearest even (a carry bumps the exponent), put the sign back. A lane
+// outside that set jumps to fail. Y6 keeps the block's max |x| bits.
+// Uses Y0-Y3.
+#define F64GROUP(off, res) \
+	VMOVDQU   off(SI), Y0    \
+	VPAND     Y15, Y0, Y1    \
+	VPCMPGTQ  Y14, Y1, Y2    \
+	VPCMPGTQ  Y1, Y13, Y3    \
+	VPAND     Y3, Y2, Y2     \
+	VPXOR     Y3, Y3, Y3     \
+	VPCMPEQQ  Y3, Y1, Y3     \
+	VPOR      Y2, Y3, Y3     \
+	VPMOVMSKB Y3, AX         \
+	CMPL      AX, $0xffffffff \
+	JNE       fail           \
+	VPCMPGTQ  Y6, Y1, Y3     \
+	VPBLENDVB Y3, Y1, Y6, Y6 \
+	VPSUBQ    Y12, Y1, Y1    \
+	VPSRLQ    $42, Y1, Y3    \
+	VPAND     Y10, Y3, Y3    \
+	VPADDQ    Y11, Y1, Y1    \
+	VPADDQ    Y3, Y1, Y1     \
+	VPSRLQ    $42, Y1, Y1    \
+	VPAND     Y2, Y1, Y1     \
+	VPSRLQ    $48, Y0, Y0    \
+	VPAND     Y9, Y0, Y0     \
+	VPOR      Y0, Y1, res
+
+// func f64ToF16Screen(dst *uint16, src *float64, n int, maxOut *[4]uint64) int
+// Converts blocks of 16 float64 (n is a multiple of 16) while every value
+// of a block is a zero or has |x| in [2^-14, 65520): its float16 is a
+// normal (or zero), and the audit has nothing to count. It stops before
+// the first block that fails (which it leaves unwritten) and returns the
+// number of elements converted; maxOut gets the per-lane max |x| bits of
+// the blocks converted.
+TEXT ·f64ToF16Screen(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	MOVQ maxOut+24(FP), DX
+	XORQ BX, BX
+
+	VPBROADCASTQ f64abs<>(SB), Y15
+	VPBROADCASTQ f64lo<>(SB), Y14
+	VPBROADCASTQ f64big<>(SB), Y13
+	VPBROADCASTQ f64bias<>(SB), Y12
+	VPBROADCASTQ f64half<>(SB), Y11
+	VPBROADCASTQ f64one<>(SB), Y10
+	VPBROADCASTQ f64sign<>(SB), Y9
+	VMOVDQU      f64perm<>(SB), Y8
+	VPXOR        Y7, Y7, Y7 // max |x| of the blocks converted
+
+block64:
+	CMPQ      BX, CX
+	JGE       fail
+	VPXOR     Y6, Y6, Y6 // the block's max |x|
+	F64GROUP(0, Y4)
+	F64GROUP(32, Y5)
+	VPACKUSDW Y5, Y4, Y4
+	F64GROUP(64, Y5)
+	F64GROUP(96, Y1)
+	VPACKUSDW Y1, Y5, Y5
+	VPACKUSDW Y5, Y4, Y4
+	VPERMD    Y4, Y8, Y4
+	VMOVDQU   Y4, (DI)
+	VPCMPGTQ  Y7, Y6, Y3
+	VPBLENDVB Y3, Y6, Y7, Y7
+	ADDQ      $128, SI
+	ADDQ      $32, DI
+	ADDQ      $16, BX
+	JMP       block64
+
+fail:
+	VMOVDQU Y7, (DX)
+	MOVQ    BX, ret+32(FP)
+	VZEROUPPER
+	RET
