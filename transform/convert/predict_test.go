@@ -201,3 +201,34 @@ func TestManySmallClips(t *testing.T) {
 		}
 	}
 }
+
+// TestAwaitPrediction: the run waits for the prediction only so long, or
+// until it is cancelled; a prediction that comes later is still taken by
+// startHashers, and one that came in time is not waited for again.
+func TestAwaitPrediction(t *testing.T) {
+	w := &writer{pred: make(chan []int64, 1)}
+	w.awaitPrediction(context.Background(), time.Millisecond) // nothing comes
+	if w.predKnown {
+		t.Fatal("a prediction that never came is known")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	w.awaitPrediction(ctx, time.Hour) // returns: cancelled
+	w.pred <- []int64{7}
+	w.startHashers()
+	if !w.predicted || !w.predKnown || w.predRows[0] != 7 {
+		t.Fatalf("a late prediction not taken: predicted %v, known %v, rows %v", w.predicted, w.predKnown, w.predRows)
+	}
+
+	w = &writer{pred: make(chan []int64, 1)}
+	w.pred <- []int64{3, 6}
+	w.awaitPrediction(context.Background(), time.Hour)
+	if !w.predKnown || len(w.predRows) != 2 {
+		t.Fatalf("a prediction in time not taken: known %v, rows %v", w.predKnown, w.predRows)
+	}
+	w.awaitPrediction(context.Background(), time.Hour) // known: does not wait
+	w.startHashers()
+	if !w.predicted {
+		t.Fatal("hashers not started from the awaited prediction")
+	}
+}

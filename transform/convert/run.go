@@ -124,6 +124,7 @@ func Run(ctx context.Context, o Options) (res *Result, err error) {
 	w.pred = make(chan []int64, 1)
 	from, base := w.next, w.frames
 	go func() { w.pred <- j.predictRows(pctx, from, base) }()
+	w.awaitPrediction(ctx, predictWait)
 	if err := j.pipeline(ctx, w, res); err != nil {
 		return nil, err
 	}
