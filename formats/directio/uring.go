@@ -13,12 +13,13 @@
 // write that extends the file, which ext4 does synchronously, goes to an
 // io_uring worker thread), and the goroutine waits for its completion by
 // looking at the completion ring between short sleeps: parked, it leaves
-// its P to the goroutines that have work. (Linux AIO is no substitute:
-// io_submit of an extending direct write waits for it on ext4, and
-// extending the file first makes every write convert unwritten extents,
-// which measured slower than the pwrite it replaces. An eventfd in the
-// netpoller wakes the writer late when the CPUs are busy: the netpoller is
-// polled when a P runs out of work or every 10 ms.)
+// its P to the goroutines that have work. An eventfd registered with the
+// ring wakes it at once when the Ps are idle; it cannot be the only wake,
+// since the netpoller that reads it is polled only when a P runs out of
+// work, or every 10 ms. (Linux AIO is no substitute: io_submit of an
+// extending direct write waits for it on ext4, and extending the file
+// first makes every write convert unwritten extents, which measured
+// slower than the pwrite it replaces.)
 //
 // Where io_uring is not available (kernel older than 5.6, refused by a
 // seccomp filter or by kernel.io_uring_disabled, its queue full) the write
@@ -91,7 +92,7 @@ type cqe struct {
 type uring struct {
 	fd             int
 	mu             sync.Mutex
-	sqTail, sqHead *uint32
+	sqTail         *uint32
 	cqHead, cqTail *uint32
 	sqMask, cqMask uint32
 	sqArray        []uint32
@@ -148,7 +149,7 @@ func newRing() *uring {
 	u32 := func(off uint32) *uint32 { return (*uint32)(unsafe.Pointer(&rb[off])) }
 	r := &uring{
 		fd:     int(fd),
-		sqTail: u32(p.sqOff.tail), sqHead: u32(p.sqOff.head),
+		sqTail: u32(p.sqOff.tail),
 		cqHead: u32(p.cqOff.head), cqTail: u32(p.cqOff.tail),
 		sqMask: *u32(p.sqOff.ringMask), cqMask: *u32(p.cqOff.ringMask),
 		sqArray: unsafe.Slice(u32(p.sqOff.array), p.sqEntries),
@@ -172,20 +173,21 @@ func newRing() *uring {
 	return r // mapped for the life of the process
 }
 
-// submit queues a write of p at off to fd; ok is false if the ring cannot
-// take it now (full) or the kernel refused the submission.
-func (r *uring) submit(fd uintptr, p []byte, off int64, ch chan int32) (id uint64, ok bool) {
+// submit queues a write of p at off to fd, whose result goes to ch; false
+// if the ring cannot take it now (full) or the kernel refused it.
+func (r *uring) submit(fd uintptr, p []byte, off int64, ch chan int32) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	// Each io_uring_enter consumes the entry it was given, so the
+	// submission queue is empty here; what bounds the writes in flight
+	// (and keeps the completion queue, twice as long, from overflowing)
+	// is this count.
 	if r.inflight >= len(r.sqes) {
-		return 0, false
+		return false
 	}
 	tail := *r.sqTail // only this process advances it
-	if tail-atomic.LoadUint32(r.sqHead) >= uint32(len(r.sqes)) {
-		return 0, false
-	}
 	r.next++
-	id = r.next
+	id := r.next
 	i := tail & r.sqMask
 	r.sqes[i] = sqe{opcode: opWrite, fd: int32(fd), off: uint64(off), addr: uint64(uintptr(unsafe.Pointer(&p[0]))), len: uint32(len(p)), userData: id}
 	r.sqArray[i] = i
@@ -198,13 +200,13 @@ func (r *uring) submit(fd uintptr, p []byte, off int64, ch chan int32) (id uint6
 		if e != 0 || n != 1 {
 			// Not consumed: take the entry back.
 			atomic.StoreUint32(r.sqTail, tail)
-			return 0, false
+			return false
 		}
 		break
 	}
 	r.inflight++
 	r.waiters[id] = ch
-	return id, true
+	return true
 }
 
 // reap hands the completions in the ring to their waiters. r.mu is held.
@@ -270,7 +272,7 @@ func (d *File) writeAsync(p []byte, off int64) (n int, ok bool) {
 	var res int32 = -1
 	err := d.raw.Control(func(fd uintptr) {
 		ch := make(chan int32, 1)
-		if _, submitted := r.submit(fd, p, off, ch); submitted {
+		if r.submit(fd, p, off, ch) {
 			res = r.wait(ch)
 		}
 	})
