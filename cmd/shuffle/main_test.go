@@ -274,9 +274,24 @@ func TestRerunAndEpochRanges(t *testing.T) {
 	if r := shuffleRun(t, nil, base(ds, stale, "--epochs", "2")...); r.Code != 0 {
 		t.Fatal(r.Stderr)
 	}
-	r = shuffleRun(t, nil, base(ds2, stale, "--epoch-range", "1:2")...)
+	// A run over the rebuilt dataset that names only some of them may
+	// not remove the others (a trainer may be reading them): refused.
+	before := tree(t, stale)
+	for _, rg := range []string{"1:2", "2:3"} {
+		r = shuffleRun(t, nil, base(ds2, stale, "--epoch-range", rg)...)
+		if r.Code != 2 || !strings.Contains(r.Stderr, "--force") || !strings.Contains(r.Stderr, "another build of the dataset") || strings.Count(r.Stderr, "\n") != 1 {
+			t.Fatalf("rebuilt dataset, epochs %s: %d %q %q", rg, r.Code, r.Stdout, r.Stderr)
+		}
+		sameTree(t, before, tree(t, stale), "epochs dir after a refused run over a rebuilt dataset")
+	}
+	// One that names them all replaces them; so does --force.
+	r = shuffleRun(t, nil, base(ds2, stale, "--epochs", "2")...)
 	if r.Code != 0 || !strings.Contains(r.Stdout, "replaced 2 stale epochs") {
-		t.Fatalf("rebuilt dataset: %d %q %q", r.Code, r.Stdout, r.Stderr)
+		t.Fatalf("rebuilt dataset, all its epochs: %d %q %q", r.Code, r.Stdout, r.Stderr)
+	}
+	r = shuffleRun(t, nil, base(ds, stale, "--epoch-range", "1:2", "--force")...)
+	if r.Code != 0 || !strings.Contains(r.Stdout, "replaced 2 stale epochs") {
+		t.Fatalf("--force: %d %q %q", r.Code, r.Stdout, r.Stderr)
 	}
 	if _, err := os.Stat(filepath.Join(stale, "epoch-0000")); err == nil {
 		t.Fatal("stale epoch 0 is still there")

@@ -140,6 +140,9 @@ func (j *job) setup(todo []int) (release func(), done []int, err error) {
 		if !j.stale {
 			return nil, nil, fmt.Errorf("%w: another run committed epochs with other options into %s meanwhile (%s)", ErrConflict, out, keyDiff(optionsKey(disk), key))
 		}
+		if err := j.mayReplace(disk); err != nil {
+			return nil, nil, err
+		}
 		if err := checkForeign(out, disk); err != nil {
 			return nil, nil, err
 		}

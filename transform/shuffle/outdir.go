@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/clipshard/clipshard/formats/atomicfile"
@@ -105,11 +106,54 @@ func openManifest(j *job) (*manifests.Epochs, error) {
 		return nil, fmt.Errorf("%w: %s holds epochs cut with other options (seed, window, sampling, ranks or shard size); use --force to replace them, or another --out", ErrUsage, o.Out)
 	}
 	// The dataset was rebuilt since (or --force): the old epochs are stale.
+	if err := j.mayReplace(old); err != nil {
+		return nil, err
+	}
 	if err := checkForeign(o.Out, old); err != nil {
 		return nil, err
 	}
 	j.stale = true
 	return fresh, nil
+}
+
+// mayReplace refuses to replace the epochs of old (another dataset's)
+// unless this run names every one of them (its epoch range covers them)
+// or --force says to: a run removes only what its command line names, so
+// that a trainer reading an epoch of the older dataset keeps its files.
+func (j *job) mayReplace(old *manifests.Epochs) error {
+	if j.o.Force {
+		return nil
+	}
+	var outside []int
+	for _, x := range old.Epochs {
+		if x.Epoch < j.o.EpochStart || x.Epoch >= j.o.EpochEnd {
+			outside = append(outside, x.Epoch)
+		}
+	}
+	if len(outside) == 0 {
+		return nil
+	}
+	slices.Sort(outside)
+	return fmt.Errorf("%w: %s holds epochs %s cut from another build of the dataset (its dataset.json sha256 differs), which this run (epochs %d:%d) was not asked to touch: refusing to remove them; use --force to replace them all, `shuffle --out %s --drop A:B` them first, or another --out",
+		ErrUsage, j.o.Out, epochList(outside), j.o.EpochStart, j.o.EpochEnd, j.o.Out)
+}
+
+// epochList words a sorted list of epochs compactly: "0-2, 5".
+func epochList(es []int) string {
+	var parts []string
+	for i := 0; i < len(es); {
+		k := i
+		for k+1 < len(es) && es[k+1] == es[k]+1 {
+			k++
+		}
+		if k == i {
+			parts = append(parts, fmt.Sprint(es[i]))
+		} else {
+			parts = append(parts, fmt.Sprintf("%d-%d", es[i], es[k]))
+		}
+		i = k + 1
+	}
+	return strings.Join(parts, ", ")
 }
 
 // checkForeign refuses an epochs directory holding files shuffle did not
