@@ -9,6 +9,9 @@ import (
 	"io/fs"
 	"path/filepath"
 	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/clipshard/clipshard/formats/array"
 	"github.com/clipshard/clipshard/formats/npy"
@@ -67,15 +70,67 @@ func LoadIntoDirs(dirs *Dirs, path, keys string, buf *[]byte) (*array.Array, fs.
 	if format == NPY && keys != "" {
 		return nil, nil, fmt.Errorf("%s: keys %q given for a .npy file, which holds one array", path, keys)
 	}
+	for try := 1; ; try++ {
+		began := time.Now()
+		a, info, after, err := loadOnce(dirs, path, format, keys, buf)
+		stable := after != nil && !Changed(info, after) && !recent(after, began)
+		switch {
+		case stable && err == nil:
+			after.(*rawInfo).began = began
+			return a, after, nil
+		case stable || after == nil:
+			return nil, nil, err // bad input, as read whole
+		case try == stableTries:
+			return nil, nil, fmt.Errorf("%w: %s: %d reads %v apart each saw it change (size, mtime, ctime or inode) while it was read; run again once it is written",
+				ErrChanged, path, stableTries, StableWait)
+		}
+		time.Sleep(StableWait)
+	}
+}
+
+// ErrChanged marks a source that kept changing while it was read: what was
+// read may hold parts of two versions.
+var ErrChanged = errors.New("formats: the file changed while it was read")
+
+// StableWait is how long LoadIntoDirs waits before it reads a file again
+// that changed while it was read, or so shortly before that a change
+// during the read would not show in its ctime (filesystem timestamps
+// advance by the kernel's tick, up to 10 ms); stableTries reads are made.
+const (
+	StableWait  = 20 * time.Millisecond
+	stableTries = 5
+)
+
+// Changed reports whether two stats of one open file differ in size,
+// mtime, ctime or inode.
+func Changed(a, b fs.FileInfo) bool {
+	x, ok1 := a.Sys().(*unix.Stat_t)
+	y, ok2 := b.Sys().(*unix.Stat_t)
+	if !ok1 || !ok2 {
+		return a.Size() != b.Size() || !a.ModTime().Equal(b.ModTime())
+	}
+	return x.Size != y.Size || x.Mtim != y.Mtim || x.Ctim != y.Ctim || x.Ino != y.Ino || x.Dev != y.Dev
+}
+
+// recent reports whether the file's ctime is within StableWait of began
+// (or after it).
+func recent(fi fs.FileInfo, began time.Time) bool {
+	st, ok := fi.Sys().(*unix.Stat_t)
+	return ok && st.Ctim.Nano() >= began.Add(-StableWait).UnixNano()
+}
+
+// loadOnce opens path, reads its array, and stats the open file again
+// after the read (after is nil when the file could not be opened, or is
+// not a regular file).
+func loadOnce(dirs *Dirs, path string, format Format, keys string, buf *[]byte) (a *array.Array, info, after fs.FileInfo, err error) {
 	f, info, err := openRaw(dirs, path)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	defer f.Close()
 	if !info.Mode().IsRegular() {
-		return nil, nil, fmt.Errorf("%s: not a regular file", path)
+		return nil, nil, nil, fmt.Errorf("%s: not a regular file", path)
 	}
-	var a *array.Array
 	switch format {
 	case NPY:
 		var b []byte
@@ -94,7 +149,11 @@ func LoadIntoDirs(dirs *Dirs, path, keys string, buf *[]byte) (*array.Array, fs.
 		}
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", path, err)
+		err = fmt.Errorf("%s: %w", path, err)
 	}
-	return a, info, nil
+	after, serr := f.stat()
+	if serr != nil {
+		return nil, nil, nil, serr
+	}
+	return a, info, after, err
 }

@@ -119,10 +119,29 @@ func (f *rawFile) ReadAt(p []byte, off int64) (int, error) {
 
 func (f *rawFile) Close() error { return unix.Close(f.fd) }
 
+// stat fstats the open file.
+func (f *rawFile) stat() (fs.FileInfo, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(f.fd, &st); err != nil {
+		return nil, &fs.PathError{Op: "stat", Path: f.path, Err: err}
+	}
+	return &rawInfo{name: filepath.Base(f.path), st: st}, nil
+}
+
 // rawInfo is the fs.FileInfo of a rawFile, from fstat.
 type rawInfo struct {
-	name string
-	st   unix.Stat_t
+	name  string
+	st    unix.Stat_t
+	began time.Time // when the read it describes began (see ReadBegan)
+}
+
+// ReadBegan returns when the read of the file that fi describes began, as
+// LoadIntoDirs and OpenNPYRows return it (zero for other FileInfos).
+func ReadBegan(fi fs.FileInfo) time.Time {
+	if r, ok := fi.(*rawInfo); ok {
+		return r.began
+	}
+	return time.Time{}
 }
 
 func (i *rawInfo) Name() string       { return i.name }

@@ -29,12 +29,22 @@ type ClipRow struct {
 	Sources []ClipSource
 }
 
+// Stamp is the source's stamp as recorded.
+func (s *ClipSource) Stamp() SourceStamp {
+	return SourceStamp{Path: s.Path, Size: s.Size, MtimeNS: s.MtimeNS, CtimeNS: s.CtimeNS, Ino: s.Ino}
+}
+
 // ClipSource is one modality's part of a ClipRow.
 type ClipSource struct {
 	XXH64   uint64 // xxHash64 (seed 0) of the clip's converted bytes
 	Path    string // source path as resolved
 	Size    int64
 	MtimeNS int64
+	// CtimeNS and Ino complete the source's stamp (see SourceStamp);
+	// Stamped is false for a clips.parquet written before these columns.
+	CtimeNS int64
+	Ino     uint64
+	Stamped bool
 	// The conversion's audit of the clip's rows: the source dtype and the
 	// stats over the rows kept (what an incremental convert needs to
 	// reuse the rows without decoding the source again). Audited is false
@@ -59,6 +69,7 @@ type column struct {
 	get      func(r *ClipRow) any
 	set      func(r *ClipRow, v any)
 	audit    int // the modality whose audit the column holds, plus one (0: not an audit column)
+	stamp    int // the modality whose ctime or inode the column holds, plus one
 	optional bool
 }
 
@@ -89,6 +100,12 @@ func clipColumns(modalities []string) []column {
 			audit[k].audit, audit[k].optional = i+1, true
 		}
 		cols = append(cols, audit...)
+		cols = append(cols,
+			column{name: m + "_source_ctime_ns", kind: colInt64, stamp: i + 1, optional: true,
+				get: func(r *ClipRow) any { return src(r).CtimeNS }, set: func(r *ClipRow, v any) { src(r).CtimeNS = v.(int64) }},
+			column{name: m + "_source_inode", kind: colUint64, stamp: i + 1, optional: true,
+				get: func(r *ClipRow) any { return src(r).Ino }, set: func(r *ClipRow, v any) { src(r).Ino = uint64(v.(int64)) }},
+		)
 	}
 	return cols
 }
@@ -121,6 +138,9 @@ func WriteClips(path string, modalities []string, rows []ClipRow) error {
 	var cols []column
 	for _, c := range clipColumns(modalities) {
 		if c.audit > 0 && slices.ContainsFunc(rows, func(r ClipRow) bool { return !r.Sources[c.audit-1].Audited }) {
+			continue
+		}
+		if c.stamp > 0 && slices.ContainsFunc(rows, func(r ClipRow) bool { return !r.Sources[c.stamp-1].Stamped }) {
 			continue
 		}
 		cols = append(cols, c)
@@ -261,16 +281,21 @@ func ReadClips(path string, modalities []string) (rows []ClipRow, err error) {
 	sch := rd.MetaData().Schema
 	idx := make([]int, len(cols))
 	audited := make([]bool, len(modalities))
+	stamped := make([]bool, len(modalities))
 	for i := range audited {
-		audited[i] = true
+		audited[i], stamped[i] = true, true
 	}
 	for i, c := range cols {
 		idx[i] = sch.ColumnIndexByName(c.name)
 		if idx[i] < 0 && !c.optional {
 			return nil, fmt.Errorf("%w: %s: no column %q", ErrManifest, path, c.name)
 		}
-		if idx[i] < 0 {
+		switch {
+		case idx[i] >= 0:
+		case c.audit > 0:
 			audited[c.audit-1] = false
+		case c.stamp > 0:
+			stamped[c.stamp-1] = false
 		}
 	}
 	n := rd.NumRows()
@@ -281,7 +306,7 @@ func ReadClips(path string, modalities []string) (rows []ClipRow, err error) {
 	for i := range rows {
 		rows[i].Sources = make([]ClipSource, len(modalities))
 		for k := range modalities {
-			rows[i].Sources[k].Audited = audited[k]
+			rows[i].Sources[k].Audited, rows[i].Sources[k].Stamped = audited[k], stamped[k]
 		}
 	}
 	base := 0
@@ -292,7 +317,7 @@ func ReadClips(path string, modalities []string) (rows []ClipRow, err error) {
 			return nil, fmt.Errorf("%w: %s: row groups hold more rows than the footer says", ErrManifest, path)
 		}
 		for ci, c := range cols {
-			if c.audit > 0 && !audited[c.audit-1] {
+			if c.audit > 0 && !audited[c.audit-1] || c.stamp > 0 && !stamped[c.stamp-1] {
 				continue
 			}
 			cr, err := rg.Column(idx[ci])

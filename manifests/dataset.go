@@ -12,10 +12,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
 	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/clipshard/clipshard/formats/atomicfile"
 	"github.com/clipshard/clipshard/formats/regfile"
@@ -136,11 +141,17 @@ type Skipped struct {
 	Sources []SourceStamp `json:"sources,omitempty"`
 }
 
-// SourceStamp is a source file's path, size and mtime (size -1: missing).
+// SourceStamp is a source file's path, size, mtime, ctime and inode
+// (size -1: missing). A rewrite keeps size and mtime when it is made to
+// (touch -r, cp -p, rsync -t) or falls within the mtime's granularity; it
+// changes the ctime (which no system call sets back) or, written to
+// another file and renamed into place, the inode.
 type SourceStamp struct {
 	Path    string `json:"path"`
 	Size    int64  `json:"size"`
 	MtimeNS int64  `json:"mtime_ns"`
+	CtimeNS int64  `json:"ctime_ns,omitempty"`
+	Ino     uint64 `json:"inode,omitempty"`
 }
 
 // Stamp stats path now.
@@ -149,8 +160,51 @@ func Stamp(path string) SourceStamp {
 	if err != nil {
 		return SourceStamp{Path: path, Size: -1}
 	}
-	return SourceStamp{Path: path, Size: st.Size(), MtimeNS: st.ModTime().UnixNano()}
+	return StampOf(path, st)
 }
+
+// StampOf is the stamp of path from its FileInfo (os.Stat's, or the
+// formats package's fstat).
+func StampOf(path string, fi fs.FileInfo) SourceStamp {
+	s := SourceStamp{Path: path, Size: fi.Size(), MtimeNS: fi.ModTime().UnixNano()}
+	switch st := fi.Sys().(type) {
+	case *syscall.Stat_t:
+		s.CtimeNS, s.Ino = st.Ctim.Nano(), st.Ino
+	case *unix.Stat_t:
+		s.CtimeNS, s.Ino = st.Ctim.Nano(), st.Ino
+	}
+	return s
+}
+
+// RacyWindow is how long before a read a source must have last changed
+// for its stamp to vouch for what was read: a file changed just before
+// can change again without a new ctime, since timestamps advance by the
+// kernel's tick (up to 10 ms; RacyWindow), or by whole seconds on
+// filesystems that keep no finer time (CoarseWindow, for a ctime of a
+// whole second).
+const (
+	RacyWindow   = int64(20 * time.Millisecond)
+	CoarseWindow = int64(2 * time.Second)
+)
+
+// SettledAt returns s, without its ctime (so that it vouches for nothing,
+// see Racy) when the source changed within the racy window before readNS,
+// the time its read began.
+func (s SourceStamp) SettledAt(readNS int64) SourceStamp {
+	w := RacyWindow
+	if s.CtimeNS%int64(time.Second) == 0 {
+		w = CoarseWindow
+	}
+	if s.CtimeNS >= readNS-w {
+		s.CtimeNS = 0
+	}
+	return s
+}
+
+// Racy reports whether s cannot vouch for the content it was recorded
+// with: it has no ctime (recorded by an earlier version, or SettledAt
+// found it changed just before it was read).
+func (s SourceStamp) Racy() bool { return s.CtimeNS == 0 }
 
 // CheckRelPath returns an error wrapping ErrPath unless p is a relative,
 // clean, slash-separated path that stays inside its directory.

@@ -12,11 +12,11 @@ import (
 )
 
 // TestIncremental: a convert over its previous dataset decodes only the
-// clips whose sources changed (an unchanged source is not even opened:
-// here one is garbage with its old size and mtime, and the run
-// succeeds), says how much it reused, and writes the bytes of a full
-// rebuild; --force decodes everything (and so finds the garbage), and
-// verify --sources finds it too.
+// clips whose sources changed, says how much it reused, and writes the
+// bytes of a full rebuild. A rewrite that keeps a source's size and mtime
+// (touch -r, cp -p, rsync -t, or one within the mtime's granularity) is a
+// change too: its ctime or inode differ (#26.7; before, the garbage below
+// was reused, exit 0).
 func TestIncremental(t *testing.T) {
 	buildTools(t) // verify
 	src := copyDemo(t)
@@ -32,12 +32,6 @@ func TestIncremental(t *testing.T) {
 	os.WriteFile(emo, b, 0o644)
 	future := time.Now().Add(time.Minute)
 	os.Chtimes(emo, future, future)
-	// An unchanged source (by size and mtime) that no longer decodes.
-	pkl := filepath.Join(src, "motion", "clip007.pkl")
-	st, _ := os.Stat(pkl)
-	os.WriteFile(pkl, make([]byte, st.Size()), 0o644)
-	os.Chtimes(pkl, st.ModTime(), st.ModTime())
-
 	r := runConvert(t, env, append(demoArgs(src, out), "--json")...)
 	if r.Code != 0 || !strings.Contains(r.Stdout, `"reused": 11`) || !strings.Contains(r.Stdout, `"reused_in_part": 1`) {
 		t.Fatalf("incremental: exit %d: %s %s", r.Code, r.Stdout, r.Stderr)
@@ -48,12 +42,27 @@ func TestIncremental(t *testing.T) {
 	if want := "reused from the previous dataset (sources unchanged, not decoded): all the rows of 11 clips, and some modalities of 1 more clip"; r.Code != 0 || !strings.Contains(r.Stdout+r.Stderr, want) {
 		t.Fatalf("summary: want %q: %s %s", want, r.Stdout, r.Stderr)
 	}
-	v := clitest.Run(t, filepath.Join(filepath.Dir(bin), "verify"), nil, "--sources", out)
-	if v.Code != 1 || !strings.Contains(v.Stdout, "clip007.pkl: clip \"clip007\": source no longer decodes") {
-		t.Fatalf("verify --sources: %d %s %s", v.Code, v.Stdout, v.Stderr)
+	// A source rewritten in place with its old size and mtime (touch -r):
+	// decoded, so the garbage is found.
+	pkl := filepath.Join(src, "motion", "clip007.pkl")
+	orig, _ := os.ReadFile(pkl)
+	st, _ := os.Stat(pkl)
+	os.WriteFile(pkl, make([]byte, st.Size()), 0o644)
+	os.Chtimes(pkl, st.ModTime(), st.ModTime())
+	if r := runConvert(t, env, demoArgs(src, out)...); r.Code != 1 || !strings.Contains(r.Stderr, "clip007.pkl") {
+		t.Fatalf("same size and mtime, other bytes: exit %d: %s %s", r.Code, r.Stdout, r.Stderr)
 	}
-	if r := runConvert(t, env, demoArgs(src, out, "--force")...); r.Code != 1 || !strings.Contains(r.Stderr, "clip007.pkl") {
-		t.Fatalf("--force decodes every clip: exit %d %s", r.Code, r.Stderr)
+	if r := runConvert(t, nil, "--clean", "--out", out); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	// Written elsewhere and renamed into place with the old size and mtime
+	// (rsync -t): a new inode, decoded; only the pickle's two modalities.
+	tmp := pkl + ".tmp"
+	os.WriteFile(tmp, orig, 0o644)
+	os.Chtimes(tmp, st.ModTime(), st.ModTime())
+	os.Rename(tmp, pkl)
+	if r := runConvert(t, env, append(demoArgs(src, out), "--json")...); r.Code != 0 || !strings.Contains(r.Stdout, `"reused": 11`) || !strings.Contains(r.Stdout, `"reused_in_part": 1`) {
+		t.Fatalf("renamed into place: exit %d: %s %s", r.Code, r.Stdout, r.Stderr)
 	}
 
 	// With the source back, the incremental result equals a full rebuild.

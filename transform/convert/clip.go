@@ -11,6 +11,7 @@ import (
 	"math/bits"
 	"os"
 	"slices"
+
 	"sync"
 
 	"github.com/cespare/xxhash/v2"
@@ -205,7 +206,8 @@ func (j *job) convertClip(ctx context.Context, i int, plan *reusePlan) *clipOut 
 			a = a.OneRow()
 		}
 		arrays[k], rowsOf[k] = a, int64(a.Rows())
-		out.mods[k].src = manifests.ClipSource{Path: path, Size: info.Size(), MtimeNS: info.ModTime().UnixNano()}
+		st := manifests.StampOf(path, info).SettledAt(formats.ReadBegan(info).UnixNano())
+		out.mods[k].src = manifests.ClipSource{Path: path, Size: st.Size, MtimeNS: st.MtimeNS, CtimeNS: st.CtimeNS, Ino: st.Ino, Stamped: true}
 		out.mods[k].sourceDescr = a.SourceDescr
 		out.mods[k].frameShape = a.FrameShape()
 	}
@@ -469,7 +471,8 @@ func (j *job) writeStream(ctx context.Context, mo *modOut, keep bool, write func
 		return err
 	}
 	defer s.Close()
-	if s.Info.Size() != mo.src.Size || s.Info.ModTime().UnixNano() != mo.src.MtimeNS {
+	if st := manifests.StampOf(mo.src.Path, s.Info); st.Size != mo.src.Size || st.MtimeNS != mo.src.MtimeNS || st.Ino != mo.src.Ino ||
+		mo.src.CtimeNS != 0 && st.CtimeNS != mo.src.CtimeNS {
 		return fmt.Errorf("%w: %s changed while it was being converted (run again)", ErrInput, mo.src.Path)
 	}
 	c, err := j.convertStream(ctx, s, mo.rows, keep, write)
@@ -489,7 +492,7 @@ func (c *clipOut) record(id string) []byte {
 	for k := range c.mods {
 		mo := &c.mods[k]
 		rec.Mods[k] = journalMod{
-			XXH64: fmt.Sprintf("%016x", mo.xxh), Path: mo.src.Path, Size: mo.src.Size, MtimeNS: mo.src.MtimeNS,
+			XXH64: fmt.Sprintf("%016x", mo.xxh), Path: mo.src.Path, Size: mo.src.Size, MtimeNS: mo.src.MtimeNS, CtimeNS: mo.src.CtimeNS, Ino: mo.src.Ino,
 			Rows: mo.rows, DType: mo.dtype.Descr(), SourceDescr: mo.sourceDescr, FrameShape: mo.frameShape,
 			Stats: encodeStats(manifests.Stats(mo.stats)),
 		}

@@ -42,6 +42,8 @@ type journalMod struct {
 	Path        string    `json:"p"`
 	Size        int64     `json:"s"`
 	MtimeNS     int64     `json:"t"`
+	CtimeNS     int64     `json:"c"`
+	Ino         uint64    `json:"n"`
 	Rows        int64     `json:"r"`
 	DType       string    `json:"d"`
 	SourceDescr string    `json:"sd"`
@@ -207,6 +209,10 @@ func appendRecord(b []byte, r *journalRecord) []byte {
 			b = strconv.AppendInt(b, m.Size, 10)
 			b = append(b, `,"t":`...)
 			b = strconv.AppendInt(b, m.MtimeNS, 10)
+			b = append(b, `,"c":`...)
+			b = strconv.AppendInt(b, m.CtimeNS, 10)
+			b = append(b, `,"n":`...)
+			b = strconv.AppendUint(b, m.Ino, 10)
 			b = append(b, `,"r":`...)
 			b = strconv.AppendInt(b, m.Rows, 10)
 			b = append(b, `,"d":`...)

@@ -101,7 +101,7 @@ func (j *job) verifyRecords(recs []journalRecord) []journalRecord {
 			return recs[:i]
 		}
 		for _, m := range rec.Mods {
-			if manifests.Stamp(m.Path) != (manifests.SourceStamp{Path: m.Path, Size: m.Size, MtimeNS: m.MtimeNS}) {
+			if st := (manifests.SourceStamp{Path: m.Path, Size: m.Size, MtimeNS: m.MtimeNS, CtimeNS: m.CtimeNS, Ino: m.Ino}); st.Racy() || manifests.Stamp(m.Path) != st {
 				return recs[:i]
 			}
 		}
@@ -165,7 +165,8 @@ func (w *writer) replay(r journalRecord) error {
 			return err
 		}
 		st.stats.Add(f16.Stats(s))
-		row.Sources[k] = manifests.ClipSource{XXH64: x, Path: m.Path, Size: m.Size, MtimeNS: m.MtimeNS, Audited: true, Descr: m.SourceDescr, Stats: s}
+		row.Sources[k] = manifests.ClipSource{XXH64: x, Path: m.Path, Size: m.Size, MtimeNS: m.MtimeNS, CtimeNS: m.CtimeNS, Ino: m.Ino, Stamped: true,
+			Audited: true, Descr: m.SourceDescr, Stats: s}
 	}
 	w.rows = append(w.rows, row)
 	w.frames += r.Length

@@ -155,8 +155,10 @@ func (j *job) planReuse(id string) *reusePlan {
 		}
 		s := row.Sources[om]
 		path := m.Path(j.root, id)
-		st := manifests.Stamp(path)
-		if s.Path != path || st.Size != s.Size || st.MtimeNS != s.MtimeNS || !s.Audited || !j.acceptsRecorded(m, s, p.ds.Modalities[om].DType) {
+		// The stamp vouches only with ctime and inode, and only if the
+		// source had not changed just before it was read (Racy).
+		if s.Path != path || !s.Stamped || !s.Audited || s.Stamp().Racy() || manifests.Stamp(path) != s.Stamp() ||
+			!j.acceptsRecorded(m, s, p.ds.Modalities[om].DType) {
 			plan.all = false
 			continue
 		}

@@ -268,7 +268,7 @@ func (j *job) upToDate() (*manifests.Dataset, bool) {
 	}
 	for _, r := range rows {
 		for _, s := range r.Sources {
-			if st := manifests.Stamp(s.Path); st.Size != s.Size || st.MtimeNS != s.MtimeNS {
+			if st := s.Stamp(); st.Racy() || manifests.Stamp(s.Path) != st {
 				return nil, false
 			}
 		}

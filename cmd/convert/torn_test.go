@@ -1,0 +1,111 @@
+package main_test
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// npyFloat32 is a .npy file (version 1.0, '<f4', C order) of shape
+// [rows, cols] whose values are all v.
+func npyFloat32(rows, cols int, v float32) []byte {
+	hdr := fmt.Sprintf("{'descr': '<f4', 'fortran_order': False, 'shape': (%d, %d), }", rows, cols)
+	pad := 64 - (10+len(hdr)+1)%64
+	hdr += strings.Repeat(" ", pad) + "\n"
+	var b bytes.Buffer
+	b.WriteString("\x93NUMPY\x01\x00")
+	binary.Write(&b, binary.LittleEndian, uint16(len(hdr)))
+	b.WriteString(hdr)
+	data := make([]byte, 4*rows*cols)
+	for i := 0; i < len(data); i += 4 {
+		binary.LittleEndian.PutUint32(data[i:], math.Float32bits(v))
+	}
+	b.Write(data)
+	return b.Bytes()
+}
+
+// TestTornSourceRead (#26.6): while a writer rewrites a source in place
+// (two versions of one size, a piece at a time), every convert that
+// succeeds holds the clip's rows of one version, never a mix; the others
+// refuse the source as changing. Before the fix, runs exited 0 with rows
+// of both versions (sources loaded whole were not checked after the read).
+func TestTornSourceRead(t *testing.T) {
+	src := t.TempDir()
+	os.WriteFile(filepath.Join(src, "clips.txt"), []byte("a\n"), 0o644)
+	const rows, cols = 2000, 100 // 800 KB: loaded whole, not streamed
+	va, vb := npyFloat32(rows, cols, 1), npyFloat32(rows, cols, 2)
+	path := filepath.Join(src, "a.npy")
+	os.WriteFile(path, va, 0o644)
+	args := func(out string) []string {
+		return []string{"--clips", filepath.Join(src, "clips.txt"), "--out", out, "-m", "x=" + filepath.Join(src, "{clip}.npy"), "--quiet"}
+	}
+	// The two versions' blobs, converted at rest.
+	want := map[string]bool{}
+	for _, v := range [][]byte{va, vb} {
+		os.WriteFile(path, v, 0o644)
+		out := filepath.Join(t.TempDir(), "ref")
+		if r := runConvert(t, nil, args(out)...); r.Code != 0 {
+			t.Fatal(r.Stderr)
+		}
+		b, _ := os.ReadFile(filepath.Join(out, "x.npy"))
+		want[string(b)] = true
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		f, err := os.OpenFile(path, os.O_WRONLY, 0)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer f.Close()
+		for i := 0; ; i++ {
+			v := [][]byte{va, vb}[i%2]
+			for off := 0; off < len(v); off += 64 << 10 {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				f.WriteAt(v[off:min(len(v), off+64<<10)], int64(off))
+				time.Sleep(200 * time.Microsecond)
+			}
+			if i%4 == 3 {
+				time.Sleep(60 * time.Millisecond) // at rest a while: a retry can succeed
+			}
+		}
+	}()
+	out := filepath.Join(t.TempDir(), "ds")
+	var ok, refused int
+	for range 15 {
+		r := runConvert(t, nil, append(args(out), "--force")...)
+		switch {
+		case r.Code == 0:
+			b, _ := os.ReadFile(filepath.Join(out, "x.npy"))
+			if !want[string(b)] {
+				close(stop)
+				wg.Wait()
+				t.Fatalf("exit 0 with a blob that is neither version (a torn read)")
+			}
+			ok++
+		case r.Code == 1 && strings.Contains(r.Stderr, "changed while it was read") && strings.Count(strings.TrimSpace(r.Stderr), "\n") == 0:
+			refused++
+		default:
+			close(stop)
+			wg.Wait()
+			t.Fatalf("exit %d: %s", r.Code, r.Stderr)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	t.Logf("%d runs succeeded with one version, %d refused the changing source", ok, refused)
+}
