@@ -78,6 +78,8 @@ type VerifyOptions struct {
 	Workers int  // files hashed at once (default 2)
 	// Progress, if set, is called with bytes hashed so far and the total.
 	Progress func(done, total int64)
+	// manifestsOnly: hash the manifests, not the blobs (Vouch).
+	manifestsOnly bool
 }
 
 func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", " ") }

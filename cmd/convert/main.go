@@ -299,12 +299,19 @@ func summary(w io.Writer, r *convert.Result, asJSON bool) {
 			"bytes_in": r.BytesIn, "bytes_out": r.BytesOut, "seconds": r.Elapsed.Seconds(),
 			"stats": d.Stats, "trimmed": d.Trimmed,
 		}
+		if r.UpToDate {
+			out["checked"] = convert.UpToDateChecks
+		}
+		if r.ReuseRefused != "" {
+			out["reuse_refused"] = r.ReuseRefused
+		}
 		b := ui.JSON(out)
 		w.Write(b)
 		return
 	}
 	if r.UpToDate {
-		fmt.Fprintf(w, "up to date: %s (%s, %s); nothing to do\n", r.Dir, ui.Count(d.Clips, "clip"), ui.Count(d.Frames, "frame"))
+		fmt.Fprintf(w, "up to date: %s (%s, %s); nothing to do (checked: %s; `verify --deep %s` reads the blobs)\n",
+			r.Dir, ui.Count(d.Clips, "clip"), ui.Count(d.Frames, "frame"), convert.UpToDateChecks, r.Dir)
 		return
 	}
 	rate := ""
@@ -315,6 +322,9 @@ func summary(w io.Writer, r *convert.Result, asJSON bool) {
 		d.Clips, d.Frames, r.Dir, r.Elapsed.Seconds(), ui.Bytes(r.BytesIn), ui.Bytes(r.BytesOut), rate)
 	if r.Resumed > 0 {
 		fmt.Fprintf(w, "resumed: %s already done by an interrupted run\n", ui.Count(int64(r.Resumed), "clip"))
+	}
+	if r.ReuseRefused != "" {
+		fmt.Fprintf(w, "not reused: the previous dataset in %s (every clip was decoded): %s\n", r.Dir, r.ReuseRefused)
 	}
 	if r.Reused+r.ReusedPart > 0 {
 		part := ""

@@ -1,6 +1,7 @@
 package main_test
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -119,6 +120,60 @@ func TestNoOpThenRebuild(t *testing.T) {
 	entries, _ := os.ReadDir(filepath.Dir(out))
 	if len(entries) != 1 {
 		t.Fatalf("left behind in the parent: %v", entries)
+	}
+}
+
+// TestUpToDateChecks (#26.9): "up to date" only for a dataset whose
+// files, sizes, headers and manifest sums agree, and it says what it did
+// not read. Before, a dataset.json claiming 10^12 clips (sums to match)
+// and a blob with a rewritten header were "up to date … nothing to do".
+func TestUpToDateChecks(t *testing.T) {
+	src := copyDemo(t)
+	out := filepath.Join(t.TempDir(), "ds")
+	if r := runConvert(t, nil, demoArgs(src, out)...); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	want := snapshot(t, out)
+	resum := func() {
+		sums, _ := manifests.ReadSums(filepath.Join(out, "SHA256SUMS"))
+		for f := range sums {
+			sums[f], _ = manifests.HashFile(filepath.Join(out, f))
+		}
+		manifests.WriteSums(filepath.Join(out, "SHA256SUMS"), sums)
+	}
+	// A rotted blob byte: the check cannot see it, and says so.
+	f, _ := os.OpenFile(filepath.Join(out, "whisper.npy"), os.O_RDWR, 0)
+	f.WriteAt([]byte{0xff}, 5000)
+	f.Close()
+	r := runConvert(t, nil, demoArgs(src, out)...)
+	if r.Code != 0 || !strings.Contains(r.Stdout, "up to date") || !strings.Contains(r.Stdout, "verify --deep "+out) {
+		t.Fatalf("rotted blob: exit %d %q", r.Code, r.Stdout)
+	}
+	for name, damage := range map[string]func(){
+		"10^12 clips": func() {
+			b, _ := os.ReadFile(filepath.Join(out, "dataset.json"))
+			os.WriteFile(filepath.Join(out, "dataset.json"), bytes.Replace(b, []byte(`"clips": 12,`), []byte(`"clips": 1000000000000,`), 1), 0o644)
+			resum()
+		},
+		"blob header rewritten": func() {
+			f, _ := os.OpenFile(filepath.Join(out, "emotion.npy"), os.O_RDWR, 0)
+			b := make([]byte, 128)
+			f.ReadAt(b, 0)
+			f.WriteAt(bytes.Replace(b, []byte("(599, 8)"), []byte("(599, 2)"), 1), 0)
+			f.Close()
+			resum()
+		},
+		"sums stale": func() {
+			b, _ := os.ReadFile(filepath.Join(out, "dataset.json"))
+			os.WriteFile(filepath.Join(out, "dataset.json"), bytes.Replace(b, []byte(`"created": "`), []byte(`"created": "x`), 1), 0o644)
+		},
+	} {
+		damage()
+		r := runConvert(t, nil, demoArgs(src, out)...)
+		if r.Code != 0 || !strings.Contains(r.Stdout, "converted 12 clips") || !strings.Contains(r.Stdout, "not reused: the previous dataset") {
+			t.Fatalf("%s: exit %d %q %s", name, r.Code, r.Stdout, r.Stderr)
+		}
+		sameTree(t, want, snapshot(t, out), name+": rebuilt")
 	}
 }
 

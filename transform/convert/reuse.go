@@ -41,16 +41,15 @@ type previous struct {
 // there is none, it is unreadable, or it shares no modality with the run
 // (older datasets without the per-clip audit columns share none).
 func (j *job) openPrevious() *previous {
-	d, err := manifests.LoadDataset(j.opts.Out)
-	if err != nil {
+	if _, err := os.Lstat(filepath.Join(j.opts.Out, manifests.DatasetFile)); err != nil {
 		return nil
 	}
-	names := make([]string, len(d.Modalities))
-	for i, m := range d.Modalities {
-		names[i] = m.Name
-	}
-	rows, err := manifests.ReadClips(filepath.Join(j.opts.Out, d.Files.Clips), names)
-	if err != nil || int64(len(rows)) != d.Clips {
+	// Rows are reused only from a dataset whose manifests, SHA256SUMS and
+	// blob headers agree (a damaged manifest would have its dtypes, shapes
+	// or offsets copied into the new dataset).
+	d, rows, err := manifests.Vouch(j.opts.Out)
+	if err != nil {
+		j.prevRefused = err
 		return nil
 	}
 	p := &previous{ds: d, clips: rows, rows: make(map[string]int, len(rows)), mods: make([]int, len(j.opts.Modalities)),
@@ -213,16 +212,24 @@ func (j *job) reuseMod(ctx context.Context, plan *reusePlan, k int, rows int64, 
 	mo.size = rows * p.rowBytes[k]
 	mo.src = s
 	off := om.DataOffset + first*p.rowBytes[k]
+	// The rows are audited as they are read: a clips.parquet whose figures
+	// were edited (a NaN recorded as none) would have this run accept rows
+	// it refuses when it decodes them.
+	audit, err := manifests.NewRowAudit(om.DType)
+	if err != nil {
+		return false, nil
+	}
 	if mo.size <= j.streamMin {
 		mo.buf = getBuf(int(mo.size))
 		mo.data = *mo.buf
 		if _, err := p.blobs[k].ReadAt(mo.data, off); err != nil || xxhash.Sum64(mo.data) != s.XXH64 {
 			return false, nil
 		}
-		return true, nil
+		audit.Write(mo.data)
+		return s.Stats.Disagrees(audit.Stats(), om.DType) == "", nil
 	}
 	mo.reuse = &reused{f: p.blobs[k], off: off}
-	if err := j.copyReused(ctx, mo, nil); err != nil {
+	if err := j.copyReused(ctx, mo, func(b []byte) error { audit.Write(b); return nil }); err != nil || s.Stats.Disagrees(audit.Stats(), om.DType) != "" {
 		mo.reuse = nil
 		return false, nil
 	}

@@ -3,6 +3,7 @@ package convert
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
@@ -44,6 +45,63 @@ func rewriteNPY(t *testing.T, path string, rows int, flip bool) {
 	os.Chtimes(path, future, future)
 }
 
+// editClips rewrites dir's clips.parquet through edit.
+func editClips(t *testing.T, dir string, edit func([]manifests.ClipRow)) {
+	t.Helper()
+	d, err := manifests.LoadDataset(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, m := range d.Modalities {
+		names = append(names, m.Name)
+	}
+	p := filepath.Join(dir, "clips.parquet")
+	rows, err := manifests.ReadClips(p, names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edit(rows)
+	if err := manifests.WriteClips(p, names, rows); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// editDataset rewrites dir's dataset.json through edit, as JSON.
+func editDataset(t *testing.T, dir string, edit func(map[string]any)) {
+	t.Helper()
+	p := filepath.Join(dir, "dataset.json")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d map[string]any
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatal(err)
+	}
+	edit(d)
+	b, _ = json.MarshalIndent(d, "", "  ")
+	os.WriteFile(p, b, 0o644)
+}
+
+// resum makes dir's SHA256SUMS agree with its files (a consistent edit).
+func resum(t *testing.T, dir string) {
+	t.Helper()
+	p := filepath.Join(dir, "SHA256SUMS")
+	sums, err := manifests.ReadSums(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for f := range sums {
+		if sums[f], err = manifests.HashFile(filepath.Join(dir, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := manifests.WriteSums(p, sums); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestReuseSameBytes: a convert over an existing dataset copies the rows
 // of the clips whose sources are unchanged, decodes the rest, and writes
 // exactly what a full rebuild writes, whatever changed: a source, the
@@ -58,6 +116,7 @@ func TestReuseSameBytes(t *testing.T) {
 		prep, change   func(t *testing.T, src string)
 		damage         func(t *testing.T, prev string)
 		reused, partly int
+		refused        string // in Result.ReuseRefused
 		streamed       bool
 		wantErr        string
 		broken, dst    string // a testdata/convert file copied over a demo source first
@@ -100,20 +159,50 @@ func TestReuseSameBytes(t *testing.T) {
 			f.WriteAt([]byte{0x55, 0xaa}, 4096+10) // clip000's rows
 			f.Close()
 		}, change: func(t *testing.T, src string) { rewriteNPY(t, filepath.Join(src, "whisper", "clip005.npy"), -1, true) }},
-		{name: "damaged manifest", reused: 8, partly: 1, damage: func(t *testing.T, prev string) {
-			names := []string{"motion", "whisper", "emotion"}
-			p := filepath.Join(prev, "clips.parquet")
-			rows, err := manifests.ReadClips(p, names)
-			if err != nil {
-				t.Fatal(err)
-			}
-			rows[1].Length = 1 << 40
-			rows[2].Start = -5
-			rows[3].Sources[1].XXH64++
-			if err := manifests.WriteClips(p, names, rows); err != nil {
-				t.Fatal(err)
-			}
+		// A damaged manifest (its sum in SHA256SUMS stale, or made to
+		// agree): nothing is reused, and the run says why.
+		{name: "damaged manifest", refused: "clips.parquet", damage: func(t *testing.T, prev string) {
+			editClips(t, prev, func(rows []manifests.ClipRow) {
+				rows[1].Length = 1 << 40
+				rows[2].Start = -5
+				rows[3].Sources[1].XXH64++
+			})
 		}, change: func(t *testing.T, src string) { rewriteNPY(t, filepath.Join(src, "emotion", "clip011.npy"), -1, false) }},
+		{name: "damaged manifest, sums updated", refused: "index.npy", damage: func(t *testing.T, prev string) {
+			editClips(t, prev, func(rows []manifests.ClipRow) { rows[1].Length = 1 << 40 })
+			resum(t, prev)
+		}},
+		// #26.2: dataset.json edited (a frame shape [8] -> [2, 4]) with
+		// SHA256SUMS to match and the clip list reordered: before, every
+		// clip was reused and the new blob had shape (599, 2, 4).
+		{name: "edited frame shape, sums updated", refused: "header shape", damage: func(t *testing.T, prev string) {
+			editDataset(t, prev, func(d map[string]any) {
+				d["modalities"].([]any)[2].(map[string]any)["frame_shape"] = []int{2, 4}
+			})
+			resum(t, prev)
+		}, change: func(t *testing.T, src string) {
+			ids := []string{"clip011", "clip002", "clip000", "clip001", "clip003", "clip004", "clip005", "clip006", "clip007", "clip008", "clip009", "clip010"}
+			os.WriteFile(filepath.Join(src, "clips.txt"), []byte(strings.Join(ids, "\n")+"\n"), 0o644)
+		}},
+		{name: "edited dtype, sums updated", refused: "header dtype", damage: func(t *testing.T, prev string) {
+			editDataset(t, prev, func(d map[string]any) { d["modalities"].([]any)[0].(map[string]any)["dtype"] = "<f4" })
+			resum(t, prev)
+		}, after: func(o *Options) { o.Modalities[0].KeepDType = true }},
+		// #26.3: a NaN allowed before, its count edited to 0 in clips.parquet
+		// and dataset.json (sums to match): the rows' audit finds it, the
+		// clip is decoded and refused as a full rebuild refuses it. Before,
+		// it was reused, exit 0, with a NaN in the output.
+		{name: "nan laundered", before: func(o *Options) { o.AllowNonFinite = true },
+			broken: "nan_emotion.npy", dst: "emotion/clip003.npy", wantErr: "first at row 5", damage: func(t *testing.T, prev string) {
+				editClips(t, prev, func(rows []manifests.ClipRow) { rows[3].Sources[2].Stats.NaN = 0 })
+				editDataset(t, prev, func(d map[string]any) { d["stats"].(map[string]any)["emotion"].(map[string]any)["nan"] = 0 })
+				resum(t, prev)
+			}},
+		{name: "nan laundered, streamed", before: func(o *Options) { o.AllowNonFinite = true }, streamed: true,
+			broken: "nan_emotion.npy", dst: "emotion/clip003.npy", wantErr: "first at row 5", damage: func(t *testing.T, prev string) {
+				editClips(t, prev, func(rows []manifests.ClipRow) { rows[3].Sources[2].Stats.NaN = 0 })
+				resum(t, prev)
+			}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -159,6 +248,9 @@ func TestReuseSameBytes(t *testing.T) {
 			}
 			if res.Reused != c.reused || res.ReusedPart != c.partly {
 				t.Errorf("reused %d whole and %d in part, want %d and %d", res.Reused, res.ReusedPart, c.reused, c.partly)
+			}
+			if c.refused == "" && res.ReuseRefused != "" || !strings.Contains(res.ReuseRefused, c.refused) {
+				t.Errorf("reuse refused %q, want %q", res.ReuseRefused, c.refused)
 			}
 			full := filepath.Join(t.TempDir(), "full")
 			fo := opts(full, c.after)

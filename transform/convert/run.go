@@ -42,7 +42,13 @@ type Result struct {
 	// EarlyHashed counts the blobs whose sha256 was computed while they
 	// were written (see predictRows), not read back at the end.
 	EarlyHashed int
+	// ReuseRefused says why the dataset being replaced was not reused
+	// (manifests.Vouch's error), if it was not.
+	ReuseRefused string
 }
+
+// UpToDateChecks words what a run found up to date has checked.
+const UpToDateChecks = "the inputs' fingerprint, every source's size, mtime, ctime and inode, the files, their sizes and .npy headers, and the manifests' sha256"
 
 // job is one Run.
 type job struct {
@@ -55,6 +61,7 @@ type job struct {
 	journalPath string
 	dirs        formats.Dirs // source folders kept open
 	prev        *previous    // the dataset being replaced, for its rows (nil: none, or --force)
+	prevRefused error        // why the dataset being replaced was not reused (Result.ReuseRefused)
 	// streamMin: a .npy source larger than this is converted a piece at a
 	// time (see processClip), so that the workers' clips stay within half
 	// the budget whatever their size.
@@ -112,6 +119,9 @@ func Run(ctx context.Context, o Options) (res *Result, err error) {
 		defer j.prev.close()
 	}
 	res = &Result{Dir: o.Out}
+	if j.prevRefused != nil {
+		res.ReuseRefused = j.prevRefused.Error()
+	}
 	w, err := j.prepare(jf)
 	if err != nil {
 		return nil, err
@@ -249,20 +259,15 @@ func PartRange(total, i, n int) (lo, hi int) {
 }
 
 // upToDate reports whether o.Out holds a dataset made from the same inputs
-// whose sources are unchanged (size and mtime).
+// whose sources are unchanged (their whole stamps), and that
+// manifests.Vouch vouches for (files, headers, sizes and the manifests'
+// sums: not the blobs' bytes).
 func (j *job) upToDate() (*manifests.Dataset, bool) {
 	d, err := manifests.LoadDataset(j.opts.Out)
 	if err != nil || d.Fingerprint != j.fingerprint {
 		return nil, false
 	}
-	names := make([]string, len(d.Modalities))
-	for i, m := range d.Modalities {
-		names[i] = m.Name
-		if st, err := os.Stat(filepath.Join(j.opts.Out, m.File)); err != nil || st.Size() != m.Size {
-			return nil, false
-		}
-	}
-	rows, err := manifests.ReadClips(filepath.Join(j.opts.Out, d.Files.Clips), names)
+	d, rows, err := manifests.Vouch(j.opts.Out)
 	if err != nil {
 		return nil, false
 	}
