@@ -305,22 +305,82 @@ func deepClips(dir string, d *Dataset, rows []ClipRow, r *Report) {
 			continue
 		}
 		off := m.DataOffset
+		var sum Stats // over the clips, as recorded
+		audited := len(rows) > 0
 		for i, row := range rows {
 			first, nr := m.ClipRows(i, row.Start, row.Length)
 			n := nr * fb
 			h := xxhash.New()
-			got, err := io.Copy(h, io.NewSectionReader(f, off, n))
+			audit, aerr := NewRowAudit(m.DType)
+			if aerr != nil {
+				break // the dtype is reported by checkBlobs
+			}
+			got, err := io.Copy(io.MultiWriter(h, audit), io.NewSectionReader(f, off, n))
 			if err != nil || got != n {
 				r.add(Problem{File: m.File, Clip: row.Clip, What: fmt.Sprintf("rows past the end of the file (%d of %d bytes)", got, n)})
+				audited = false
 				break
 			}
 			if h.Sum64() != row.Sources[k].XXH64 {
 				r.add(Problem{File: m.File, Clip: row.Clip, What: fmt.Sprintf("xxh64 mismatch: rows %d..%d (bytes %d..%d) differ from what convert wrote",
 					first, first+nr, off, off+n)})
 			}
+			// The clip's recorded figures against what its rows determine.
+			if src := row.Sources[k]; src.Audited {
+				if what := src.Stats.Disagrees(audit.Stats(), m.DType); what != "" {
+					r.add(Problem{File: d.Files.Clips, Clip: row.Clip, What: fmt.Sprintf("modality %q: recorded %s", m.Name, what)})
+				}
+				sum.NaN += src.Stats.NaN
+				sum.InfIn += src.Stats.InfIn
+				sum.Overflow += src.Stats.Overflow
+				sum.Underflow += src.Stats.Underflow
+				sum.MaxAbs = max(sum.MaxAbs, src.Stats.MaxAbs)
+			} else {
+				audited = false
+			}
 			off += n
 		}
 		f.Close()
+		// dataset.json's totals are the clips' figures added up.
+		if tot, ok := d.Stats[m.Name]; audited && (!ok || tot != sum) {
+			r.add(Problem{File: DatasetFile, What: fmt.Sprintf("stats of %q: nan %d, inf_in %d, overflow %d, underflow %d, max_abs %v; the clips' figures in %s add up to %d, %d, %d, %d, %v",
+				m.Name, tot.NaN, tot.InfIn, tot.Overflow, tot.Underflow, tot.MaxAbs, d.Files.Clips, sum.NaN, sum.InfIn, sum.Overflow, sum.Underflow, sum.MaxAbs)})
+		}
+		if audited {
+			checkSourceDTypes(d, k, m, rows, r)
+		}
+	}
+	checkAlign(d, rows, r)
+}
+
+// checkSourceDTypes checks a modality's source_dtype in dataset.json: the
+// clips' source dtypes, each once, in the order they first come.
+func checkSourceDTypes(d *Dataset, k int, m Modality, rows []ClipRow, r *Report) {
+	var descrs []string
+	for _, row := range rows {
+		if s := row.Sources[k].Descr; !slices.Contains(descrs, s) {
+			descrs = append(descrs, s)
+		}
+	}
+	if want := strings.Join(descrs, ","); m.SourceDType != want {
+		r.add(Problem{File: DatasetFile, What: fmt.Sprintf("modality %q: source_dtype %q, the clips' in %s make %q", m.Name, m.SourceDType, d.Files.Clips, want)})
+	}
+}
+
+// checkAlign checks dataset.json's align and trimmed against the clips'.
+func checkAlign(d *Dataset, rows []ClipRow, r *Report) {
+	var trimmed int64
+	for _, row := range rows {
+		trimmed += row.Trimmed
+	}
+	switch {
+	case d.Align != "strict" && d.Align != "trim":
+		r.add(Problem{File: DatasetFile, What: fmt.Sprintf("align %q: want strict or trim", d.Align)})
+	case d.Align == "strict" && trimmed > 0:
+		r.add(Problem{File: DatasetFile, What: fmt.Sprintf("align strict, but the clips of %s were trimmed by %d frames", d.Files.Clips, trimmed)})
+	}
+	if d.Trimmed != trimmed {
+		r.add(Problem{File: DatasetFile, What: fmt.Sprintf("trimmed %d, the clips of %s add up to %d", d.Trimmed, d.Files.Clips, trimmed)})
 	}
 }
 
@@ -371,10 +431,20 @@ func checkSources(dir string, d *Dataset, rows []ClipRow, r *Report) {
 				r.add(Problem{File: s.Path, Clip: row.Clip, What: fmt.Sprintf("source %s: its frames are %s, the dataset's %s", a, array.FormatShape(a.FrameShape()), array.FormatShape(m.FrameShape))})
 				continue
 			}
-			got, err := converted(a, n, m.DType)
+			got, audit, err := converted(a, n, m.DType)
 			if err != nil {
 				r.add(Problem{File: s.Path, Clip: row.Clip, What: oneLine(err)})
 				continue
+			}
+			// Every recorded figure of the clip, exactly.
+			if s.Audited {
+				if rec := Stats(audit); s.Stats != rec {
+					r.add(Problem{File: d.Files.Clips, Clip: row.Clip, What: fmt.Sprintf("modality %q: recorded nan %d, inf_in %d, overflow %d, underflow %d, max_abs %v; its source converts with %d, %d, %d, %d, %v",
+						m.Name, s.Stats.NaN, s.Stats.InfIn, s.Stats.Overflow, s.Stats.Underflow, s.Stats.MaxAbs, rec.NaN, rec.InfIn, rec.Overflow, rec.Underflow, rec.MaxAbs)})
+				}
+				if s.Descr != a.SourceDescr {
+					r.add(Problem{File: d.Files.Clips, Clip: row.Clip, What: fmt.Sprintf("modality %q: recorded source dtype %s, the source's is %s", m.Name, s.Descr, a.SourceDescr)})
+				}
 			}
 			if blobs[k] == nil {
 				continue
@@ -403,27 +473,29 @@ func checkSources(dir string, d *Dataset, rows []ClipRow, r *Report) {
 }
 
 // converted converts the first rows of a as convert would (float16, or
-// kept in its dtype) and returns the bytes.
-func converted(a *array.Array, rows int64, dtype string) ([]byte, error) {
+// kept in its dtype) and returns the bytes and the audit convert records.
+func converted(a *array.Array, rows int64, dtype string) ([]byte, f16.Stats, error) {
+	var st f16.Stats
 	if len(a.Shape) == 0 || int64(a.Rows()) < rows {
-		return nil, fmt.Errorf("source has %d rows, the dataset holds %d", a.Rows(), rows)
+		return nil, st, fmt.Errorf("source has %d rows, the dataset holds %d", a.Rows(), rows)
 	}
 	frame := int64(1)
 	for _, d := range a.FrameShape() {
 		frame *= int64(d)
 	}
 	src := a.Data[:rows*frame*int64(a.DType.Size)]
+	out := make([]byte, 2*rows*frame)
+	if err := f16.Convert(out, src, a.DType, &st); err != nil {
+		return nil, st, err
+	}
 	if dtype != array.Float16.Descr() {
 		if a.DType.Descr() != dtype {
-			return nil, fmt.Errorf("source dtype %s, dataset keeps %s", a.DType.Descr(), dtype)
+			return nil, st, fmt.Errorf("source dtype %s, dataset keeps %s", a.DType.Descr(), dtype)
 		}
-		return src, nil
+		st.Overflow, st.Underflow = 0, 0 // kept: nothing rounded
+		return src, st, nil
 	}
-	out := make([]byte, 2*rows*frame)
-	if err := f16.Convert(out, src, a.DType, nil); err != nil {
-		return nil, err
-	}
-	return out, nil
+	return out, st, nil
 }
 
 // mtime words a modification time in ns for a person: RFC 3339, UTC.
