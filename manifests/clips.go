@@ -413,3 +413,76 @@ func checkRowCount(path string, n int64) error {
 	}
 	return nil
 }
+
+// ReadTable reads the named int64 and string columns of a Parquet file
+// (any others are ignored), every row group, with the row count bounded
+// as for clips.parquet. A missing column or a null is an error.
+func ReadTable(path string, ints, strs []string) (iv map[string][]int64, sv map[string][]string, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %s: %v", ErrManifest, path, r)
+		}
+	}()
+	f, _, err := regfile.Open(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %w", ErrManifest, err)
+	}
+	defer f.Close()
+	rd, err := file.NewParquetReader(f)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %s: %w", ErrManifest, path, err)
+	}
+	defer rd.Close()
+	if err := checkRowCount(path, rd.NumRows()); err != nil {
+		return nil, nil, err
+	}
+	iv, sv = map[string][]int64{}, map[string][]string{}
+	sch := rd.MetaData().Schema
+	for _, names := range [][]string{ints, strs} {
+		for _, name := range names {
+			if sch.ColumnIndexByName(name) < 0 {
+				return nil, nil, fmt.Errorf("%w: %s: no column %q", ErrManifest, path, name)
+			}
+		}
+	}
+	for g := 0; g < rd.NumRowGroups(); g++ {
+		rg := rd.RowGroup(g)
+		n := int(rg.NumRows())
+		if n < 0 || int64(n) > rd.NumRows() {
+			return nil, nil, fmt.Errorf("%w: %s: row group %d declares %d rows", ErrManifest, path, g, n)
+		}
+		for _, name := range ints {
+			cr, err := rg.Column(sch.ColumnIndexByName(name))
+			if err != nil {
+				return nil, nil, fmt.Errorf("%w: %s: column %q: %w", ErrManifest, path, name, err)
+			}
+			r, ok := cr.(*file.Int64ColumnChunkReader)
+			if !ok {
+				return nil, nil, fmt.Errorf("%w: %s: column %q: not an int64 column", ErrManifest, path, name)
+			}
+			vals, err := readValues(n, func(b int64, v []int64, d []int16) (int64, int, error) { return r.ReadBatch(b, v, d, nil) })
+			if err != nil {
+				return nil, nil, fmt.Errorf("%w: %s: column %q: %w", ErrManifest, path, name, err)
+			}
+			iv[name] = append(iv[name], vals...)
+		}
+		for _, name := range strs {
+			cr, err := rg.Column(sch.ColumnIndexByName(name))
+			if err != nil {
+				return nil, nil, fmt.Errorf("%w: %s: column %q: %w", ErrManifest, path, name, err)
+			}
+			r, ok := cr.(*file.ByteArrayColumnChunkReader)
+			if !ok {
+				return nil, nil, fmt.Errorf("%w: %s: column %q: not a string column", ErrManifest, path, name)
+			}
+			vals, err := readValues(n, func(b int64, v []parquet.ByteArray, d []int16) (int64, int, error) { return r.ReadBatch(b, v, d, nil) })
+			if err != nil {
+				return nil, nil, fmt.Errorf("%w: %s: column %q: %w", ErrManifest, path, name, err)
+			}
+			for _, v := range vals {
+				sv[name] = append(sv[name], string(v))
+			}
+		}
+	}
+	return iv, sv, nil
+}

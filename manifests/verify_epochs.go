@@ -104,6 +104,13 @@ func VerifyEpochs(dir string, o VerifyOptions) (*Report, error) {
 		}
 		CheckSums(dir, sums, present, o, r)
 	}
+	// shards.parquet against epochs.json, row by row (parsed only if its
+	// sha256 holds: a corrupt footer can declare what it likes).
+	if p := filepath.Join(dir, man.Files.Shards); present[man.Files.Shards] && sums != nil && sums[man.Files.Shards] != "" {
+		if got, err := HashFile(p); err == nil && got == sums[man.Files.Shards] {
+			checkShardsTable(p, man, r)
+		}
+	}
 
 	for _, e := range man.Epochs {
 		r.Samples += e.Samples
@@ -285,6 +292,51 @@ func deepEpochs(dir string, man *Epochs, r *Report) {
 				}
 			}
 			closeAll()
+		}
+	}
+}
+
+// checkShardsTable checks shards.parquet: a row per shard of every epoch
+// of epochs.json, in its order, with the same epoch, shard, first sample,
+// sample count and files.
+func checkShardsTable(path string, man *Epochs, r *Report) {
+	name := filepath.Base(path)
+	names := []string{"samples"}
+	for _, m := range man.Modalities {
+		names = append(names, m.Name)
+	}
+	var fileCols []string
+	for _, n := range names {
+		fileCols = append(fileCols, n+"_file")
+	}
+	iv, sv, err := ReadTable(path, []string{"epoch", "shard", "first", "samples"}, fileCols)
+	if err != nil {
+		r.Add(Problem{File: name, What: oneLine(err)})
+		return
+	}
+	var want int
+	for _, e := range man.Epochs {
+		want += len(e.Shards)
+	}
+	if got := len(iv["epoch"]); got != want {
+		r.Add(Problem{File: name, What: fmt.Sprintf("%d rows, epochs.json lists %d shards", got, want)})
+		return
+	}
+	i := 0
+	for _, e := range man.Epochs {
+		for _, s := range e.Shards {
+			row := fmt.Sprintf("epoch %d shard %d first %d samples %d", iv["epoch"][i], iv["shard"][i], iv["first"][i], iv["samples"][i])
+			if exp := fmt.Sprintf("epoch %d shard %d first %d samples %d", e.Epoch, s.Shard, s.First, s.Samples); row != exp {
+				r.Add(Problem{File: name, What: fmt.Sprintf("row %d: %s; epochs.json says %s", i, row, exp)})
+				return
+			}
+			for k, n := range names {
+				if got := sv[fileCols[k]][i]; got != s.Files[n] {
+					r.Add(Problem{File: name, What: fmt.Sprintf("row %d (epoch %d shard %d): %s %q; epochs.json says %q", i, e.Epoch, s.Shard, fileCols[k], got, s.Files[n])})
+					return
+				}
+			}
+			i++
 		}
 	}
 }

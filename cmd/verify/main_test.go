@@ -305,8 +305,6 @@ func shuffleDemo(t *testing.T, ds string, seed uint64) string {
 	return out
 }
 
-// rewriteSums recomputes SHA256SUMS of dir for the listed files, so that a
-// mutation is invisible to the default level.
 // editDS edits dataset.json and its line in SHA256SUMS.
 func editDS(t *testing.T, dir string, edit func(*manifests.Dataset)) {
 	t.Helper()
@@ -341,6 +339,8 @@ func editRows(t *testing.T, dir string, edit func([]manifests.ClipRow)) {
 	rewriteSums(t, dir, "clips.parquet")
 }
 
+// rewriteSums recomputes SHA256SUMS of dir for the listed files, so that a
+// mutation is invisible to the default level.
 func rewriteSums(t *testing.T, dir string, files ...string) {
 	sums, err := manifests.ReadSums(filepath.Join(dir, "SHA256SUMS"))
 	if err != nil {
@@ -440,6 +440,30 @@ func TestEpochCorruption(t *testing.T) {
 		if r.Code != 1 || !strings.Contains(r.Stdout, shard+".whisper.npy: "+p+": not a regular file (a FIFO)") ||
 			!strings.Contains(r.Stdout, shard+".motion.npy: "+q+": not a regular file (a character device)") {
 			t.Fatalf("%d %s", r.Code, r.Stdout)
+		}
+	})
+	// #26.5: shards.parquet is checked against epochs.json row by row
+	// (before, garbage or another folder's file, sums updated, passed
+	// --deep).
+	t.Run("shards.parquet garbage or another folder's, sums updated", func(t *testing.T) {
+		dir := shuffleDemo(t, ds, 7)
+		p := filepath.Join(dir, "shards.parquet")
+		os.WriteFile(p, []byte("PAR1 not a table PAR1"), 0o644)
+		rewriteSums(t, dir, "shards.parquet")
+		if r := verify(t, "--deep", dir); r.Code != 1 || !strings.Contains(r.Stdout, "shards.parquet: ") {
+			t.Fatalf("garbage: %d %s", r.Code, r.Stdout)
+		}
+		other := filepath.Join(t.TempDir(), "ep")
+		o := shuffle.Options{Dataset: ds, Out: other, EpochStart: 0, EpochEnd: 2, Seed: 7, ShardSize: 5,
+			Sampling: manifests.Sampling{Window: 15, Mode: "tile", Short: "skip"}}
+		if _, err := shuffle.Run(context.Background(), o); err != nil {
+			t.Fatal(err)
+		}
+		b, _ := os.ReadFile(filepath.Join(other, "shards.parquet"))
+		os.WriteFile(p, b, 0o644)
+		rewriteSums(t, dir, "shards.parquet")
+		if r := verify(t, "--deep", dir); r.Code != 1 || !strings.Contains(r.Stdout, "shards.parquet: ") || !strings.Contains(r.Stdout, "epochs.json") {
+			t.Fatalf("another folder's: %d %s", r.Code, r.Stdout)
 		}
 	})
 	t.Run("missing shard and unreadable manifest", func(t *testing.T) {
