@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -51,8 +52,13 @@ type Report struct {
 
 func (r *Report) add(p Problem) {
 	r.mu.Lock()
+	defer r.mu.Unlock()
+	// One problem is reported once, whichever checks met it (a FIFO is
+	// met by the header check and by the hashing).
+	if slices.Contains(r.Problems, p) {
+		return
+	}
 	r.Problems = append(r.Problems, p)
-	r.mu.Unlock()
 }
 
 // Add records a problem; safe for concurrent use.

@@ -33,6 +33,9 @@ func (s Sampling) Check() error {
 	}
 	switch s.Mode {
 	case "tile":
+		if s.PerClip != 0 {
+			return fmt.Errorf("--per-clip %d: only with --sampling random (tile takes every window of a clip once, from a random offset)", s.PerClip)
+		}
 	case "random":
 		if s.PerClip < 1 {
 			return fmt.Errorf("--per-clip %d: want >= 1 with --sampling random", s.PerClip)

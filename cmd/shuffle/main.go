@@ -111,8 +111,8 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		return 2
 	}
 	var err error
-	if o.Mem, err = ui.ParseSize(mem); err != nil {
-		fmt.Fprintln(stderr, "shuffle: --mem:", err)
+	if o.Mem, err = ui.ParseSize(mem); err != nil || o.Mem <= 0 {
+		fmt.Fprintln(stderr, "shuffle: --mem:", cmp.Or(err, fmt.Errorf("%s: want a positive SIZE such as 2GiB or 512MiB", mem)))
 		return 2
 	}
 	if !jsonOut {

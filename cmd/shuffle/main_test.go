@@ -259,7 +259,7 @@ func TestRerunAndEpochRanges(t *testing.T) {
 	sameTree(t, tree(t, whole), tree(t, shared), "--epochs 3 vs two concurrent tasks")
 	// Other options into the same directory are refused without --force.
 	r = shuffleRun(t, nil, base(ds, whole, "--epochs", "3", "--seed", "8")...)
-	if r.Code != 2 || !strings.Contains(r.Stderr, "--force") {
+	if r.Code != 2 || !strings.Contains(r.Stderr, "--force") || !strings.Contains(r.Stderr, "seed 7, this run's 8") || strings.Contains(r.Stderr, "ranks") {
 		t.Fatalf("other seed: %d %q", r.Code, r.Stderr)
 	}
 	if r = shuffleRun(t, nil, base(ds, whole, "--epochs", "3", "--seed", "8", "--force")...); r.Code != 0 {
@@ -439,6 +439,9 @@ func TestUsage(t *testing.T) {
 		{[]string{"--dataset", ds, "--out", t.TempDir() + "/x", "--window", "15"}, 2, "--epochs"},
 		{[]string{"--dataset", ds, "--out", t.TempDir() + "/x", "--epochs", "1"}, 2, "--window"},
 		{[]string{"--dataset", ds, "--out", t.TempDir() + "/x", "--epochs", "1", "--window", "5", "--sampling", "random"}, 2, "--per-clip"},
+		// #26.10: these were silently taken as 2 GiB and as nothing.
+		{[]string{"--dataset", ds, "--out", t.TempDir() + "/x", "--epochs", "1", "--window", "5", "--mem", "0"}, 2, "--mem: 0: want a positive SIZE"},
+		{[]string{"--dataset", ds, "--out", t.TempDir() + "/x", "--epochs", "1", "--window", "5", "--per-clip", "4"}, 2, "--per-clip 4: only with --sampling random"},
 		{[]string{"--dataset", ds, "--out", t.TempDir() + "/x", "--epochs", "1", "--window", "5", "--mem", "lots"}, 2, "bad size"},
 		{[]string{"--dataset", t.TempDir(), "--out", t.TempDir() + "/x", "--epochs", "1", "--window", "5"}, 1, "dataset.json"},
 		{[]string{"--dataset", ds, "--out", t.TempDir() + "/x", "--epochs", "1", "--window", "5", "--workers", "-3"}, 2, "--workers -3"},

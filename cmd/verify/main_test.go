@@ -266,6 +266,14 @@ func TestCorruption(t *testing.T) {
 					t.Errorf("output lacks %q:\n%s", w, out)
 				}
 			}
+			// Each problem once (#26.10: a FIFO was reported twice).
+			seen := map[string]bool{}
+			for _, line := range strings.Split(strings.TrimSpace(r.Stdout), "\n") {
+				if seen[line] {
+					t.Errorf("reported twice: %q", line)
+				}
+				seen[line] = true
+			}
 			if c.code == 2 && strings.Count(strings.TrimSpace(r.Stderr), "\n") != 0 {
 				t.Errorf("want one line on stderr: %q", r.Stderr)
 			}

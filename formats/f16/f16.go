@@ -366,26 +366,8 @@ func fromInteger(dst []uint16, src []byte, dt array.DType, st *Stats) error {
 	var s Stats
 	var maxAbs float64
 	for i := 0; i < n; i++ {
-		var f float64
-		p := src[i*dt.Size:]
-		switch dt {
-		case array.DType{Kind: array.Bool, Size: 1}, array.DType{Kind: array.Uint, Size: 1}:
-			f = float64(p[0])
-		case array.DType{Kind: array.Int, Size: 1}:
-			f = float64(int8(p[0]))
-		case array.DType{Kind: array.Int, Size: 2}:
-			f = float64(int16(uint16(p[0]) | uint16(p[1])<<8))
-		case array.DType{Kind: array.Uint, Size: 2}:
-			f = float64(uint16(p[0]) | uint16(p[1])<<8)
-		case array.DType{Kind: array.Int, Size: 4}:
-			f = float64(int32(le32(p)))
-		case array.DType{Kind: array.Uint, Size: 4}:
-			f = float64(le32(p))
-		case array.DType{Kind: array.Int, Size: 8}:
-			f = float64(int64(le64(p)))
-		case array.DType{Kind: array.Uint, Size: 8}:
-			f = float64(le64(p))
-		default:
+		f, ok := IntValue(src[i*dt.Size:], dt)
+		if !ok {
 			return fmt.Errorf("f16: cannot convert %s", dt)
 		}
 		dst[i] = Float64ToBits(f)
@@ -400,6 +382,30 @@ func fromInteger(dst []uint16, src []byte, dt array.DType, st *Stats) error {
 		st.Add(s)
 	}
 	return nil
+}
+
+// IntValue returns the little-endian integer or bool element at the start
+// of p, of dtype dt, as a float64 (false for other dtypes).
+func IntValue(p []byte, dt array.DType) (float64, bool) {
+	switch dt {
+	case array.DType{Kind: array.Bool, Size: 1}, array.DType{Kind: array.Uint, Size: 1}:
+		return float64(p[0]), true
+	case array.DType{Kind: array.Int, Size: 1}:
+		return float64(int8(p[0])), true
+	case array.DType{Kind: array.Int, Size: 2}:
+		return float64(int16(uint16(p[0]) | uint16(p[1])<<8)), true
+	case array.DType{Kind: array.Uint, Size: 2}:
+		return float64(uint16(p[0]) | uint16(p[1])<<8), true
+	case array.DType{Kind: array.Int, Size: 4}:
+		return float64(int32(le32(p))), true
+	case array.DType{Kind: array.Uint, Size: 4}:
+		return float64(le32(p)), true
+	case array.DType{Kind: array.Int, Size: 8}:
+		return float64(int64(le64(p))), true
+	case array.DType{Kind: array.Uint, Size: 8}:
+		return float64(le64(p)), true
+	}
+	return 0, false
 }
 
 func le32(p []byte) uint32 {

@@ -523,7 +523,10 @@ func firstRow(src []byte, dt array.DType, frameElems int, bad func(float64) bool
 			}
 			f = math.Float64frombits(u)
 		default:
-			return -1
+			var ok bool
+			if f, ok = f16.IntValue(p, dt); !ok {
+				return -1
+			}
 		}
 		if bad(f) {
 			if frameElems == 0 {

@@ -62,6 +62,9 @@ var ReservedNames = []string{"clip", "clips", "dataset", "epoch", "epochs", "fil
 // CheckName refuses a modality name that is not letters, digits, _ . -
 // or that is one of ReservedNames (in any case).
 func CheckName(name string) error {
+	if len(name) > MaxNameLen {
+		return fmt.Errorf("%w: modality name %.20q... is %d bytes: at most %d (it names the blob and every shard file, shard-NNNNN.NAME.npy, and file names stop at 255 bytes)", ErrUsage, name, len(name), MaxNameLen)
+	}
 	if !nameRE.MatchString(name) {
 		return fmt.Errorf("%w: modality name %q: use letters, digits, _ . - (starting with a letter, digit or _)", ErrUsage, name)
 	}
@@ -70,6 +73,9 @@ func CheckName(name string) error {
 	}
 	return nil
 }
+
+// MaxNameLen bounds a modality name's length.
+const MaxNameLen = 128
 
 // ParseModality parses NAME[@RATE|@clip]=TEMPLATE[:KEYS]. TEMPLATE must contain
 // {clip} and end in .npy, .pkl or .pickle; KEYS follow a pickle template.

@@ -103,7 +103,7 @@ func openManifest(j *job) (*manifests.Epochs, error) {
 		old.Tool = fresh.Tool
 		return old, nil
 	case !sameOptions(old, fresh) && !o.Force:
-		return nil, fmt.Errorf("%w: %s holds epochs cut with other options (seed, window, sampling, ranks or shard size); use --force to replace them, or another --out", ErrUsage, o.Out)
+		return nil, fmt.Errorf("%w: %s holds epochs cut with other options (%s); use --force to replace them, or another --out", ErrUsage, o.Out, keyDiff(optionsKey(old), optionsKey(fresh)))
 	}
 	// The dataset was rebuilt since (or --force): the old epochs are stale.
 	if err := j.mayReplace(old); err != nil {
