@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/clipshard/clipshard/formats/pickle"
 )
 
@@ -76,21 +78,36 @@ var growing = map[string]func(n int) []byte{
 	},
 }
 
-// decodeTime is the fastest of a few decodes of b.
+// threadCPU is the CPU time the calling OS thread has used.
+func threadCPU() time.Duration {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts); err != nil {
+		panic(err)
+	}
+	return time.Duration(ts.Nano())
+}
+
+// decodeTime is the least CPU time of a few decodes of b, on one locked
+// thread: the work of the decode, not the wall time, which the other
+// packages' tests on the same cores stretch at will (#26.11: a wall-time
+// version failed under load). The collector's background workers run on
+// other threads and do not count.
 func decodeTime(b []byte) (time.Duration, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	best := time.Duration(1 << 62)
 	var err error
 	for range 5 {
 		runtime.GC()
-		t0 := time.Now()
+		t0 := threadCPU()
 		_, err = pickle.Decode(bytes.NewReader(b), int64(len(b)))
-		best = min(best, time.Since(t0))
+		best = min(best, threadCPU()-t0)
 	}
 	return best, err
 }
 
 // TestDecodeScalesLinearly: for every hostile shape, decoding a file 4x
-// larger takes at most 6x the time (plus 2 ms of slack for timer noise)
+// larger takes at most 10x the CPU time (plus 5 ms of slack; linear is 4x, measured 4-7x, quadratic 16x)
 // and allocates within the bound FuzzDecode holds to; shapes a numpy
 // pickle never has (integers beyond 128 bits, thousands of open MARKs)
 // are refused, naming the offset.
@@ -107,7 +124,7 @@ func TestDecodeScalesLinearly(t *testing.T) {
 			// measurement noisy: a ratio over the bound is measured again,
 			// keeping the fastest of each size (a quadratic decode is 16x
 			// every time).
-			for try := 0; try < 5 && tBig > 6*tSmall+5*time.Millisecond; try++ {
+			for try := 0; try < 5 && tBig > 10*tSmall+5*time.Millisecond; try++ {
 				ts, _ := decodeTime(small)
 				tb, _ := decodeTime(big)
 				tSmall, tBig = min(tSmall, ts), min(tBig, tb)
@@ -123,8 +140,8 @@ func TestDecodeScalesLinearly(t *testing.T) {
 			if alloc > allocBound(len(small))+allocBound(len(big)) {
 				t.Errorf("allocated %d bytes a round for %d + %d bytes", alloc, len(small), len(big))
 			}
-			if tBig > 6*tSmall+5*time.Millisecond {
-				t.Errorf("%s: %d bytes: %v; %d bytes: %v (more than 6x)", name, len(small), tSmall, len(big), tBig)
+			if tBig > 10*tSmall+5*time.Millisecond {
+				t.Errorf("%s: %d bytes: %v; %d bytes: %v (more than 10x: a quadratic decode is 16x)", name, len(small), tSmall, len(big), tBig)
 			}
 			t.Logf("%v -> %v (%v)", tSmall, tBig, errBig)
 		})
