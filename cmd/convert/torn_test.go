@@ -94,7 +94,8 @@ func TestTornSourceRead(t *testing.T) {
 			if !want[string(b)] {
 				close(stop)
 				wg.Wait()
-				t.Fatalf("exit 0 with a blob that is neither version (a torn read)")
+				ones, twos := bytes.Count(b, []byte{0x00, 0x3c}), bytes.Count(b, []byte{0x00, 0x40})
+				t.Fatalf("exit 0 with a blob that is neither version (a torn read: %d values 1.0, %d values 2.0, %d bytes): %s", ones, twos, len(b), r.Stdout)
 			}
 			ok++
 		case r.Code == 1 && strings.Contains(r.Stderr, "changed while it was read") && strings.Count(strings.TrimSpace(r.Stderr), "\n") == 0:
