@@ -222,23 +222,23 @@ func TestCorruption(t *testing.T) {
 		// #26.4: recorded figures edited consistently with SHA256SUMS
 		// (before, all passed --deep --sources).
 		{"dataset.json nan edited, sums updated", func(t *testing.T, src, dir string) {
-			editDS(t, dir, func(d *manifests.Dataset) { s := d.Stats["emotion"]; s.NaN = 3; d.Stats["emotion"] = s })
+			clitest.EditDataset(t, dir, func(d *manifests.Dataset) { s := d.Stats["emotion"]; s.NaN = 3; d.Stats["emotion"] = s })
 		}, []string{"--deep"}, 1, []string{`dataset.json: stats of "emotion": nan 3`, "add up to 0"}},
 		{"dataset.json max_abs edited, sums updated", func(t *testing.T, src, dir string) {
-			editDS(t, dir, func(d *manifests.Dataset) { s := d.Stats["motion"]; s.MaxAbs = 7; d.Stats["motion"] = s })
+			clitest.EditDataset(t, dir, func(d *manifests.Dataset) { s := d.Stats["motion"]; s.MaxAbs = 7; d.Stats["motion"] = s })
 		}, []string{"--deep"}, 1, []string{`dataset.json: stats of "motion"`, "max_abs 7"}},
 		{"dataset.json source_dtype edited, sums updated", func(t *testing.T, src, dir string) {
-			editDS(t, dir, func(d *manifests.Dataset) { d.Modality("emotion").SourceDType = "<f4" })
+			clitest.EditDataset(t, dir, func(d *manifests.Dataset) { d.Modality("emotion").SourceDType = "<f4" })
 		}, []string{"--deep"}, 1, []string{`modality "emotion": source_dtype "<f4"`, `">f8,<f8"`}},
 		{"dataset.json align and trimmed edited, sums updated", func(t *testing.T, src, dir string) {
-			editDS(t, dir, func(d *manifests.Dataset) { d.Align, d.Trimmed = "diagonal", 4 })
+			clitest.EditDataset(t, dir, func(d *manifests.Dataset) { d.Align, d.Trimmed = "diagonal", 4 })
 		}, []string{"--deep"}, 1, []string{`align "diagonal"`, "trimmed 4, the clips of clips.parquet add up to 0"}},
 		{"clips.parquet audit and totals edited together, sums updated", func(t *testing.T, src, dir string) {
-			editRows(t, dir, func(rows []manifests.ClipRow) { rows[4].Sources[3].Stats.NaN = 2 })
-			editDS(t, dir, func(d *manifests.Dataset) { s := d.Stats["emotion"]; s.NaN = 2; d.Stats["emotion"] = s })
+			clitest.EditClips(t, dir, func(rows []manifests.ClipRow) { rows[4].Sources[3].Stats.NaN = 2 })
+			clitest.EditDataset(t, dir, func(d *manifests.Dataset) { s := d.Stats["emotion"]; s.NaN = 2; d.Stats["emotion"] = s })
 		}, []string{"--deep"}, 1, []string{`clips.parquet: clip "clip004": modality "emotion": recorded nan 2, the rows hold 0`}},
 		{"clips.parquet max_abs edited within float16 rounding: --sources sees it", func(t *testing.T, src, dir string) {
-			editRows(t, dir, func(rows []manifests.ClipRow) {
+			clitest.EditClips(t, dir, func(rows []manifests.ClipRow) {
 				rows[4].Sources[0].Stats.MaxAbs = math.Nextafter(rows[4].Sources[0].Stats.MaxAbs, 0)
 			})
 			if r := verify(t, "--deep", dir); r.Code != 0 {
@@ -246,7 +246,7 @@ func TestCorruption(t *testing.T) {
 			}
 		}, []string{"--sources"}, 1, []string{`clips.parquet: clip "clip004": modality "motion": recorded nan 0`, "its source converts with"}},
 		{"clips.parquet source dtype edited: --sources", func(t *testing.T, src, dir string) {
-			editRows(t, dir, func(rows []manifests.ClipRow) { rows[2].Sources[2].Descr = ">f2" })
+			clitest.EditClips(t, dir, func(rows []manifests.ClipRow) { rows[2].Sources[2].Descr = ">f2" })
 		}, []string{"--sources"}, 1, []string{`clip "clip002": modality "whisper": recorded source dtype >f2, the source's is <f2`}},
 		{"source gone", func(t *testing.T, src, dir string) {
 			os.Remove(filepath.Join(src, "motion", "clip010.pkl"))
@@ -313,54 +313,9 @@ func shuffleDemo(t *testing.T, ds string, seed uint64) string {
 	return out
 }
 
-// editDS edits dataset.json and its line in SHA256SUMS.
-func editDS(t *testing.T, dir string, edit func(*manifests.Dataset)) {
-	t.Helper()
-	d, err := manifests.LoadDataset(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	edit(d)
-	if err := d.Write(dir); err != nil {
-		t.Fatal(err)
-	}
-	rewriteSums(t, dir, "dataset.json")
-}
-
-// editRows edits clips.parquet and its line in SHA256SUMS.
-func editRows(t *testing.T, dir string, edit func([]manifests.ClipRow)) {
-	t.Helper()
-	d, _ := manifests.LoadDataset(dir)
-	var names []string
-	for _, m := range d.Modalities {
-		names = append(names, m.Name)
-	}
-	p := filepath.Join(dir, "clips.parquet")
-	rows, err := manifests.ReadClips(p, names)
-	if err != nil {
-		t.Fatal(err)
-	}
-	edit(rows)
-	if err := manifests.WriteClips(p, names, rows); err != nil {
-		t.Fatal(err)
-	}
-	rewriteSums(t, dir, "clips.parquet")
-}
-
 // rewriteSums recomputes SHA256SUMS of dir for the listed files, so that a
 // mutation is invisible to the default level.
-func rewriteSums(t *testing.T, dir string, files ...string) {
-	sums, err := manifests.ReadSums(filepath.Join(dir, "SHA256SUMS"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range files {
-		if sums[f], err = manifests.HashFile(filepath.Join(dir, f)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	manifests.WriteSums(filepath.Join(dir, "SHA256SUMS"), sums)
-}
+func rewriteSums(t *testing.T, dir string, files ...string) { clitest.Resum(t, dir, files...) }
 
 func TestEpochCorruption(t *testing.T) {
 	_, ds := demoDataset(t)

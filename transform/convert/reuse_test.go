@@ -3,7 +3,6 @@ package convert
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
@@ -43,63 +42,6 @@ func rewriteNPY(t *testing.T, path string, rows int, flip bool) {
 	}
 	future := time.Now().Add(time.Minute)
 	os.Chtimes(path, future, future)
-}
-
-// editClips rewrites dir's clips.parquet through edit.
-func editClips(t *testing.T, dir string, edit func([]manifests.ClipRow)) {
-	t.Helper()
-	d, err := manifests.LoadDataset(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, m := range d.Modalities {
-		names = append(names, m.Name)
-	}
-	p := filepath.Join(dir, "clips.parquet")
-	rows, err := manifests.ReadClips(p, names)
-	if err != nil {
-		t.Fatal(err)
-	}
-	edit(rows)
-	if err := manifests.WriteClips(p, names, rows); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// editDataset rewrites dir's dataset.json through edit, as JSON.
-func editDataset(t *testing.T, dir string, edit func(map[string]any)) {
-	t.Helper()
-	p := filepath.Join(dir, "dataset.json")
-	b, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var d map[string]any
-	if err := json.Unmarshal(b, &d); err != nil {
-		t.Fatal(err)
-	}
-	edit(d)
-	b, _ = json.MarshalIndent(d, "", "  ")
-	os.WriteFile(p, b, 0o644)
-}
-
-// resum makes dir's SHA256SUMS agree with its files (a consistent edit).
-func resum(t *testing.T, dir string) {
-	t.Helper()
-	p := filepath.Join(dir, "SHA256SUMS")
-	sums, err := manifests.ReadSums(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for f := range sums {
-		if sums[f], err = manifests.HashFile(filepath.Join(dir, f)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := manifests.WriteSums(p, sums); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // TestReuseSameBytes: a convert over an existing dataset copies the rows
@@ -162,31 +104,28 @@ func TestReuseSameBytes(t *testing.T) {
 		// A damaged manifest (its sum in SHA256SUMS stale, or made to
 		// agree): nothing is reused, and the run says why.
 		{name: "damaged manifest", refused: "clips.parquet", damage: func(t *testing.T, prev string) {
-			editClips(t, prev, func(rows []manifests.ClipRow) {
+			b, _ := os.ReadFile(filepath.Join(prev, "clips.parquet"))
+			b[200] ^= 0x40
+			os.WriteFile(filepath.Join(prev, "clips.parquet"), b, 0o644) // its sum now stale
+		}, change: func(t *testing.T, src string) { rewriteNPY(t, filepath.Join(src, "emotion", "clip011.npy"), -1, false) }},
+		{name: "damaged manifest, sums updated", refused: "index.npy", damage: func(t *testing.T, prev string) {
+			clitest.EditClips(t, prev, func(rows []manifests.ClipRow) {
 				rows[1].Length = 1 << 40
 				rows[2].Start = -5
 				rows[3].Sources[1].XXH64++
 			})
-		}, change: func(t *testing.T, src string) { rewriteNPY(t, filepath.Join(src, "emotion", "clip011.npy"), -1, false) }},
-		{name: "damaged manifest, sums updated", refused: "index.npy", damage: func(t *testing.T, prev string) {
-			editClips(t, prev, func(rows []manifests.ClipRow) { rows[1].Length = 1 << 40 })
-			resum(t, prev)
 		}},
 		// #26.2: dataset.json edited (a frame shape [8] -> [2, 4]) with
 		// SHA256SUMS to match and the clip list reordered: before, every
 		// clip was reused and the new blob had shape (599, 2, 4).
 		{name: "edited frame shape, sums updated", refused: "header shape", damage: func(t *testing.T, prev string) {
-			editDataset(t, prev, func(d map[string]any) {
-				d["modalities"].([]any)[2].(map[string]any)["frame_shape"] = []int{2, 4}
-			})
-			resum(t, prev)
+			clitest.EditDataset(t, prev, func(d *manifests.Dataset) { d.Modalities[2].FrameShape = []int{2, 4} })
 		}, change: func(t *testing.T, src string) {
 			ids := []string{"clip011", "clip002", "clip000", "clip001", "clip003", "clip004", "clip005", "clip006", "clip007", "clip008", "clip009", "clip010"}
 			os.WriteFile(filepath.Join(src, "clips.txt"), []byte(strings.Join(ids, "\n")+"\n"), 0o644)
 		}},
 		{name: "edited dtype, sums updated", refused: "header dtype", damage: func(t *testing.T, prev string) {
-			editDataset(t, prev, func(d map[string]any) { d["modalities"].([]any)[0].(map[string]any)["dtype"] = "<f4" })
-			resum(t, prev)
+			clitest.EditDataset(t, prev, func(d *manifests.Dataset) { d.Modalities[0].DType = "<f4" })
 		}, after: func(o *Options) { o.Modalities[0].KeepDType = true }},
 		// #26.3: a NaN allowed before, its count edited to 0 in clips.parquet
 		// and dataset.json (sums to match): the rows' audit finds it, the
@@ -194,14 +133,12 @@ func TestReuseSameBytes(t *testing.T) {
 		// it was reused, exit 0, with a NaN in the output.
 		{name: "nan laundered", before: func(o *Options) { o.AllowNonFinite = true },
 			broken: "nan_emotion.npy", dst: "emotion/clip003.npy", wantErr: "first at row 5", damage: func(t *testing.T, prev string) {
-				editClips(t, prev, func(rows []manifests.ClipRow) { rows[3].Sources[2].Stats.NaN = 0 })
-				editDataset(t, prev, func(d map[string]any) { d["stats"].(map[string]any)["emotion"].(map[string]any)["nan"] = 0 })
-				resum(t, prev)
+				clitest.EditClips(t, prev, func(rows []manifests.ClipRow) { rows[3].Sources[2].Stats.NaN = 0 })
+				clitest.EditDataset(t, prev, func(d *manifests.Dataset) { s := d.Stats["emotion"]; s.NaN = 0; d.Stats["emotion"] = s })
 			}},
 		{name: "nan laundered, streamed", before: func(o *Options) { o.AllowNonFinite = true }, streamed: true,
 			broken: "nan_emotion.npy", dst: "emotion/clip003.npy", wantErr: "first at row 5", damage: func(t *testing.T, prev string) {
-				editClips(t, prev, func(rows []manifests.ClipRow) { rows[3].Sources[2].Stats.NaN = 0 })
-				resum(t, prev)
+				clitest.EditClips(t, prev, func(rows []manifests.ClipRow) { rows[3].Sources[2].Stats.NaN = 0 })
 			}},
 	}
 	for _, c := range cases {
