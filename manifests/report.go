@@ -84,9 +84,16 @@ type VerifyOptions struct {
 	Workers int  // files hashed at once (default 2)
 	// Progress, if set, is called with bytes hashed so far and the total.
 	Progress func(done, total int64)
+	// Mem bounds the memory of --sources (DefaultVerifyMem if 0): a .npy
+	// source larger than an eighth of it is compared a piece at a time.
+	// (A pickle is decoded whole.)
+	Mem int64
 	// manifestsOnly: hash the manifests, not the blobs (Vouch).
 	manifestsOnly bool
 }
+
+// DefaultVerifyMem is verify's --mem.
+const DefaultVerifyMem = 256 << 20
 
 func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", " ") }
 

@@ -5,6 +5,7 @@ package manifests
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"io"
 	"os"
@@ -159,7 +160,7 @@ func verifyDataset(dir string, d *Dataset, o VerifyOptions) (*Report, []ClipRow,
 		deepClips(dir, d, rows, r)
 	}
 	if o.Sources && rows != nil {
-		checkSources(dir, d, rows, r)
+		checkSources(dir, d, rows, cmp.Or(o.Mem, DefaultVerifyMem), r)
 	}
 	r.Sort()
 	return r, rows, nil
@@ -396,7 +397,10 @@ func dtypeSize(descr string) int {
 // would, and compares the bytes with the clip's rows in the blob itself
 // (not with a recorded hash, which an edit of the manifests could have
 // made agree with a tampered blob).
-func checkSources(dir string, d *Dataset, rows []ClipRow, r *Report) {
+func checkSources(dir string, d *Dataset, rows []ClipRow, mem int64, r *Report) {
+	// A .npy source larger than piece is compared a piece at a time: its
+	// rows, their conversion and the blob's rows take about 4 pieces.
+	piece := max(1<<20, mem/8)
 	blobs := make([]*os.File, len(d.Modalities))
 	rowBytes := make([]int64, len(d.Modalities))
 	for k, m := range d.Modalities {
@@ -418,6 +422,12 @@ func checkSources(dir string, d *Dataset, rows []ClipRow, r *Report) {
 				continue
 			}
 			changed := st.Size != s.Size || st.MtimeNS != s.MtimeNS
+			if f, _ := formats.FormatOf(s.Path); f == formats.NPY && !m.PerClip && st.Size > piece && blobs[k] != nil {
+				// Too large to hold with its conversion: a piece at a time.
+				first, n := m.ClipRows(i, row.Start, row.Length)
+				streamSource(d, m, row, s, changed, st, blobs[k], m.DataOffset+first*rowBytes[k], first, n, piece, r)
+				continue
+			}
 			a, err := formats.Load(s.Path, m.Keys)
 			if err != nil {
 				r.add(Problem{File: s.Path, Clip: row.Clip, What: "source no longer decodes: " + oneLine(err)})
@@ -470,6 +480,97 @@ func checkSources(dir string, d *Dataset, rows []ClipRow, r *Report) {
 			}
 		}
 	}
+}
+
+// streamSource is checkSources' comparison of a large .npy source s of
+// modality m of clip row with the blob's rows [first, first+n) at off, a
+// piece of about piece bytes at a time, and of the clip's recorded
+// figures with the conversion's.
+func streamSource(d *Dataset, m Modality, row ClipRow, s ClipSource, changed bool, now SourceStamp, blob *os.File, off, first, n, piece int64, r *Report) {
+	src, err := formats.OpenNPYRows(nil, s.Path)
+	if err != nil {
+		r.add(Problem{File: s.Path, Clip: row.Clip, What: "source no longer decodes: " + oneLine(err)})
+		return
+	}
+	defer src.Close()
+	a := src.Array()
+	if !slices.Equal(a.FrameShape(), m.FrameShape) {
+		r.add(Problem{File: s.Path, Clip: row.Clip, What: fmt.Sprintf("source %s: its frames are %s, the dataset's %s", a, array.FormatShape(a.FrameShape()), array.FormatShape(m.FrameShape))})
+		return
+	}
+	if len(a.Shape) == 0 || int64(a.Shape[0]) < n {
+		r.add(Problem{File: s.Path, Clip: row.Clip, What: fmt.Sprintf("source has %d rows, the dataset holds %d", a.Rows(), n)})
+		return
+	}
+	keep := m.DType != array.Float16.Descr()
+	if keep && a.DType.Descr() != m.DType {
+		r.add(Problem{File: s.Path, Clip: row.Clip, What: fmt.Sprintf("source dtype %s, dataset keeps %s", a.DType.Descr(), m.DType)})
+		return
+	}
+	outRow := int64(dtypeSize(m.DType))
+	for _, x := range m.FrameShape {
+		outRow *= int64(x)
+	}
+	step := max(1, piece/max(1, src.RowBytes()))
+	var raw, dst, out, scratch, have []byte
+	var audit f16.Stats
+	drift := false
+	for r0 := int64(0); r0 < n && !drift; r0 += step {
+		r1 := min(n, r0+step)
+		data, err := src.Read(r0, r1, &raw, &dst)
+		if err != nil {
+			r.add(Problem{File: s.Path, Clip: row.Clip, What: "source no longer decodes: " + oneLine(err)})
+			return
+		}
+		scratch = grown(scratch, 2*len(data)/a.DType.Size)
+		if err := f16.Convert(scratch, data, a.DType, &audit); err != nil {
+			r.add(Problem{File: s.Path, Clip: row.Clip, What: oneLine(err)})
+			return
+		}
+		out = scratch
+		if keep {
+			out = data
+		}
+		have = grown(have, len(out))
+		if k, err := blob.ReadAt(have, off+r0*outRow); k != len(out) {
+			r.add(Problem{File: m.File, Clip: row.Clip, What: fmt.Sprintf("rows %d..%d (bytes %d..%d): %v", first+r0, first+r1, off+r0*outRow, off+r1*outRow, err)})
+			return
+		}
+		if !bytes.Equal(out, have) {
+			drift = true
+			what := fmt.Sprintf("content drift: the converted source differs from %s rows %d..%d (in rows %d..%d)", m.File, first, first+n, first+r0, first+r1)
+			if changed {
+				what += fmt.Sprintf(" (changed since conversion: size %d -> %d, modified %s -> %s)", s.Size, now.Size, mtime(s.MtimeNS), mtime(now.MtimeNS))
+			}
+			r.add(Problem{File: s.Path, Clip: row.Clip, What: what})
+		}
+	}
+	if drift {
+		return
+	}
+	if keep {
+		audit.Overflow, audit.Underflow = 0, 0
+	}
+	if s.Audited {
+		if rec := Stats(audit); s.Stats != rec {
+			r.add(Problem{File: d.Files.Clips, Clip: row.Clip, What: fmt.Sprintf("modality %q: recorded nan %d, inf_in %d, overflow %d, underflow %d, max_abs %v; its source converts with %d, %d, %d, %d, %v",
+				m.Name, s.Stats.NaN, s.Stats.InfIn, s.Stats.Overflow, s.Stats.Underflow, s.Stats.MaxAbs, rec.NaN, rec.InfIn, rec.Overflow, rec.Underflow, rec.MaxAbs)})
+		}
+		if s.Descr != a.SourceDescr {
+			r.add(Problem{File: d.Files.Clips, Clip: row.Clip, What: fmt.Sprintf("modality %q: recorded source dtype %s, the source's is %s", m.Name, s.Descr, a.SourceDescr)})
+		}
+	}
+	if changed {
+		r.add(Problem{File: s.Path, Clip: row.Clip, What: fmt.Sprintf("changed since conversion (size %d -> %d, modified %s -> %s) but converts to the same bytes", s.Size, now.Size, mtime(s.MtimeNS), mtime(now.MtimeNS))})
+	}
+}
+
+// grown returns b with length n, reallocated if too small.
+func grown(b []byte, n int) []byte {
+	if cap(b) < n {
+		return make([]byte, n)
+	}
+	return b[:n]
 }
 
 // converted converts the first rows of a as convert would (float16, or

@@ -233,13 +233,14 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	}
 	// Fewer garbage collections (on thousands of small clips they took a
 	// twentieth of the time): the heap may grow to five times what is
-	// live, under a soft limit of --mem + 64 MiB. GOGC and GOMEMLIMIT, if
-	// set, win.
+	// live, under a soft limit that keeps the process under --mem + 64 MiB
+	// with the blobs' buffers (convert.HeapLimit). GOGC and GOMEMLIMIT,
+	// if set, win.
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(400)
 	}
 	if os.Getenv("GOMEMLIMIT") == "" && o.Budget > 0 {
-		debug.SetMemoryLimit(o.Budget + 64<<20)
+		debug.SetMemoryLimit(convert.HeapLimit(o.Budget, len(o.Modalities)))
 	}
 	o.Tool = "clipshard convert " + ui.Version()
 	o.Now = now

@@ -2,6 +2,7 @@ package main_test
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,7 +25,9 @@ func TestMemoryBounded(t *testing.T) {
 	if testing.Short() {
 		t.Skip("writes a 384 MiB clip; run without -short")
 	}
-	list := clitest.ClipSet(t, "f", array.Float32, 1024, 500, 96<<10, 300) // 384 MiB of float32 in the middle
+	buildTools(t) // verify
+	// 384 MiB of float32 in the middle
+	list := clitest.ClipSet(t, "f", array.Float32, 1024, 500, 96<<10, 300)
 	var out string
 	for _, workers := range []string{"1", "2"} {
 		out = filepath.Join(t.TempDir(), "ds")
@@ -40,6 +43,13 @@ func TestMemoryBounded(t *testing.T) {
 		if err != nil || !rep.OK() {
 			t.Fatalf("verify --deep --sources: %v %v", err, rep.Problems)
 		}
+	}
+	// #26.8: verify --sources within the same bound (it held the 384 MiB
+	// clip whole, and its conversion: about twice its size).
+	v := clitest.Run(t, filepath.Join(filepath.Dir(bin), "verify"), nil, "--sources", "--mem", "64MiB", "--quiet", out)
+	t.Logf("verify --sources --mem 64MiB: peak RSS %d MiB in %v", v.MaxRSS>>20, v.Elapsed)
+	if v.Code != 0 || v.MaxRSS == 0 || v.MaxRSS > (64+64)<<20 {
+		t.Errorf("verify --sources: exit %d, peak RSS %d MiB > --mem 64 MiB + 64 MiB: %s", v.Code, v.MaxRSS>>20, v.Stdout)
 	}
 	before, err := os.ReadFile(filepath.Join(out, "f.npy"))
 	if err != nil {
@@ -57,6 +67,40 @@ func TestMemoryBounded(t *testing.T) {
 	}
 	if after, _ := os.ReadFile(filepath.Join(out, "f.npy")); !bytes.Equal(before, after) {
 		t.Error("incremental: f.npy differs from the full conversion")
+	}
+}
+
+// TestMemoryManyModalities (#26.8): the bound holds whatever the number
+// of modalities and clips: thousands of small clips of four (and eight)
+// modalities, at --mem 64 MiB and 256 MiB, peak under --mem + 64 MiB.
+// Before, four modalities at 64 MiB peaked at 179 MiB and at 256 MiB at
+// 341-360 MiB: each blob's chunk buffers (12 MiB) came on top of a Go heap
+// allowed to grow to --mem + 64 MiB.
+func TestMemoryManyModalities(t *testing.T) {
+	if testing.Short() {
+		t.Skip("writes 4000 clips of 8 modalities; run without -short")
+	}
+	mods := []string{"a", "b", "c", "d", "e", "f", "g", "h"}
+	rows := make([]int, 4000)
+	for i := range rows {
+		rows[i] = 40 + i%50
+	}
+	list := clitest.ClipSetMods(t, mods, array.Float32, 128, rows...)
+	for _, n := range []int{4, 8} {
+		for _, mem := range []int64{64, 256} {
+			args := []string{"--clips", list, "--out", filepath.Join(t.TempDir(), "ds"), "--mem", fmt.Sprintf("%dMiB", mem), "--quiet"}
+			for _, m := range mods[:n] {
+				args = append(args, "-m", m+"="+m+"/{clip}.npy")
+			}
+			r := runConvert(t, nil, args...)
+			if r.Code != 0 {
+				t.Fatalf("exit %d: %s", r.Code, r.Stderr)
+			}
+			t.Logf("%d modalities, --mem %d MiB: peak RSS %d MiB in %v", n, mem, r.MaxRSS>>20, r.Elapsed)
+			if r.MaxRSS == 0 || r.MaxRSS > (mem+64)<<20 {
+				t.Errorf("%d modalities: peak RSS %d MiB > --mem %d MiB + 64 MiB", n, r.MaxRSS>>20, mem)
+			}
+		}
 	}
 }
 

@@ -3,12 +3,14 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 
 	"github.com/clipshard/clipshard/internal/ui"
 	"github.com/clipshard/clipshard/manifests"
@@ -54,6 +56,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	fs.BoolVar(&o.Deep, "deep", false, "check every clip's xxHash64")
 	fs.BoolVar(&o.Sources, "sources", false, "re-decode the sources and compare")
 	fs.IntVar(&o.Workers, "workers", 2, "files hashed at once")
+	mem := fs.String("mem", "256MiB", "memory for --sources, a `SIZE` such as 256MiB: a .npy source larger than an eighth of it is compared a piece at a time (a pickle is decoded whole)")
 	fs.BoolVar(&jsonOut, "json", false, "print the report as JSON")
 	fs.BoolVar(&quiet, "quiet", false, "no progress on stderr")
 	if done, code := ui.Parse(fs, args, stdout, stderr, usage, exitCodes, true); done {
@@ -62,6 +65,14 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	if fs.NArg() != 1 {
 		fmt.Fprintln(stderr, "verify: want exactly one directory (see --help)")
 		return 2
+	}
+	var err error
+	if o.Mem, err = ui.ParseSize(*mem); err != nil || o.Mem < 1<<20 {
+		fmt.Fprintf(stderr, "verify: --mem: %v\n", cmp.Or(err, fmt.Errorf("%s: want at least 1MiB", *mem)))
+		return 2
+	}
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(o.Mem + 48<<20) // with the program's text and stacks: under --mem + 64 MiB
 	}
 	dir := fs.Arg(0)
 	if st, err := os.Stat(dir); err != nil {

@@ -13,6 +13,7 @@ import (
 
 	// internal/ui is imported so that the test cache is keyed on it (the
 	// binary under test is built from it).
+	"github.com/clipshard/clipshard/formats/array"
 	"github.com/clipshard/clipshard/internal/clitest"
 	_ "github.com/clipshard/clipshard/internal/ui"
 	"github.com/clipshard/clipshard/manifests"
@@ -470,5 +471,38 @@ func TestKeptDTypeEpochs(t *testing.T) {
 	rewriteSums(t, ep, f)
 	if r := verify(t, "--deep", ep); r.Code != 1 || !strings.Contains(r.Stdout, f+": clip") || !strings.Contains(r.Stdout, "sample 1 (clip") {
 		t.Fatalf("a changed float64 value: %d %s", r.Code, r.Stdout)
+	}
+}
+
+// TestSourcesStreamed (#26.8): a .npy source larger than an eighth of
+// --mem is compared a piece at a time, and still finds drift (naming the
+// piece's rows) and edited figures.
+func TestSourcesStreamed(t *testing.T) {
+	list := clitest.ClipSet(t, "f", array.Float32, 256, 100, 3000, 50) // 3 MiB in the middle
+	m, err := convert.ParseModality("f=f/{clip}.npy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "ds")
+	if _, err := convert.Run(context.Background(), convert.Options{ClipList: list, Out: out, Modalities: []convert.Modality{m}}); err != nil {
+		t.Fatal(err)
+	}
+	if r := verify(t, "--sources", "--mem", "1MiB", out); r.Code != 0 {
+		t.Fatalf("intact: %d %s %s", r.Code, r.Stdout, r.Stderr)
+	}
+	clitest.EditClips(t, out, func(rows []manifests.ClipRow) { rows[1].Sources[0].Stats.MaxAbs = 3 })
+	if r := verify(t, "--sources", "--mem", "1MiB", out); r.Code != 1 || !strings.Contains(r.Stdout, `clip "c1": modality "f": recorded nan 0, inf_in 0, overflow 0, underflow 0, max_abs 3`) {
+		t.Fatalf("edited max_abs: %d %s", r.Code, r.Stdout)
+	}
+	p := filepath.Join(filepath.Dir(list), "f", "c1.npy")
+	b, _ := os.ReadFile(p)
+	b[4096+2500*256*4+2] ^= 0x10 // row 2500
+	os.WriteFile(p, b, 0o644)
+	r := verify(t, "--sources", "--mem", "1MiB", out)
+	if r.Code != 1 || !strings.Contains(r.Stdout, `c1.npy: clip "c1": content drift: the converted source differs from f.npy rows 100..3100 (in rows 2148..3100)`) {
+		t.Fatalf("drift: %d %s", r.Code, r.Stdout)
+	}
+	if r := verify(t, "--sources", "--mem", "0", out); r.Code != 2 || !strings.Contains(r.Stderr, "--mem") {
+		t.Fatalf("--mem 0: %d %s", r.Code, r.Stderr)
 	}
 }

@@ -67,6 +67,7 @@ type Writer struct {
 	predicted int64 // rows given to Predict, or -1
 	closed    bool
 	size      int      // of a chunk
+	retain    int      // bytes of data kept while no header is known (RetainBytes)
 	bufs      [][]byte // every chunk buffer, back to the pool at stop
 }
 
@@ -153,6 +154,36 @@ func Open(path string, dt array.DType, frameShape []int, rows int64) (*Writer, e
 	return open(path, dt, frameShape, rows, ChunkSize)
 }
 
+// OpenMem is Open for a Writer whose buffers take at most about mem bytes
+// (see BuffersFor): smaller chunks, and a smaller prefix kept while the
+// row count is not known, when mem is small.
+func OpenMem(path string, dt array.DType, frameShape []int, rows, mem int64) (*Writer, error) {
+	size, retain := BuffersFor(mem)
+	w, err := open(path, dt, frameShape, rows, size)
+	if err == nil {
+		w.retain = retain
+	}
+	return w, err
+}
+
+// MinChunk is the smallest chunk BuffersFor chooses.
+const MinChunk = 64 << 10
+
+// BuffersFor returns the chunk size and the retained prefix (RetainBytes
+// at most) of a Writer that may hold mem bytes of buffers: the chunks it
+// cycles through take chunks times the size, and each retained chunk
+// takes its size twice (it leaves circulation and a new one replaces
+// it). Below what MinChunk chunks take, it takes that.
+func BuffersFor(mem int64) (size, retain int) {
+	size = ChunkSize
+	for size > MinChunk && int64(chunks+2)*int64(size) > mem {
+		size /= 2
+	}
+	r := (mem - int64(chunks)*int64(size)) / 2
+	r -= r % int64(size)
+	return size, int(max(0, min(int64(RetainBytes), r)))
+}
+
 // Create creates the blob at path for rows rows: its sha256 is computed
 // as it is written (Predict(rows)), and its chunks are no larger than
 // that much data.
@@ -193,7 +224,7 @@ func open(path string, dt array.DType, frameShape []int, rows int64, size int) (
 	if err == nil && rows == 0 {
 		_, err = f.WriteAt(make([]byte, npy.DataAlign), 0) // placeholder header
 	}
-	w := &Writer{path: path, f: f, dtype: dt, frameShape: append([]int(nil), frameShape...), frameBytes: fb, rows: rows, predicted: -1, size: size}
+	w := &Writer{path: path, f: f, dtype: dt, frameShape: append([]int(nil), frameShape...), frameBytes: fb, rows: rows, predicted: -1, size: size, retain: RetainBytes}
 	w.free = make(chan *chunk, chunks)
 	for range chunks {
 		c := &chunk{buf: getBuf(size)}
@@ -345,7 +376,7 @@ func (w *Writer) hashLoop() {
 				d.Write(m.c.buf[m.c.keep:m.c.n])
 			}
 			w.release(m.c)
-		case keeping && keptBytes+w.size <= RetainBytes && (len(kept) > 0 || m.c.off == npy.DataAlign && m.c.keep == 0):
+		case keeping && keptBytes+w.size <= w.retain && (len(kept) > 0 || m.c.off == npy.DataAlign && m.c.keep == 0):
 			// Keep the chunk; a new one takes its place in circulation.
 			m.c.kept.Store(true)
 			kept = append(kept, m.c)

@@ -261,3 +261,20 @@ func TestCreate(t *testing.T) {
 	}
 	ReleaseBuffers()
 }
+
+// TestBuffersFor: a Writer's buffers stay within the memory it is given
+// (at least MinChunk chunks), in aligned chunks, and a blob written by
+// OpenMem with little memory is what Open writes.
+func TestBuffersFor(t *testing.T) {
+	for _, mem := range []int64{0, 100 << 10, 320 << 10, 1 << 20, 2 << 20, 5 << 20, 16 << 20, 64 << 20, 1 << 30} {
+		size, retain := BuffersFor(mem)
+		use := int64(chunks)*int64(size) + 2*int64(retain)
+		if size < MinChunk || size > ChunkSize || size%align != 0 || retain%size != 0 || retain > RetainBytes ||
+			use > max(mem, int64(chunks)*MinChunk) {
+			t.Errorf("mem %d: chunk %d, retain %d: %d bytes", mem, size, retain, use)
+		}
+	}
+	if size, retain := BuffersFor(1 << 30); size != ChunkSize || retain != RetainBytes {
+		t.Errorf("ample memory: chunk %d retain %d, want %d and %d", size, retain, ChunkSize, RetainBytes)
+	}
+}

@@ -152,7 +152,7 @@ func (h *Header) parseDict(text string, base int) error {
 				}
 				return fmt.Errorf("%w: header 'descr' is %v, not a string", ErrFormat, kv.val)
 			}
-			h.Descr = s
+			h.Descr = strings.Clone(s) // not a substring: it would keep the whole header text alive (a dataset records it per clip)
 			seen[0] = true
 		case "fortran_order":
 			b, ok := kv.val.(bool)

@@ -212,6 +212,56 @@ func ClipSet(t testing.TB, sub string, dt array.DType, cols int, rows ...int) st
 	return path
 }
 
+// ClipSetMods writes, for each of mods, one .npy per entry of rows under
+// mod/ (as ClipSet does for one), and returns the clip list.
+func ClipSetMods(t testing.TB, mods []string, dt array.DType, cols int, rows ...int) string {
+	t.Helper()
+	src := t.TempDir()
+	var list strings.Builder
+	for i := range rows {
+		fmt.Fprintf(&list, "c%d\n", i)
+	}
+	for _, sub := range mods {
+		if err := os.MkdirAll(filepath.Join(src, sub), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for i, n := range rows {
+			// As BigNPY writes them (a 4096-byte header), in one write
+			// without an fsync: thousands of small files.
+			b, err := npy.EncodeHeader(dt.Descr(), false, []int{n, cols}, npy.DataAlign)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(src, sub, fmt.Sprintf("c%d.npy", i)), appendValues(b, dt, 0, n, cols), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	path := filepath.Join(src, "clips.txt")
+	if err := os.WriteFile(path, []byte(list.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// appendValues appends BigNPY's rows [r0, r1) of cols values of dt.
+func appendValues(buf []byte, dt array.DType, r0, r1, cols int) []byte {
+	for r := r0; r < r1; r++ {
+		for c := 0; c < cols; c++ {
+			v := float64((r*31+c*7)%4096)/1024 - 2
+			switch dt.Size {
+			case 2:
+				buf = binary.LittleEndian.AppendUint16(buf, float16.Fromfloat32(float32(v)).Bits())
+			case 4:
+				buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(float32(v)))
+			default:
+				buf = binary.LittleEndian.AppendUint64(buf, math.Float64bits(v))
+			}
+		}
+	}
+	return buf
+}
+
 // BigNPY writes a C-order .npy of rows x cols values of dt (float16, 32 or
 // 64) at path, in pieces (memory stays small whatever its size): finite
 // values in [-2, 2) that vary with row and column, so that every clip's
@@ -227,19 +277,7 @@ func BigNPY(t testing.TB, path string, dt array.DType, rows, cols int) {
 	buf := make([]byte, 0, piece*cols*dt.Size)
 	for r0 := 0; r0 < rows; r0 += piece {
 		buf = buf[:0]
-		for r := r0; r < min(rows, r0+piece); r++ {
-			for c := 0; c < cols; c++ {
-				v := float64((r*31+c*7)%4096)/1024 - 2
-				switch dt.Size {
-				case 2:
-					buf = binary.LittleEndian.AppendUint16(buf, float16.Fromfloat32(float32(v)).Bits())
-				case 4:
-					buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(float32(v)))
-				default:
-					buf = binary.LittleEndian.AppendUint64(buf, math.Float64bits(v))
-				}
-			}
-		}
+		buf = appendValues(buf, dt, r0, min(rows, r0+piece), cols)
 		if _, err := w.Write(buf); err != nil {
 			t.Fatal(err)
 		}

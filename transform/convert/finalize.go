@@ -77,7 +77,7 @@ func (j *job) finalize(w *writer) (*manifests.Dataset, error) {
 		names[k] = m.Name
 		if st.w == nil { // resumed with every clip already written
 			var err error
-			if st.w, err = blob.Open(j.blobPath(k), st.dtype, st.frameShape, st.rows); err != nil {
+			if st.w, err = blob.OpenMem(j.blobPath(k), st.dtype, st.frameShape, st.rows, j.blobMem); err != nil {
 				return nil, err
 			}
 		}

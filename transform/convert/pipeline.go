@@ -15,10 +15,10 @@ func (j *job) pipeline(ctx context.Context, w *writer, res *Result) error {
 	defer cancel()
 	w.ctx = ctx
 	n := len(j.clips)
-	// Half the budget for converted clips waiting to be written; the
-	// other half for the clips the workers hold (each at most twice
-	// streamMin: its source and its converted rows).
-	b := newBudget(j.opts.Budget/2, w.next)
+	// Half the clips' memory (clipMemory) for converted clips waiting to
+	// be written; the other half for the clips the workers hold (each at
+	// most twice streamMin: its source and its converted rows).
+	b := newBudget(clipMemory(j.opts.Budget)/2, w.next)
 	stop := context.AfterFunc(ctx, b.wake)
 	defer stop()
 

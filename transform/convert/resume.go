@@ -56,7 +56,7 @@ func (j *job) prepare(jf *os.File) (*writer, error) {
 		if m.frameShape == nil {
 			continue // opened when the first clip arrives
 		}
-		if m.w, err = blob.Open(j.blobPath(k), m.dtype, m.frameShape, m.rows); err != nil {
+		if m.w, err = blob.OpenMem(j.blobPath(k), m.dtype, m.frameShape, m.rows, j.blobMem); err != nil {
 			return nil, err
 		}
 	}

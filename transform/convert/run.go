@@ -66,6 +66,7 @@ type job struct {
 	// time (see processClip), so that the workers' clips stay within half
 	// the budget whatever their size.
 	streamMin int64
+	blobMem   int64 // buffer memory of each blob writer (BlobMemory)
 }
 
 // modState is what the writer knows about a modality so far.
@@ -212,7 +213,10 @@ func newJob(o Options) (*job, error) {
 		return nil, err
 	}
 	o.Root = root
-	j := &job{opts: o, clips: clips, root: root, streamMin: max(minStreamBytes, o.Budget/int64(4*o.Workers))}
+	// --mem: a quarter for the blobs' buffers, shared by the modalities;
+	// the rest for the clips in flight (see pipeline).
+	j := &job{opts: o, clips: clips, root: root, blobMem: BlobMemory(o.Budget, len(o.Modalities)),
+		streamMin: max(minStreamBytes, clipMemory(o.Budget)/int64(4*o.Workers))}
 	parent, base := filepath.Split(out)
 	j.staging = filepath.Join(parent, ".clipshard-partial-"+base)
 	j.journalPath = j.staging + ".journal"
@@ -246,6 +250,28 @@ func newJob(o Options) (*job, error) {
 		j.fingerprint = hex.EncodeToString(ps[:])
 	}
 	return j, nil
+}
+
+// BlobMemory is the buffer memory each of n blob writers may take under
+// a --mem of budget: a quarter of it between them (blob.BuffersFor; at
+// least what blob.MinChunk chunks take).
+func BlobMemory(budget int64, n int) int64 { return budget / int64(4*max(1, n)) }
+
+// clipMemory is the part of a --mem of budget for the clips in flight:
+// what the blobs' buffers leave.
+func clipMemory(budget int64) int64 { return budget - budget/4 }
+
+// HeapLimit is the Go heap's soft limit that keeps a run of n modalities
+// at --mem budget under budget + 64 MiB of resident memory: the blobs'
+// chunk buffers are mapped outside the heap, and the program's text,
+// stacks and the runtime's own take about 16 MiB more.
+func HeapLimit(budget int64, n int) int64 {
+	var blobs int64
+	for range max(1, n) {
+		size, retain := blob.BuffersFor(BlobMemory(budget, n))
+		blobs += 3*int64(size) + int64(retain) // the retained prefix's replacements are on the heap
+	}
+	return max(16<<20, budget+64<<20-blobs-16<<20)
 }
 
 // minStreamBytes is the smallest .npy source converted a piece at a time

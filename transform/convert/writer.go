@@ -194,7 +194,7 @@ func (w *writer) write(c *clipOut) error {
 		st := w.mods[k]
 		if st.w == nil {
 			var err error
-			if st.w, err = blob.Open(j.blobPath(k), st.dtype, st.frameShape, 0); err != nil {
+			if st.w, err = blob.OpenMem(j.blobPath(k), st.dtype, st.frameShape, 0, j.blobMem); err != nil {
 				return err
 			}
 		}
