@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BENCH_DIR=${BENCH_DIR:-/tmp/clipshard-bench-mem}
 . docs/bench_lib.sh
-go build -o "$W/" ./cmd/convert ./cmd/shuffle
+go build -o "$W/" ./cmd/convert ./cmd/shuffle ./cmd/verify
 S="$W/src"
 if [ ! -f "$S/clips.txt" ]; then
   "$PY" - "$S" <<'PYEOF'
@@ -43,6 +43,10 @@ for mem in 64MiB 256MiB 2GiB; do
   FRESH="$W/ds-$mem" best "--mem $mem" "$W/convert" --clips "$S/clips.txt" --out "$W/ds-$mem" --quiet --mem "$mem" \
     -m 'feat=feat/{clip}.npy' -m 'motion=motion/{clip}.pkl:exp+pose'
 done
+echo "verify --sources (the 328 MB feature clip is compared a piece at a time)"
+for mem in 64MiB 256MiB; do
+  best "verify --mem $mem" "$W/verify" --sources --quiet --mem "$mem" "$W/ds-2GiB"
+done
 DS="$W/ds-2GiB"
 du -sh --apparent-size "$DS" | awk '{print "dataset " $1}'
 echo "shuffle (window 15, 1 epoch; external below 4/3 of the dataset)"
@@ -51,3 +55,33 @@ for mem in 64MiB 256MiB 2GiB; do
     FRESH="$W/ep" best "--mem $mem $fs" "$W/shuffle" --dataset "$DS" --out "$W/ep" --window 15 --epochs 1 --seed 1 --mem "$mem" $fs --quiet
   done
 done
+
+# Many modalities, thousands of clips (#26.8): 4,000 clips of 8 float32
+# modalities [40..89, 128] (1 GB of sources); the blobs' write buffers
+# come out of --mem.
+MS="$W/many"
+if [ ! -f "$MS/clips.txt" ]; then
+  "$PY" - "$MS" <<'PYEOF'
+import os, sys
+import numpy as np
+out = sys.argv[1]
+rng = np.random.default_rng(0)
+for m in "abcdefgh":
+    os.makedirs("%s/%s" % (out, m), exist_ok=True)
+for i in range(4000):
+    for m in "abcdefgh":
+        np.save("%s/%s/c%d.npy" % (out, m, i), rng.standard_normal((40 + i % 50, 128), dtype=np.float32))
+open(out + "/clips.txt", "w").write("".join("c%d\n" % i for i in range(4000)))
+PYEOF
+fi
+echo "convert (2 workers): 4,000 clips of 4 and 8 modalities"
+for n in 4 8; do
+  mods=()
+  for m in a b c d e f g h; do
+    [ ${#mods[@]} -lt $((2 * n)) ] && mods+=(-m "$m=$m/{clip}.npy")
+  done
+  for mem in 64MiB 256MiB; do
+    FRESH="$W/many-ds" best "$n modalities --mem $mem" "$W/convert" --clips "$MS/clips.txt" --out "$W/many-ds" --quiet --mem "$mem" "${mods[@]}"
+  done
+done
+rm -rf "$W/many-ds"
