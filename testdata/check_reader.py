@@ -26,6 +26,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import clipshard  # noqa: E402
+import clipshard._files  # noqa: E402
 from clipshard import EpochReader  # noqa: E402
 
 edir = sys.argv[1]
@@ -157,7 +158,9 @@ for ep in man["epochs"]:
                         if a < b:
                             for name in rd.names:
                                 path = os.path.realpath(rd._path(k, name))
-                                off, _, _, row = clipshard.epochs._header(path)
+                                f = clipshard._files.Npy(path)
+                                off, row = f.offset, f.row
+                                f.close()
                                 rows.setdefault(path, []).append((off + (a - rd._starts[k]) * row, off + (b - rd._starts[k]) * row))
             finally:
                 os.posix_fadvise = real

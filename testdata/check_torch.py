@@ -115,7 +115,7 @@ for (R1, B1), (R2, B2) in (((2, 3), (3, 2)), ((1, 5), (4, 1)), ((2, 2), (2, 2)))
     for p in (ckpt, log):
         if os.path.exists(p):
             os.remove(p)
-    G = len(EpochDataset(edir, epoch, world_size=R1, batch_size=B1))
+    G = len(EpochDataset(edir, epoch, rank=0, world_size=R1, batch_size=B1))
     kill_after = int(rng.integers(1, max(2, G)))
     p = subprocess.Popen([sys.executable, "-c", TRAIN, os.path.join(here, "..", "python"), edir, str(epoch), str(R1), str(B1), ckpt, log],
                          stdout=subprocess.PIPE, text=True)

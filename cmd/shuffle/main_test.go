@@ -147,6 +147,24 @@ func TestTorchReader(t *testing.T) {
 	}
 }
 
+// TestReaderDistrustsFiles (#24.4): the Python readers refuse hostile
+// epochs folders and datasets within a second, naming the file: FIFOs,
+// /dev/zero, oversized manifests, shards with other counts, dtypes or
+// sizes than epochs.json says, paths outside the folder, impossible
+// sample counts; and options that cannot take effect
+// (testdata/check_hostile.py; before, the first case hung).
+func TestReaderDistrustsFiles(t *testing.T) {
+	ds := demoDataset(t)
+	out := filepath.Join(t.TempDir(), "ep")
+	if r := shuffleRun(t, nil, base(ds, out, "--epochs", "1", "--shard-samples", "8")...); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	got := numpytest.Run(t, filepath.Join("..", "..", "testdata", "check_hostile.py"), out, ds)
+	if !strings.Contains(string(got), "ok: hostile") {
+		t.Fatalf("check_hostile: %s", got)
+	}
+}
+
 // TestPathsAgree: the in-memory gather and the external two-pass shuffle
 // (forced with a tiny --mem) write the same bytes, and numpy finds every
 // sample equal to its dataset window.

@@ -1,8 +1,9 @@
 """Random access to a dataset written by `convert`."""
-import json
 import os
 
 import numpy as np
+
+from ._files import MAX_MANIFEST, Npy, confined, open_regular, pread_all, read_json
 
 __all__ = ["Dataset"]
 
@@ -17,22 +18,51 @@ class Dataset:
     """
 
     def __init__(self, path):
-        with open(os.path.join(path, "dataset.json")) as f:
-            man = json.load(f)
+        man = read_json(os.path.join(path, "dataset.json"))
         if man.get("format") != "clipshard.dataset":
             raise ValueError("%s: not a clipshard dataset" % path)
         self.dir, self.manifest = path, man
-        self.index = np.load(os.path.join(path, man["files"]["index"]))
-        self.modalities = {m["name"]: m for m in man["modalities"]}
-        self.blobs = {name: np.load(os.path.join(path, m["file"]), mmap_mode="r") for name, m in self.modalities.items()}
+        try:
+            files, mods, clips, frames = man["files"], man["modalities"], int(man["clips"]), int(man["frames"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError("%s: dataset.json: %s" % (path, e)) from None
+        idx = Npy(confined(path, files.get("index"), "files.index"))
+        try:
+            idx.expect("<i8", [clips, 2])
+            self.index = idx.read()
+        finally:
+            idx.close()
+        self.modalities, self.blobs = {}, {}
+        for m in mods:
+            name = m.get("name")
+            f = Npy(confined(path, m.get("file"), "modality %r file" % name))
+            try:
+                rows = clips if m.get("per_clip") else frames * int(m.get("rate", 0))
+                f.expect(m.get("dtype"), [rows] + list(m.get("frame_shape", [])))
+                if f.offset != m.get("data_offset"):
+                    raise ValueError("%s: data at offset %d, dataset.json says %r" % (f.path, f.offset, m.get("data_offset")))
+                self.blobs[name] = f.memmap()
+            finally:
+                f.close()
+            self.modalities[name] = m
         self.ids = None
         self._row = None
-        ids = man["files"].get("ids")
+        ids = files.get("ids")
         if ids:
-            with open(os.path.join(path, ids), encoding="utf-8") as f:
-                self.ids = f.read().split("\n")[:-1]
+            p = confined(path, ids, "files.ids")
+            fd, st = open_regular(p)
+            try:
+                if st.st_size > MAX_MANIFEST:
+                    raise ValueError("%s: %d bytes, more than a manifest may have" % (p, st.st_size))
+                text = pread_all(fd, st.st_size, 0, p)
+            finally:
+                os.close(fd)
+            try:
+                self.ids = text.decode("utf-8").split("\n")[:-1]
+            except UnicodeDecodeError as e:
+                raise ValueError("%s: not UTF-8: %s" % (p, e)) from None
             if len(self.ids) != len(self.index):
-                raise ValueError("%s: %d clip ids for %d clips" % (path, len(self.ids), len(self.index)))
+                raise ValueError("%s: %d clip ids for %d clips" % (p, len(self.ids), len(self.index)))
 
     def __len__(self):
         return len(self.index)

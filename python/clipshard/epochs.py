@@ -18,11 +18,13 @@ torch's DistributedSampler pads), so that every rank gets the same number
 of batches.
 """
 import bisect
-import json
 import mmap
 import os
+import sys
 
 import numpy as np
+
+from ._files import Npy, confined, read_json
 
 __all__ = ["EpochReader", "load_epochs"]
 
@@ -30,9 +32,8 @@ STATE_FORMAT = "clipshard.reader"
 
 
 def load_epochs(edir):
-    """Load and check EDIR/epochs.json."""
-    with open(os.path.join(edir, "epochs.json")) as f:
-        man = json.load(f)
+    """Load and check EDIR/epochs.json (a regular file of bounded size)."""
+    man = read_json(os.path.join(edir, "epochs.json"))
     if man.get("format") != "clipshard.epochs":
         raise ValueError("%s: not a clipshard epochs directory" % edir)
     if man.get("version") == 1:
@@ -44,12 +45,13 @@ def load_epochs(edir):
 
 
 def _worker():
-    """(worker id, number of workers) inside a torch DataLoader worker."""
-    try:
-        from torch.utils.data import get_worker_info
-    except ImportError:
+    """(worker id, number of workers) inside a torch DataLoader worker. A
+    process that has not imported torch is none (importing it here cost
+    the first batch of a numpy-only reader a second)."""
+    data = sys.modules.get("torch.utils.data")
+    if data is None:
         return 0, 1
-    info = get_worker_info()
+    info = data.get_worker_info()
     return (0, 1) if info is None else (info.id, info.num_workers)
 
 
@@ -77,13 +79,20 @@ class EpochReader:
         (posix_fadvise); default 2 with read=False, 0 with read=True.
     """
 
-    def __init__(self, edir, epoch, rank=0, world_size=1, batch_size=256, remainder="drop",
+    def __init__(self, edir, epoch, rank=None, world_size=1, batch_size=256, remainder="drop",
                  replay_seed=None, virtual_epoch=None, mix_shards=1, mix_seed=0, mix_mem=None,
                  read=False, prefetch=None):
         man = load_epochs(edir)
-        entry = next((e for e in man["epochs"] if e["epoch"] == epoch), None)
+        entries = man.get("epochs")
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise ValueError("%s: epochs.json: 'epochs' is not a list of epochs" % edir)
+        entry = next((e for e in entries if e.get("epoch") == epoch), None)
         if entry is None:
-            raise ValueError("%s: epoch %d is not materialised (have %s)" % (edir, epoch, [e["epoch"] for e in man["epochs"]]))
+            raise ValueError("%s: epoch %d is not materialised (have %s)" % (edir, epoch, [e.get("epoch") for e in entries]))
+        if rank is None:
+            if world_size != 1:
+                raise ValueError("world_size=%r without rank: give this process's rank" % (world_size,))
+            rank = 0
         if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int) and 0 <= rank < world_size):
             raise ValueError("rank %r not in [0, world_size=%r)" % (rank, world_size))
         if not (isinstance(batch_size, int) and batch_size >= 1):
@@ -95,9 +104,10 @@ class EpochReader:
         self.rank, self.world_size, self.batch_size, self.remainder = rank, world_size, batch_size, remainder
         self.read = read
         self.prefetch = (0 if read else 2) if prefetch is None else prefetch
+        self._expect = _expected(edir, man)
         self.modalities = [m["name"] for m in man["modalities"]]
         self.names = self.modalities + ["samples"]
-        shards = sorted(entry["shards"], key=lambda s: s["shard"])
+        shards = _check_shards(edir, man, entry, self.names)
         if replay_seed is not None:
             order = np.random.default_rng([replay_seed, self.virtual_epoch]).permutation(len(shards))
             shards = [shards[i] for i in order]
@@ -106,13 +116,24 @@ class EpochReader:
         for s in shards:
             self._starts.append(self._starts[-1] + s["samples"])
         self.samples = self._starts[-1]  # in the epoch
+        self._shards = {}  # shard position -> {name: Npy}, checked
+        self._files = {}  # shard position -> {name: array-like}
+        if not isinstance(mix_shards, (int, np.integer)) or mix_shards < 1:
+            raise ValueError("mix_shards %r: want an int >= 1" % (mix_shards,))
         if mix_mem is not None:
-            mix_shards = max(1, _size(mix_mem) // max(1, self._shard_bytes()))
-        self.mix = max(1, int(mix_shards))
+            if mix_shards != 1:
+                raise ValueError("mix_shards and mix_mem: give one of them")
+            per = self._shard_bytes()
+            mix_shards = _size(mix_mem) // max(1, per)
+            if mix_shards < 2:
+                raise ValueError("mix_mem %r holds %d shards of %d bytes: mixing needs room for 2 or more (give mix_mem >= %d, "
+                                 "or no mix_mem)" % (mix_mem, mix_shards, per, 2 * per))
+        self.mix = int(mix_shards)
+        if read and self.mix > 1:
+            raise ValueError("read=True and mixing: mixed samples are gathered one by one from the memory-mapped "
+                             "shards; give read=False (the mix block is asked of the kernel ahead of time)")
         self.mix_seed = mix_seed
         self._perms = {}  # block -> permutation of its samples
-        self._files = {}  # shard position -> {name: (array-like, path)}
-        self._fds = {}  # shard position -> [(fd, data offset, row bytes)]
         self.start = 0  # samples consumed when this reader was resumed
         self.consumed = 0
 
@@ -145,10 +166,12 @@ class EpochReader:
             mine = self.state_dict()[k]
             if state[k] != mine:
                 raise ValueError("state is of %s %r, this reader's is %r" % (k, state[k], mine))
-        c = int(state["consumed"])
-        if not 0 <= c <= self.samples:
-            raise ValueError("state consumed %d of %d samples" % (c, self.samples))
-        self.start = self.consumed = c
+        c = state["consumed"]
+        if not isinstance(c, (int, np.integer)) or c < 0:
+            raise ValueError("state consumed %r: want an int >= 0" % (c,))
+        # Past the end: a padded epoch's last batch (it took samples from
+        # the start again): the epoch is done.
+        self.start = self.consumed = min(int(c), self.samples)
 
     # -- iteration --------------------------------------------------------
 
@@ -179,15 +202,12 @@ class EpochReader:
             self.close()
 
     def close(self):
-        for fds in self._fds.values():
-            for fd, _, _ in fds:
-                os.close(fd)
-        self._fds = {}
-        for files in self._files.values():
-            for a in files.values():
-                if isinstance(a, _ReadArray):
-                    a.close()
+        """Close every file (the reader reopens what it needs)."""
         self._files = {}
+        for files in self._shards.values():
+            for f in files.values():
+                f.close()
+        self._shards = {}
 
     # -- the virtual order --------------------------------------------------
 
@@ -236,17 +256,38 @@ class EpochReader:
 
     # -- reading ---------------------------------------------------------
 
+    def _shard(self, k):
+        """Shard position k's files, opened and checked against the
+        manifest (the files of shards well behind are closed)."""
+        files = self._shards.get(k)
+        if files is None:
+            for old in [x for x in self._shards if x < k - self.mix]:
+                self._files.pop(old, None)
+                for f in self._shards.pop(old).values():
+                    f.close()
+            files = {}
+            try:
+                for name in self.names:
+                    f = files[name] = Npy(self._path(k, name))
+                    dtype, shape = self._expect[name]
+                    f.expect(dtype, [self.shards[k]["samples"]] + shape)
+            except BaseException:
+                for f in files.values():
+                    f.close()
+                raise
+            self._shards[k] = files
+        return files
+
     def _open(self, k):
         files = self._files.get(k)
         if files is None:
             for old in [x for x in self._files if x != k and (self.mix == 1 or x // self.mix != k // self.mix)]:
-                for a in self._files.pop(old).values():
-                    if isinstance(a, _ReadArray):
-                        a.close()
+                del self._files[old]
+            checked = self._shard(k)
             files = {}
             for name in self.names:
-                path = self._path(k, name)
-                files[name] = _ReadArray(path) if self.read and self.mix == 1 else np.load(path, mmap_mode="r")
+                f = checked[name]
+                files[name] = _ReadArray(f) if self.read else f.memmap()
                 m = getattr(files[name], "_mmap", None)
                 if m is not None and self.prefetch > 0 and hasattr(m, "madvise"):
                     # The read-ahead asks for exactly this rank's bytes; the
@@ -258,7 +299,7 @@ class EpochReader:
         return files
 
     def _path(self, k, name):
-        return os.path.join(self.dir, *self.shards[k]["files"][name].split("/"))
+        return confined(self.dir, self.shards[k]["files"][name], "shard file")
 
     def _gather(self, lo, hi):
         segs = self._segments(lo, hi)
@@ -292,18 +333,7 @@ class EpochReader:
     # -- read-ahead ------------------------------------------------------
 
     def _shard_fds(self, k):
-        fds = self._fds.get(k)
-        if fds is None:
-            for old in [x for x in self._fds if x < k - self.mix]:
-                for fd, _, _ in self._fds.pop(old):
-                    os.close(fd)
-            fds = []
-            for name in self.names:
-                path = self._path(k, name)
-                off, _, _, row = _header(path)
-                fds.append((os.open(path, os.O_RDONLY), off, row))
-            self._fds[k] = fds
-        return fds
+        return [(f.fd, f.offset, f.row) for f in self._shard(k).values()]
 
     def _advise(self, lo, hi):
         """Ask the kernel for the bytes of virtual positions [lo, hi), once."""
@@ -320,13 +350,11 @@ class EpochReader:
                 _advise_range(fd, off + a * row, off + b * row)
 
     def _shard_bytes(self):
+        """Bytes of a full shard's files (from the manifest)."""
         if not self.shards:
             return 1
-        total = 0
-        for name in self.names:
-            _, _, _, row = _header(self._path(0, name))
-            total += row * self.shards[0]["samples"]
-        return total
+        n = max(s["samples"] for s in self.shards)
+        return sum(n * _row_bytes(dtype, shape) for dtype, shape in self._expect.values())
 
 
 PIECE = 256 << 10  # bytes asked of the kernel per posix_fadvise call
@@ -338,43 +366,75 @@ def _advise_range(fd, a, b):
 
 
 class _ReadArray:
-    """An open .npy shard file whose [i:j] slices are read with os.preadv
+    """A checked shard file whose [i:j] slices are read with os.preadv
     into a new array (one call, unless the kernel returns less)."""
 
-    def __init__(self, path):
-        self.path = path
-        self.offset, self.shape, self.dtype, self.row = _header(path)
-        self.fd = os.open(path, os.O_RDONLY)
+    def __init__(self, f):
+        self.f = f
 
     def __getitem__(self, sl):
-        out = np.empty((sl.stop - sl.start,) + tuple(self.shape[1:]), dtype=self.dtype)
+        f = self.f
+        out = np.empty((sl.stop - sl.start,) + tuple(f.shape[1:]), dtype=f.dtype)
         view = memoryview(out).cast("B")
-        off, got = self.offset + sl.start * self.row, 0
+        off, got = f.offset + sl.start * f.row, 0
         while got < len(view):
-            n = os.preadv(self.fd, [view[got:]], off + got)
+            n = os.preadv(f.fd, [view[got:]], off + got)
             if not n:
-                raise EOFError("%s: file shorter than its header says" % self.path)
+                raise ValueError("%s: shorter than its header says (changed since it was checked?)" % f.path)
             got += n
         return out
 
-    def close(self):
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
 
-    __del__ = close
+def _row_bytes(dtype, shape):
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
-def _header(path):
-    """The data offset, shape, dtype and bytes per row of the .npy at path."""
-    with open(path, "rb") as f:
-        version = np.lib.format.read_magic(f)
-        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-        shape, fortran, dtype = read(f)
-        offset = f.tell()
-    if fortran:
-        raise ValueError("%s: Fortran order: not a clipshard shard" % path)
-    return offset, shape, dtype, int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+def _expected(edir, man):
+    """name -> (dtype, shape of one sample) of every shard file, from
+    epochs.json's modalities (and "samples": int64 [3])."""
+    mods = man.get("modalities")
+    if not isinstance(mods, list) or not mods:
+        raise ValueError("%s: epochs.json: no modalities" % edir)
+    out = {}
+    for m in mods:
+        try:
+            name, dtype, frame = m["name"], m["dtype"], [int(x) for x in m["frame_shape"]]
+            np.dtype(dtype)
+            shape = frame if m.get("per_clip") else [int(m["window_rows"])] + frame
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError("%s: epochs.json: modality %r: %s" % (edir, m, e)) from None
+        if not isinstance(name, str) or name in out or name == "samples" or any(x < 0 for x in shape):
+            raise ValueError("%s: epochs.json: modality %r" % (edir, m))
+        out[name] = (dtype, shape)
+    out["samples"] = ("<i8", [3])
+    return out
+
+
+def _check_shards(edir, man, entry, names):
+    """The epoch's shards in order, checked: whole numbers of samples (at
+    most shard_samples each), each shard starting where the last one ends,
+    adding up to the epoch's samples, with a file for every name."""
+    shards, per = entry.get("shards"), man.get("shard_samples")
+    where = "%s: epochs.json: epoch %r" % (edir, entry.get("epoch"))
+    if not isinstance(shards, list) or not isinstance(per, int) or per < 1:
+        raise ValueError("%s: no shard list (or no shard_samples)" % where)
+    try:
+        shards = sorted(shards, key=lambda s: s["shard"])
+    except (KeyError, TypeError):
+        raise ValueError("%s: a shard without a number" % where) from None
+    first = 0
+    for s in shards:
+        n, f, files = s.get("samples"), s.get("first"), s.get("files")
+        if not isinstance(n, int) or not 0 <= n <= per:
+            raise ValueError("%s: shard %r holds %r samples: want 0..%d (shard_samples)" % (where, s["shard"], n, per))
+        if f != first:
+            raise ValueError("%s: shard %r starts at sample %r, want %d (where the shard before it ends)" % (where, s["shard"], f, first))
+        if not isinstance(files, dict) or any(not isinstance(files.get(x), str) for x in names):
+            raise ValueError("%s: shard %r does not list a file for each of %s" % (where, s["shard"], names))
+        first += n
+    if entry.get("samples") != first:
+        raise ValueError("%s: the shards hold %d samples, the epoch says %r" % (where, first, entry.get("samples")))
+    return shards
 
 
 def _size(s):

@@ -31,7 +31,8 @@ class EpochDataset(torch.utils.data.IterableDataset):
             ok = dist.is_available() and dist.is_initialized()
             world_size = dist.get_world_size() if ok else 1
             rank = (dist.get_rank() if ok else 0) if rank is None else rank
-        self.args = dict(edir=edir, epoch=epoch, rank=rank or 0, world_size=world_size, batch_size=batch_size, **kw)
+        # (a world_size without a rank is refused by EpochReader)
+        self.args = dict(edir=edir, epoch=epoch, rank=rank, world_size=world_size, batch_size=batch_size, **kw)
         self.reader = EpochReader(**self.args)  # checks the arguments now
         self.state = None
 

@@ -1,0 +1,135 @@
+"""File access for the readers: never trust a file of a folder that the
+reader did not write. Paths are confined to their folder, files are opened
+without blocking and must be regular files, manifests are bounded before
+they are parsed, and .npy headers are checked against what the manifest
+says before the first read. Every error is a ValueError naming the file
+and what differs.
+"""
+import io
+import json
+import os
+import stat
+
+import numpy as np
+
+MAX_MANIFEST = 256 << 20  # bytes of a JSON manifest read at most
+MAX_HEADER = 1 << 16  # bytes of a .npy header read at most
+
+
+def confined(root, rel, what="path"):
+    """root/rel, refusing an absolute rel, a '..' or empty component, and a
+    path whose symlinks resolve outside root."""
+    if not isinstance(rel, str) or not rel or rel.startswith("/") or "\\" in rel or "\0" in rel:
+        raise ValueError("%s: %s %r is not a relative path inside the folder" % (root, what, rel))
+    parts = rel.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise ValueError("%s: %s %r escapes the folder (or is not clean)" % (root, what, rel))
+    path = os.path.join(root, *parts)
+    top = os.path.realpath(root)
+    if os.path.commonpath([os.path.realpath(path), top]) != top:
+        raise ValueError("%s: %s %r resolves outside the folder (a symlink to %s)" % (root, what, rel, os.path.realpath(path)))
+    return path
+
+
+def open_regular(path):
+    """An fd of path opened read-only without blocking (a FIFO does not
+    hang the open), and its stat; anything but a regular file is refused."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise ValueError("%s: cannot open: %s" % (path, e.strerror)) from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a character device" if stat.S_ISCHR(st.st_mode) else \
+            "a directory" if stat.S_ISDIR(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a file"
+        raise ValueError("%s: not a regular file (%s)" % (path, kind))
+    return fd, st
+
+
+def pread_all(fd, n, off, path):
+    """n bytes at off (fewer only at the end of the file)."""
+    out, got = bytearray(n), 0
+    view = memoryview(out)
+    while got < n:
+        k = os.preadv(fd, [view[got:]], off + got)
+        if not k:
+            break
+        got += k
+    return bytes(out[:got])
+
+
+def read_json(path, limit=MAX_MANIFEST):
+    """The JSON object in path, a regular file of at most limit bytes."""
+    fd, st = open_regular(path)
+    try:
+        if st.st_size > limit:
+            raise ValueError("%s: %d bytes, more than a manifest may have (%d)" % (path, st.st_size, limit))
+        b = pread_all(fd, st.st_size, 0, path)
+    finally:
+        os.close(fd)
+    try:
+        v = json.loads(b.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ValueError("%s: not JSON: %s" % (path, e)) from None
+    if not isinstance(v, dict):
+        raise ValueError("%s: not a JSON object" % path)
+    return v
+
+
+class Npy:
+    """An open, checked .npy file: fd (owned: close it), data offset,
+    shape, dtype, bytes per row (of axis 0)."""
+
+    def __init__(self, path):
+        self.path = path
+        self.fd, st = open_regular(path)
+        self.size = st.st_size
+        try:
+            head = pread_all(self.fd, min(self.size, MAX_HEADER), 0, path)
+            f = io.BytesIO(head)
+            try:
+                version = np.lib.format.read_magic(f)
+                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                shape, fortran, dtype = read(f)
+            except Exception as e:  # numpy raises ValueError, EOFError, SyntaxError... for a bad header
+                raise ValueError("%s: not a .npy file: %s" % (path, e)) from None
+            if fortran:
+                raise ValueError("%s: Fortran order: not a file clipshard wrote" % path)
+            if dtype.hasobject or dtype.fields is not None:
+                raise ValueError("%s: dtype %s: not a file clipshard wrote" % (path, dtype))
+            self.offset, self.shape, self.dtype = f.tell(), tuple(int(x) for x in shape), dtype
+            self.row = int(np.prod(self.shape[1:], dtype=np.int64)) * dtype.itemsize if self.shape else dtype.itemsize
+            data = (self.shape[0] if self.shape else 1) * self.row
+            if self.offset + data != self.size:
+                raise ValueError("%s: %d bytes, but its header (%s %s at offset %d) makes %d" % (
+                    path, self.size, dtype.str, self.shape, self.offset, self.offset + data))
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def expect(self, dtype, shape):
+        """Refuse a dtype or shape other than those the manifest gives."""
+        if self.dtype.str != dtype or self.shape != tuple(shape):
+            raise ValueError("%s: holds %s %s, the manifest says %s %s" % (
+                self.path, self.dtype.str, list(self.shape), dtype, list(shape)))
+
+    def memmap(self):
+        """A read-only memory map of the data, through this fd (not the
+        path again: the file checked is the file mapped)."""
+        if self.size == self.offset:
+            return np.empty(self.shape, dtype=self.dtype)
+        with os.fdopen(os.dup(self.fd), "rb") as f:
+            return np.memmap(f, dtype=self.dtype, mode="r", offset=self.offset, shape=self.shape)
+
+    def read(self):
+        """The whole array, read."""
+        b = pread_all(self.fd, self.size - self.offset, self.offset, self.path)
+        if len(b) != self.size - self.offset:
+            raise ValueError("%s: shorter than when it was checked" % self.path)
+        return np.frombuffer(b, dtype=self.dtype).reshape(self.shape).copy()
+
+    def close(self):
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1

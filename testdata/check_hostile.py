@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+"""The readers distrust the folders they read (issue #24, point 4; and the
+no-silent-fallback cases of point 3).
+
+    python3 testdata/check_hostile.py EPOCHS_DIR DATASET_DIR
+
+Each hostile folder is a copy of the given ones with one thing broken; the
+reader (EpochReader: construct, then read every batch) or Dataset must
+raise ValueError naming the file within 1 second (a hang or another
+exception fails). Prints "ok: hostile N cases" or raises.
+"""
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from clipshard import Dataset, EpochReader  # noqa: E402
+
+edir, ds = sys.argv[1], sys.argv[2]
+tmp = tempfile.mkdtemp()
+man0 = json.load(open(os.path.join(edir, "epochs.json")))
+entry0 = man0["epochs"][0]
+shard0 = sorted(entry0["shards"], key=lambda s: s["shard"])[0]
+mod0 = man0["modalities"][0]["name"]
+
+
+class Hung(Exception):
+    pass
+
+
+def alarm(*_):
+    raise Hung()
+
+
+signal.signal(signal.SIGALRM, alarm)
+cases = 0
+
+
+def copy(src):
+    dst = tempfile.mkdtemp(dir=tmp)
+    shutil.rmtree(dst)
+    shutil.copytree(src, dst, symlinks=True)
+    return dst
+
+
+def rewrite_manifest(d, name, edit):
+    p = os.path.join(d, name)
+    m = json.load(open(p))
+    edit(m)
+    os.remove(p)
+    with open(p, "w") as f:
+        json.dump(m, f)
+
+
+def expect(what, run, names):
+    """run() must raise ValueError within 1 s, its message holding names
+    (with HOSTILE_REPORT=1 in the environment, a case that does not is
+    printed and the next one checked)."""
+    global cases
+    cases += 1
+    if os.environ.get("HOSTILE_REPORT"):
+        try:
+            check(what, run, names)
+        except Exception as e:
+            print("FAILS: %s: %s" % (what, repr(e)[:160]))
+        return
+    check(what, run, names)
+
+
+def check(what, run, names):
+    t0 = time.monotonic()
+    signal.setitimer(signal.ITIMER_REAL, 2.0)
+    try:
+        run()
+    except ValueError as e:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        took = time.monotonic() - t0
+        msg = str(e)
+        assert took < 1.0, (what, took, msg)
+        for n in names:
+            assert n in msg, (what, "message lacks %r" % n, msg)
+        return
+    except Hung:
+        raise AssertionError("%s: hung" % what)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    raise AssertionError("%s: no error" % what)
+
+
+def read_all(d, **kw):
+    for _ in EpochReader(d, entry0["epoch"], batch_size=2, **kw):
+        pass
+
+
+def shard_file(d, name=None):
+    return os.path.join(d, shard0["files"][name or mod0])
+
+
+def save_npy(path, a):
+    os.remove(path)
+    with open(path, "wb") as f:
+        np.save(f, a)
+
+
+# -- the epochs folder ---------------------------------------------------
+
+d = copy(edir)
+p = shard_file(d)
+os.remove(p)
+os.mkfifo(p)
+expect("a FIFO shard", lambda: read_all(d), [p, "FIFO"])
+
+d = copy(edir)
+p = os.path.join(d, "epochs.json")
+os.remove(p)
+os.mkfifo(p)
+expect("a FIFO epochs.json", lambda: read_all(d), [p, "FIFO"])
+
+d = copy(edir)
+p = os.path.join(d, "epochs.json")
+os.remove(p)
+os.symlink("/dev/zero", p)
+expect("epochs.json -> /dev/zero", lambda: read_all(d), [p, "character device"])
+
+d = copy(edir)
+p = os.path.join(d, "epochs.json")
+with open(p, "ab") as f:
+    f.truncate(300 << 20)
+expect("a 300 MiB epochs.json", lambda: read_all(d), [p, "more than a manifest"])
+
+d = copy(edir)
+p = shard_file(d)
+a = np.load(p)
+save_npy(p, a[: max(1, len(a) * 5 // 8)])  # 40 of 64 rows, as numpy writes it
+expect("a shard with fewer samples than listed", lambda: read_all(d), [p, "the manifest says"])
+
+d = copy(edir)
+p = shard_file(d)
+with open(p, "r+b") as f:
+    f.truncate(os.path.getsize(p) - 100)
+expect("a shard cut short", lambda: read_all(d), [p, "its header"])
+
+d = copy(edir)
+p = shard_file(d)
+save_npy(p, np.load(p).astype(np.float32))
+expect("a float32 shard", lambda: read_all(d), [p, "<f4", "<f2"])
+
+with open(os.path.join(tmp, "secret.npy"), "wb") as f:
+    np.save(f, np.zeros(3))
+for bad in ("../secret.npy", os.path.join(tmp, "secret.npy"), "epoch-0000/../../secret.npy"):
+    d = copy(edir)
+    rewrite_manifest(d, "epochs.json", lambda m: m["epochs"][0]["shards"][0]["files"].__setitem__(mod0, bad))
+    expect("shard path %s" % bad, lambda: read_all(d), [repr(bad)])
+
+d = copy(edir)
+p = shard_file(d)
+os.remove(p)
+os.symlink(os.path.join(tmp, "secret.npy"), p)
+expect("a shard symlinked outside", lambda: read_all(d), ["resolves outside"])
+
+d = copy(edir)
+rewrite_manifest(d, "epochs.json", lambda m: m["epochs"][0]["shards"][0].__setitem__("samples", 10**12))
+expect("10^12 samples in a shard", lambda: read_all(d), ["epochs.json", "10" + "0" * 11, "shard_samples"])
+
+d = copy(edir)
+rewrite_manifest(d, "epochs.json", lambda m: m["epochs"][0].__setitem__("samples", 10**12))
+expect("10^12 samples in the epoch", lambda: read_all(d), ["epochs.json", "the epoch says"])
+
+if len(entry0["shards"]) > 1:
+    d = copy(edir)
+    rewrite_manifest(d, "epochs.json", lambda m: sorted(m["epochs"][0]["shards"], key=lambda s: s["shard"])[1].__setitem__("first", 1))
+    expect("shards not contiguous", lambda: read_all(d), ["epochs.json", "starts at sample 1"])
+
+# -- no silent fallback --------------------------------------------------
+
+expect("world_size without rank", lambda: EpochReader(edir, entry0["epoch"], world_size=2), ["without rank"])
+expect("mix_mem below two shards", lambda: EpochReader(edir, entry0["epoch"], mix_mem=1), ["mix_mem"])
+expect("read=True with mixing", lambda: EpochReader(edir, entry0["epoch"], mix_shards=2, read=True), ["read=True"])
+# A padded epoch's last state loads, and means the epoch is done.
+def padded_end():
+    rd = EpochReader(edir, entry0["epoch"], batch_size=7, remainder="pad")
+    for _ in rd:
+        pass
+    assert rd.consumed > rd.samples or rd.samples % 7 == 0, (rd.consumed, rd.samples)
+    again = EpochReader(edir, entry0["epoch"], batch_size=3, world_size=2, rank=1)
+    again.load_state_dict(rd.state_dict())
+    assert len(again) == 0 and list(again) == [], len(again)
+
+
+if os.environ.get("HOSTILE_REPORT"):
+    try:
+        padded_end()
+    except Exception as e:
+        print("FAILS: a padded epoch's last state: %s" % repr(e)[:160])
+else:
+    padded_end()
+
+# -- Dataset -------------------------------------------------------------
+
+dman = json.load(open(os.path.join(ds, "dataset.json")))
+for bad in ("../secret.npy", os.path.join(tmp, "secret.npy")):
+    d = copy(ds)
+    rewrite_manifest(d, "dataset.json", lambda m: m["modalities"][0].__setitem__("file", bad))
+    expect("dataset blob path %s" % bad, lambda: Dataset(d), [repr(bad)])
+    d = copy(ds)
+    rewrite_manifest(d, "dataset.json", lambda m: m["files"].__setitem__("index", bad))
+    expect("dataset index path %s" % bad, lambda: Dataset(d), [repr(bad)])
+d = copy(ds)
+p = os.path.join(d, dman["modalities"][0]["file"])
+os.remove(p)
+os.mkfifo(p)
+expect("a FIFO blob", lambda: Dataset(d), [p, "FIFO"])
+d = copy(ds)
+p = os.path.join(d, dman["modalities"][0]["file"])
+with open(p, "r+b") as f:
+    f.truncate(os.path.getsize(p) - 2)
+expect("a blob cut short", lambda: Dataset(d), [p])
+d = copy(ds)
+rewrite_manifest(d, "dataset.json", lambda m: m.__setitem__("clips", m["clips"] + 1))
+expect("dataset.json claims a clip more", lambda: Dataset(d), ["index.npy", "the manifest says"])
+
+shutil.rmtree(tmp)
+print("ok: hostile %d cases" % cases)
