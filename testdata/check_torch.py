@@ -72,6 +72,11 @@ ds = EpochDataset(edir, epoch, rank=0, world_size=2, batch_size=3)
 batches = list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2))
 state = ds.state_dict(batches[1])
 assert state["consumed"] == 2 * 3 * 2, state
+try:  # without the batch, under workers: refused, not 0
+    ds.state_dict()
+    raise AssertionError("state_dict() under workers without a batch did not raise")
+except ValueError as e:
+    assert "pass the last batch" in str(e), e
 buf = io.BytesIO()
 torch.save(state, buf)
 buf.seek(0)

@@ -35,6 +35,7 @@ class EpochDataset(torch.utils.data.IterableDataset):
         self.args = dict(edir=edir, epoch=epoch, rank=rank, world_size=world_size, batch_size=batch_size, **kw)
         self.reader = EpochReader(**self.args)  # checks the arguments now
         self.state = None
+        self._yielded = False  # a batch was yielded in this process (num_workers=0)
 
     def __len__(self):
         return len(self.reader)
@@ -47,6 +48,7 @@ class EpochDataset(torch.utils.data.IterableDataset):
             out = {k: _tensor(v) for k, v in b.items()}
             out["consumed"] = torch.tensor(r.consumed, dtype=torch.int64)
             self.reader.consumed = r.consumed  # (num_workers=0: the same process)
+            self._yielded = True
             yield out
 
     def state_dict(self, batch=None):
@@ -55,6 +57,12 @@ class EpochDataset(torch.utils.data.IterableDataset):
         st = self.reader.state_dict()
         if batch is not None:
             st["consumed"] = int(batch["consumed"])
+        elif not self._yielded:
+            # With DataLoader workers the batches are read in other
+            # processes: this one cannot know how far they got.
+            raise ValueError("state_dict() without a batch, and no batch was yielded in this process (DataLoader "
+                             "workers read in other processes, or nothing was read yet): pass the last batch trained "
+                             "on, state_dict(batch)")
         return st
 
     def load_state_dict(self, state):
