@@ -96,9 +96,20 @@ for ver in ((2, 0), (3, 0)):
 
 
 def header(d, version=(1, 0)):
-    buf = io.BytesIO()
-    np.lib.format._write_array_header(buf, d, version)
-    return buf.getvalue()
+    """A .npy header for the dict d (any shape, even one no array could
+    have), byte for byte as numpy 1.24's private _write_array_header wrote
+    it (numpy 2.x has no such function): the dict's repr with sorted keys,
+    room for the growth axis to reach 21 digits, padded with spaces to a
+    multiple of 64 bytes and a newline."""
+    text = "{" + "".join("'%s': %s, " % (k, repr(v)) for k, v in sorted(d.items())) + "}"
+    shape = d["shape"]
+    if len(shape) > 0:
+        text += " " * (21 - len(repr(shape[-1 if d["fortran_order"] else 0])))
+    fmt = "<H" if version == (1, 0) else "<I"
+    body = text.encode("latin1")
+    hlen = len(body) + 1
+    pad = 64 - ((8 + struct.calcsize(fmt) + hlen) % 64)
+    return b"\x93NUMPY" + bytes(version) + struct.pack(fmt, hlen + pad) + body + b" " * pad + b"\n"
 
 
 good = npy_bytes(good_npy["f32_2d"])
@@ -176,6 +187,11 @@ class _Np2Names:
 
     def __init__(self):
         self.mapping = {}
+        # With numpy 2.x itself, its pickles are numpy 2 pickles: nothing
+        # to stand in for (and numpy._core is the real one).
+        self.native = int(np.__version__.split(".")[0]) >= 2
+        if self.native:
+            return
         for modname, name, fn in (
             ("numpy._core.multiarray", "_reconstruct", np.core.multiarray._reconstruct),
             ("numpy._core.multiarray", "scalar", np.core.multiarray.scalar),
@@ -193,6 +209,8 @@ class _Np2Names:
         sys.modules.setdefault("numpy._core", types.ModuleType("numpy._core"))
 
     def dumps(self, obj, protocol):
+        if self.native:
+            return pickle.dumps(obj, protocol=protocol)
         mapping = self.mapping
 
         class Pickler(pickle.Pickler):
