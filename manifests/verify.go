@@ -446,16 +446,7 @@ func checkSources(dir string, d *Dataset, rows []ClipRow, mem int64, r *Report) 
 				r.add(Problem{File: s.Path, Clip: row.Clip, What: oneLine(err)})
 				continue
 			}
-			// Every recorded figure of the clip, exactly.
-			if s.Audited {
-				if rec := Stats(audit); s.Stats != rec {
-					r.add(Problem{File: d.Files.Clips, Clip: row.Clip, What: fmt.Sprintf("modality %q: recorded nan %d, inf_in %d, overflow %d, underflow %d, max_abs %v; its source converts with %d, %d, %d, %d, %v",
-						m.Name, s.Stats.NaN, s.Stats.InfIn, s.Stats.Overflow, s.Stats.Underflow, s.Stats.MaxAbs, rec.NaN, rec.InfIn, rec.Overflow, rec.Underflow, rec.MaxAbs)})
-				}
-				if s.Descr != a.SourceDescr {
-					r.add(Problem{File: d.Files.Clips, Clip: row.Clip, What: fmt.Sprintf("modality %q: recorded source dtype %s, the source's is %s", m.Name, s.Descr, a.SourceDescr)})
-				}
-			}
+			checkRecorded(d, m, row, s, audit, a.SourceDescr, r)
 			if blobs[k] == nil {
 				continue
 			}
@@ -551,17 +542,25 @@ func streamSource(d *Dataset, m Modality, row ClipRow, s ClipSource, changed boo
 	if keep {
 		audit.Overflow, audit.Underflow = 0, 0
 	}
-	if s.Audited {
-		if rec := Stats(audit); s.Stats != rec {
-			r.add(Problem{File: d.Files.Clips, Clip: row.Clip, What: fmt.Sprintf("modality %q: recorded nan %d, inf_in %d, overflow %d, underflow %d, max_abs %v; its source converts with %d, %d, %d, %d, %v",
-				m.Name, s.Stats.NaN, s.Stats.InfIn, s.Stats.Overflow, s.Stats.Underflow, s.Stats.MaxAbs, rec.NaN, rec.InfIn, rec.Overflow, rec.Underflow, rec.MaxAbs)})
-		}
-		if s.Descr != a.SourceDescr {
-			r.add(Problem{File: d.Files.Clips, Clip: row.Clip, What: fmt.Sprintf("modality %q: recorded source dtype %s, the source's is %s", m.Name, s.Descr, a.SourceDescr)})
-		}
-	}
+	checkRecorded(d, m, row, s, audit, a.SourceDescr, r)
 	if changed {
 		r.add(Problem{File: s.Path, Clip: row.Clip, What: fmt.Sprintf("changed since conversion (size %d -> %d, modified %s -> %s) but converts to the same bytes", s.Size, now.Size, mtime(s.MtimeNS), mtime(now.MtimeNS))})
+	}
+}
+
+// checkRecorded compares every figure clips.parquet records for a clip's
+// modality (if it records them) with its source's conversion, exactly:
+// the audit and the source dtype descr.
+func checkRecorded(d *Dataset, m Modality, row ClipRow, s ClipSource, audit f16.Stats, descr string, r *Report) {
+	if !s.Audited {
+		return
+	}
+	if rec := Stats(audit); s.Stats != rec {
+		r.add(Problem{File: d.Files.Clips, Clip: row.Clip, What: fmt.Sprintf("modality %q: recorded nan %d, inf_in %d, overflow %d, underflow %d, max_abs %v; its source converts with %d, %d, %d, %d, %v",
+			m.Name, s.Stats.NaN, s.Stats.InfIn, s.Stats.Overflow, s.Stats.Underflow, s.Stats.MaxAbs, rec.NaN, rec.InfIn, rec.Overflow, rec.Underflow, rec.MaxAbs)})
+	}
+	if s.Descr != descr {
+		r.add(Problem{File: d.Files.Clips, Clip: row.Clip, What: fmt.Sprintf("modality %q: recorded source dtype %s, the source's is %s", m.Name, s.Descr, descr)})
 	}
 }
 
