@@ -5,10 +5,13 @@ they are parsed, and .npy headers are checked against what the manifest
 says before the first read. Every error is a ValueError naming the file
 and what differs.
 """
+from __future__ import annotations
+
 import io
 import json
 import os
 import stat
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -16,7 +19,7 @@ MAX_MANIFEST = 256 << 20  # bytes of a JSON manifest read at most
 MAX_HEADER = 1 << 16  # bytes of a .npy header read at most
 
 
-def confined(root, rel, what="path"):
+def confined(root: str, rel: Any, what: str = "path") -> str:
     """root/rel, refusing an absolute rel, a '..' or empty component, and a
     path whose symlinks resolve outside root."""
     if not isinstance(rel, str) or not rel or rel.startswith("/") or "\\" in rel or "\0" in rel:
@@ -31,7 +34,7 @@ def confined(root, rel, what="path"):
     return path
 
 
-def open_regular(path):
+def open_regular(path: str) -> tuple[int, os.stat_result]:
     """An fd of path opened read-only without blocking (a FIFO does not
     hang the open), and its stat; anything but a regular file is refused."""
     try:
@@ -47,7 +50,7 @@ def open_regular(path):
     return fd, st
 
 
-def pread_all(fd, n, off, path):
+def pread_all(fd: int, n: int, off: int, path: str) -> bytes:
     """n bytes at off (fewer only at the end of the file)."""
     out, got = bytearray(n), 0
     view = memoryview(out)
@@ -59,7 +62,7 @@ def pread_all(fd, n, off, path):
     return bytes(out[:got])
 
 
-def read_json(path, limit=MAX_MANIFEST):
+def read_json(path: str, limit: int = MAX_MANIFEST) -> dict[str, Any]:
     """The JSON object in path, a regular file of at most limit bytes."""
     fd, st = open_regular(path)
     try:
@@ -81,7 +84,7 @@ class Npy:
     """An open, checked .npy file: fd (owned: close it), data offset,
     shape, dtype, bytes per row (of axis 0)."""
 
-    def __init__(self, path):
+    def __init__(self, path: str) -> None:
         self.path = path
         self.fd, st = open_regular(path)
         self.size = st.st_size
@@ -108,13 +111,13 @@ class Npy:
             os.close(self.fd)
             raise
 
-    def expect(self, dtype, shape):
+    def expect(self, dtype: Any, shape: Sequence[int]) -> None:
         """Refuse a dtype or shape other than those the manifest gives."""
         if self.dtype.str != dtype or self.shape != tuple(shape):
             raise ValueError("%s: holds %s %s, the manifest says %s %s" % (
                 self.path, self.dtype.str, list(self.shape), dtype, list(shape)))
 
-    def memmap(self):
+    def memmap(self) -> np.ndarray:
         """A read-only memory map of the data, through this fd (not the
         path again: the file checked is the file mapped)."""
         if self.size == self.offset:
@@ -122,14 +125,14 @@ class Npy:
         with os.fdopen(os.dup(self.fd), "rb") as f:
             return np.memmap(f, dtype=self.dtype, mode="r", offset=self.offset, shape=self.shape)
 
-    def read(self):
+    def read(self) -> np.ndarray:
         """The whole array, read."""
         b = pread_all(self.fd, self.size - self.offset, self.offset, self.path)
         if len(b) != self.size - self.offset:
             raise ValueError("%s: shorter than when it was checked" % self.path)
         return np.frombuffer(b, dtype=self.dtype).reshape(self.shape).copy()
 
-    def close(self):
+    def close(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1

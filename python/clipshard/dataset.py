@@ -1,5 +1,8 @@
 """Random access to a dataset written by `convert`."""
+from __future__ import annotations
+
 import os
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
@@ -17,7 +20,7 @@ class Dataset:
     sample's clip row in an epoch (samples[:, 0]) indexes both.
     """
 
-    def __init__(self, path):
+    def __init__(self, path: str) -> None:
         man = read_json(os.path.join(path, "dataset.json"))
         if man.get("format") != "clipshard.dataset":
             raise ValueError("%s: not a clipshard dataset" % path)
@@ -45,8 +48,8 @@ class Dataset:
             finally:
                 f.close()
             self.modalities[name] = m
-        self.ids = None
-        self._row = None
+        self.ids: Optional[list[str]] = None
+        self._row: Optional[dict[str, int]] = None
         ids = files.get("ids")
         if ids:
             p = confined(path, ids, "files.ids")
@@ -64,10 +67,10 @@ class Dataset:
             if len(self.ids) != len(self.index):
                 raise ValueError("%s: %d clip ids for %d clips" % (p, len(self.ids), len(self.index)))
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.index)
 
-    def row(self, clip):
+    def row(self, clip: Union[str, int]) -> int:
         """The row of clip id (a str) or row number (an int)."""
         if isinstance(clip, (int, np.integer)):
             if not -len(self) <= clip < len(self):
@@ -85,14 +88,14 @@ class Dataset:
             return self.blobs[name][clip]  # the clip's value, of frame_shape
         return self.blobs[name][first * m["rate"]: (first + count) * m["rate"]]
 
-    def __getitem__(self, clip):
+    def __getitem__(self, clip: Union[str, int]) -> dict[str, np.ndarray]:
         """The clip's rows of each modality; a per-clip modality (convert's
         NAME@clip=) gives the clip's value (shape frame_shape)."""
         i = self.row(clip)
         start, length = (int(x) for x in self.index[i])
         return {name: self._rows(name, i, start, length) for name in self.modalities}
 
-    def window(self, sample):
+    def window(self, sample: Sequence[int]) -> dict[str, np.ndarray]:
         """The dataset rows of an epoch sample (clip row, start, valid):
         what its shard windows hold before the zero padding (a per-clip
         modality: the clip's value)."""

@@ -17,10 +17,13 @@ filled with samples from the start of the epoch (`remainder="pad"`, as
 torch's DistributedSampler pads), so that every rank gets the same number
 of batches.
 """
+from __future__ import annotations
+
 import bisect
 import mmap
 import os
 import sys
+from typing import Any, Iterator, Mapping, Optional, Union
 
 import numpy as np
 
@@ -31,7 +34,7 @@ __all__ = ["EpochReader", "load_epochs"]
 STATE_FORMAT = "clipshard.reader"
 
 
-def load_epochs(edir):
+def load_epochs(edir: str) -> dict[str, Any]:
     """Load and check EDIR/epochs.json (a regular file of bounded size)."""
     man = read_json(os.path.join(edir, "epochs.json"))
     if man.get("format") != "clipshard.epochs":
@@ -44,7 +47,7 @@ def load_epochs(edir):
     return man
 
 
-def _worker():
+def _worker() -> tuple[int, int]:
     """(worker id, number of workers) inside a torch DataLoader worker. A
     process that has not imported torch is none (importing it here cost
     the first batch of a numpy-only reader a second)."""
@@ -79,9 +82,10 @@ class EpochReader:
         (posix_fadvise); default 2 with read=False, 0 with read=True.
     """
 
-    def __init__(self, edir, epoch, rank=None, world_size=1, batch_size=256, remainder="drop",
-                 replay_seed=None, virtual_epoch=None, mix_shards=1, mix_seed=0, mix_mem=None,
-                 read=False, prefetch=None):
+    def __init__(self, edir: str, epoch: int, rank: Optional[int] = None, world_size: int = 1, batch_size: int = 256,
+                 remainder: str = "drop", replay_seed: Optional[int] = None, virtual_epoch: Optional[int] = None,
+                 mix_shards: int = 1, mix_seed: int = 0, mix_mem: Union[str, int, None] = None,
+                 read: bool = False, prefetch: Optional[int] = None) -> None:
         man = load_epochs(edir)
         entries = man.get("epochs")
         if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
@@ -116,8 +120,8 @@ class EpochReader:
         for s in shards:
             self._starts.append(self._starts[-1] + s["samples"])
         self.samples = self._starts[-1]  # in the epoch
-        self._shards = {}  # shard position -> {name: Npy}, checked
-        self._files = {}  # shard position -> {name: array-like}
+        self._shards: dict[int, dict[str, Npy]] = {}  # shard position -> {name: Npy}, checked
+        self._files: dict[int, dict[str, Any]] = {}  # shard position -> {name: array-like}
         if not isinstance(mix_shards, (int, np.integer)) or mix_shards < 1:
             raise ValueError("mix_shards %r: want an int >= 1" % (mix_shards,))
         if mix_mem is not None:
@@ -133,13 +137,13 @@ class EpochReader:
             raise ValueError("read=True and mixing: mixed samples are gathered one by one from the memory-mapped "
                              "shards; give read=False (the mix block is asked of the kernel ahead of time)")
         self.mix_seed = mix_seed
-        self._perms = {}  # block -> permutation of its samples
+        self._perms: dict[int, np.ndarray] = {}  # block -> permutation of its samples
         self.start = 0  # samples consumed when this reader was resumed
         self.consumed = 0
 
     # -- sizes and state -------------------------------------------------
 
-    def batches_left(self):
+    def batches_left(self) -> int:
         """Global batches left from the resume point (each rank reads one
         of each)."""
         left, per = self.samples - self.start, self.batch_size * self.world_size
@@ -147,17 +151,17 @@ class EpochReader:
             return 0
         return left // per if self.remainder == "drop" else -(-left // per)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self.batches_left()
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         """The state to resume from: the samples of the epoch consumed by
         all ranks together (the same on every rank), with what identifies
         the epoch. A plain dict of ints and strings (torch.save, JSON)."""
         return {"format": STATE_FORMAT, "version": 1, "epoch": self.epoch, "virtual_epoch": self.virtual_epoch,
                 "seed": self.manifest["seed"], "samples": self.samples, "consumed": self.consumed}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume where state says, with this reader's world size and batch
         size (which may differ from those that saved it)."""
         if state.get("format") != STATE_FORMAT:
@@ -175,10 +179,10 @@ class EpochReader:
 
     # -- iteration --------------------------------------------------------
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         return self.batches()
 
-    def batches(self, worker_id=None, num_workers=None):
+    def batches(self, worker_id: Optional[int] = None, num_workers: Optional[int] = None) -> Iterator[dict[str, np.ndarray]]:
         """Yield this rank's batches in order. Inside a DataLoader worker
         (found through torch, or given) only every num_workers-th batch,
         from the worker_id-th: with DataLoader(batch_size=None) the workers'
@@ -201,7 +205,7 @@ class EpochReader:
         finally:
             self.close()
 
-    def close(self):
+    def close(self) -> None:
         """Close every file (the reader reopens what it needs)."""
         self._files = {}
         for files in self._shards.values():

@@ -3,12 +3,16 @@ as `shuffle --json` reports per epoch).
 
 samples: int64 [n, 3] (clip row, start, valid) in the order they are read.
 """
+from __future__ import annotations
+
+from typing import Any, Union
+
 import numpy as np
 
 __all__ = ["measure"]
 
 
-def measure(samples, batch_size):
+def measure(samples: Any, batch_size: int) -> dict[str, Union[int, float]]:
     """A dict of:
     distinct_clips_mean / _min: distinct clips in each batch of batch_size
         consecutive samples (whole batches only);
@@ -20,7 +24,7 @@ def measure(samples, batch_size):
     """
     s = np.asarray(samples)
     n = len(s)
-    out = {"samples": n, "batch": batch_size}
+    out: dict[str, Union[int, float]] = {"samples": n, "batch": batch_size}
     if n == 0:
         return out
     clips = s[:, 0]

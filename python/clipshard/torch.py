@@ -1,5 +1,9 @@
 """clipshard epochs as a PyTorch IterableDataset (torch is imported only
 here)."""
+from __future__ import annotations
+
+from typing import Any, Iterator, Mapping, Optional
+
 import numpy as np
 import torch
 import torch.utils.data
@@ -24,7 +28,8 @@ class EpochDataset(torch.utils.data.IterableDataset):
     or batch size, ds.load_state_dict(state) before iterating.
     """
 
-    def __init__(self, edir, epoch, rank=None, world_size=None, batch_size=256, **kw):
+    def __init__(self, edir: str, epoch: int, rank: Optional[int] = None, world_size: Optional[int] = None,
+                 batch_size: int = 256, **kw: Any) -> None:
         super().__init__()
         if world_size is None:
             dist = torch.distributed
@@ -34,13 +39,13 @@ class EpochDataset(torch.utils.data.IterableDataset):
         # (a world_size without a rank is refused by EpochReader)
         self.args = dict(edir=edir, epoch=epoch, rank=rank, world_size=world_size, batch_size=batch_size, **kw)
         self.reader = EpochReader(**self.args)  # checks the arguments now
-        self.state = None
+        self.state: Optional[dict[str, Any]] = None
         self._yielded = False  # a batch was yielded in this process (num_workers=0)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.reader)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         r = EpochReader(**self.args)
         if self.state is not None:
             r.load_state_dict(self.state)
@@ -51,7 +56,7 @@ class EpochDataset(torch.utils.data.IterableDataset):
             self._yielded = True
             yield out
 
-    def state_dict(self, batch=None):
+    def state_dict(self, batch: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
         """The state after batch (the last one trained on), or, without it,
         after the last batch this process yielded (num_workers=0)."""
         st = self.reader.state_dict()
@@ -65,12 +70,12 @@ class EpochDataset(torch.utils.data.IterableDataset):
                              "on, state_dict(batch)")
         return st
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.reader.load_state_dict(state)
         self.state = dict(state)
 
 
-def _tensor(a):
+def _tensor(a: np.ndarray) -> torch.Tensor:
     if not a.flags.writeable:  # a view of a memory-mapped shard: copied out
         a = np.array(a)
     return torch.from_numpy(a)
