@@ -11,8 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/clipshard/clipshard/formats/array"
 	"github.com/clipshard/clipshard/formats/npy"
 	"github.com/clipshard/clipshard/formats/pickle"
@@ -71,14 +69,14 @@ func LoadIntoDirs(dirs *Dirs, path, keys string, buf *[]byte) (*array.Array, fs.
 		return nil, nil, fmt.Errorf("%s: keys %q given for a .npy file, which holds one array", path, keys)
 	}
 	for try := 1; ; try++ {
-		began := time.Now()
 		a, info, after, err := loadOnce(dirs, path, format, keys, buf)
-		stable := after != nil && !Changed(info, after) && !recent(after, began)
 		switch {
-		case stable && err == nil:
-			after.(*rawInfo).began = began
+		case after == nil:
+			return nil, nil, err // not opened, or not a regular file, or never settled
+		case !Changed(info, after) && err == nil:
+			after.(*rawInfo).began = info.(*rawInfo).began
 			return a, after, nil
-		case stable || after == nil:
+		case !Changed(info, after):
 			return nil, nil, err // bad input, as read whole
 		case try == stableTries:
 			return nil, nil, fmt.Errorf("%w: %s: %d reads %v apart each saw it change (size, mtime, ctime or inode) while it was read; run again once it is written",
@@ -92,10 +90,13 @@ func LoadIntoDirs(dirs *Dirs, path, keys string, buf *[]byte) (*array.Array, fs.
 // read may hold parts of two versions.
 var ErrChanged = errors.New("formats: the file changed while it was read")
 
-// StableWait is how long LoadIntoDirs waits before it reads a file again
-// that changed while it was read, or so shortly before that a change
-// during the read would not show in its ctime (filesystem timestamps
-// advance by the kernel's tick, up to 10 ms); stableTries reads are made.
+// StableWait is how long a source must have been unchanged (by its ctime)
+// when it is opened, and how long LoadIntoDirs waits before it reads again
+// a file that changed while it was read; stableTries opens or reads are
+// made. Timestamps advance by the kernel's tick (up to 10 ms): a write in
+// the tick of the last one leaves the ctime as it was, but not one 20 ms
+// later, so a change during a read that starts on a settled file always
+// shows.
 const (
 	StableWait  = 20 * time.Millisecond
 	stableTries = 5
@@ -104,33 +105,18 @@ const (
 // Changed reports whether two stats of one open file differ in size,
 // mtime, ctime or inode.
 func Changed(a, b fs.FileInfo) bool {
-	x, ok1 := a.Sys().(*unix.Stat_t)
-	y, ok2 := b.Sys().(*unix.Stat_t)
-	if !ok1 || !ok2 {
-		return a.Size() != b.Size() || !a.ModTime().Equal(b.ModTime())
-	}
+	x, y := &a.(*rawInfo).st, &b.(*rawInfo).st
 	return x.Size != y.Size || x.Mtim != y.Mtim || x.Ctim != y.Ctim || x.Ino != y.Ino || x.Dev != y.Dev
 }
 
-// recent reports whether the file's ctime is within StableWait of began
-// (or after it).
-func recent(fi fs.FileInfo, began time.Time) bool {
-	st, ok := fi.Sys().(*unix.Stat_t)
-	return ok && st.Ctim.Nano() >= began.Add(-StableWait).UnixNano()
-}
-
-// loadOnce opens path, reads its array, and stats the open file again
-// after the read (after is nil when the file could not be opened, or is
-// not a regular file).
+// loadOnce opens path (openSettled), reads its array, and stats the open
+// file again after the read (after is nil when it was not opened).
 func loadOnce(dirs *Dirs, path string, format Format, keys string, buf *[]byte) (a *array.Array, info, after fs.FileInfo, err error) {
-	f, info, err := openRaw(dirs, path)
+	f, info, err := openSettled(dirs, path)
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	defer f.Close()
-	if !info.Mode().IsRegular() {
-		return nil, nil, nil, fmt.Errorf("%s: not a regular file", path)
-	}
 	switch format {
 	case NPY:
 		var b []byte

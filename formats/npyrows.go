@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"time"
 
 	"github.com/clipshard/clipshard/formats/array"
 	"github.com/clipshard/clipshard/formats/npy"
@@ -29,28 +28,9 @@ type NPYRows struct {
 // refused, not waited on), relative to a folder of dirs if dirs is not
 // nil, and reads its header, checked against the file's size.
 func OpenNPYRows(dirs *Dirs, path string) (*NPYRows, error) {
-	var f *rawFile
-	var info fs.FileInfo
-	for try := 1; ; try++ {
-		began := time.Now()
-		var err error
-		if f, info, err = openRaw(dirs, path); err != nil {
-			return nil, err
-		}
-		if !info.Mode().IsRegular() {
-			f.Close()
-			return nil, fmt.Errorf("%s: not a regular file", path)
-		}
-		info.(*rawInfo).began = began
-		if !recent(info, began) {
-			break
-		}
-		// Changed just now: a change during the read would not show.
-		f.Close()
-		if try == stableTries {
-			return nil, fmt.Errorf("%w: %s: changed within %v of each of %d opens; run again once it is written", ErrChanged, path, StableWait, stableTries)
-		}
-		time.Sleep(StableWait)
+	f, info, err := openSettled(dirs, path)
+	if err != nil {
+		return nil, err
 	}
 	h, err := npy.ReadHeader(f, info.Size())
 	if err != nil {

@@ -4,6 +4,7 @@
 package formats
 
 import (
+	"fmt"
 	"io"
 	"io/fs"
 	"path/filepath"
@@ -96,6 +97,35 @@ func openRaw(dirs *Dirs, path string) (*rawFile, fs.FileInfo, error) {
 		return nil, nil, &fs.PathError{Op: "stat", Path: path, Err: err}
 	}
 	return f, &rawInfo{name: filepath.Base(path), st: st}, nil
+}
+
+// openSettled opens path as openRaw does, refusing anything but a regular
+// file, once its ctime is StableWait old: a file changed just before the
+// open is closed and opened again after StableWait (stableTries opens),
+// so that a change while it is read shows in its ctime. The FileInfo's
+// ReadBegan is when the last open began.
+func openSettled(dirs *Dirs, path string) (*rawFile, fs.FileInfo, error) {
+	for try := 1; ; try++ {
+		began := time.Now()
+		f, info, err := openRaw(dirs, path)
+		if err != nil {
+			return nil, nil, err
+		}
+		if !info.Mode().IsRegular() {
+			f.Close()
+			return nil, nil, fmt.Errorf("%s: not a regular file", path)
+		}
+		ri := info.(*rawInfo)
+		ri.began = began
+		if ri.st.Ctim.Nano() < began.Add(-StableWait).UnixNano() {
+			return f, info, nil
+		}
+		f.Close()
+		if try == stableTries {
+			return nil, nil, fmt.Errorf("%w: %s: changed within %v of each of %d opens; run again once it is written", ErrChanged, path, StableWait, stableTries)
+		}
+		time.Sleep(StableWait)
+	}
 }
 
 // ReadAt implements io.ReaderAt with pread.

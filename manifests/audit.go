@@ -81,16 +81,6 @@ func (a *RowAudit) value(f float64) {
 // it was an Inf of the source or an overflow) and MaxAbs (as stored).
 func (a *RowAudit) Stats() f16.Stats { return a.s }
 
-// AuditRows audits rows stored as descr.
-func AuditRows(b []byte, descr string) (f16.Stats, error) {
-	a, err := NewRowAudit(descr)
-	if err != nil {
-		return f16.Stats{}, err
-	}
-	a.Write(b)
-	return a.Stats(), nil
-}
-
 // Disagrees returns what in the recorded stats rec (of rows stored as
 // descr) the audit got of those rows contradicts, or "": the NaN count,
 // the Infs (sources' Infs and overflows), and the largest magnitude, which

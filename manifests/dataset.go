@@ -201,6 +201,30 @@ func (s SourceStamp) SettledAt(readNS int64) SourceStamp {
 	return s
 }
 
+// Differs words how the stamp now differs from the recorded s ("" if it
+// does not): size, mtime, and the ctime and inode where s has them (a
+// stamp recorded without them, or without a settled ctime, is compared on
+// what it has).
+func (s SourceStamp) Differs(now SourceStamp) string {
+	var d []string
+	if now.Size != s.Size {
+		d = append(d, fmt.Sprintf("size %d -> %d", s.Size, now.Size))
+	}
+	if now.MtimeNS != s.MtimeNS {
+		d = append(d, fmt.Sprintf("modified %s -> %s", stampTime(s.MtimeNS), stampTime(now.MtimeNS)))
+	}
+	if s.CtimeNS != 0 && now.CtimeNS != s.CtimeNS {
+		d = append(d, fmt.Sprintf("status changed %s -> %s", stampTime(s.CtimeNS), stampTime(now.CtimeNS)))
+	}
+	if s.Ino != 0 && now.Ino != s.Ino {
+		d = append(d, fmt.Sprintf("inode %d -> %d (replaced)", s.Ino, now.Ino))
+	}
+	return strings.Join(d, ", ")
+}
+
+// stampTime words a time in ns for a person: RFC 3339, UTC.
+func stampTime(ns int64) string { return time.Unix(0, ns).UTC().Format(time.RFC3339Nano) }
+
 // Racy reports whether s cannot vouch for the content it was recorded
 // with: it has no ctime (recorded by an earlier version, or SettledAt
 // found it changed just before it was read).

@@ -421,11 +421,11 @@ func checkSources(dir string, d *Dataset, rows []ClipRow, mem int64, r *Report) 
 				r.add(Problem{File: s.Path, Clip: row.Clip, What: "source is gone"})
 				continue
 			}
-			changed := st.Size != s.Size || st.MtimeNS != s.MtimeNS
+			changed := s.Stamp().Differs(st)
 			if f, _ := formats.FormatOf(s.Path); f == formats.NPY && !m.PerClip && st.Size > piece && blobs[k] != nil {
 				// Too large to hold with its conversion: a piece at a time.
 				first, n := m.ClipRows(i, row.Start, row.Length)
-				streamSource(d, m, row, s, changed, st, blobs[k], m.DataOffset+first*rowBytes[k], first, n, piece, r)
+				streamSource(d, m, row, s, changed, blobs[k], m.DataOffset+first*rowBytes[k], first, n, piece, r)
 				continue
 			}
 			a, err := formats.Load(s.Path, m.Keys)
@@ -462,12 +462,12 @@ func checkSources(dir string, d *Dataset, rows []ClipRow, mem int64, r *Report) 
 			switch {
 			case !bytes.Equal(got, blobRows):
 				what := fmt.Sprintf("content drift: the converted source differs from %s rows %d..%d", m.File, first, first+n)
-				if changed {
-					what += fmt.Sprintf(" (changed since conversion: size %d -> %d, modified %s -> %s)", s.Size, st.Size, mtime(s.MtimeNS), mtime(st.MtimeNS))
+				if changed != "" {
+					what += " (changed since conversion: " + changed + ")"
 				}
 				r.add(Problem{File: s.Path, Clip: row.Clip, What: what})
-			case changed:
-				r.add(Problem{File: s.Path, Clip: row.Clip, What: fmt.Sprintf("changed since conversion (size %d -> %d, modified %s -> %s) but converts to the same bytes", s.Size, st.Size, mtime(s.MtimeNS), mtime(st.MtimeNS))})
+			case changed != "":
+				r.add(Problem{File: s.Path, Clip: row.Clip, What: "changed since conversion (" + changed + ") but converts to the same bytes"})
 			}
 		}
 	}
@@ -477,7 +477,7 @@ func checkSources(dir string, d *Dataset, rows []ClipRow, mem int64, r *Report) 
 // modality m of clip row with the blob's rows [first, first+n) at off, a
 // piece of about piece bytes at a time, and of the clip's recorded
 // figures with the conversion's.
-func streamSource(d *Dataset, m Modality, row ClipRow, s ClipSource, changed bool, now SourceStamp, blob *os.File, off, first, n, piece int64, r *Report) {
+func streamSource(d *Dataset, m Modality, row ClipRow, s ClipSource, changed string, blob *os.File, off, first, n, piece int64, r *Report) {
 	src, err := formats.OpenNPYRows(nil, s.Path)
 	if err != nil {
 		r.add(Problem{File: s.Path, Clip: row.Clip, What: "source no longer decodes: " + oneLine(err)})
@@ -530,8 +530,8 @@ func streamSource(d *Dataset, m Modality, row ClipRow, s ClipSource, changed boo
 		if !bytes.Equal(out, have) {
 			drift = true
 			what := fmt.Sprintf("content drift: the converted source differs from %s rows %d..%d (in rows %d..%d)", m.File, first, first+n, first+r0, first+r1)
-			if changed {
-				what += fmt.Sprintf(" (changed since conversion: size %d -> %d, modified %s -> %s)", s.Size, now.Size, mtime(s.MtimeNS), mtime(now.MtimeNS))
+			if changed != "" {
+				what += " (changed since conversion: " + changed + ")"
 			}
 			r.add(Problem{File: s.Path, Clip: row.Clip, What: what})
 		}
@@ -543,8 +543,8 @@ func streamSource(d *Dataset, m Modality, row ClipRow, s ClipSource, changed boo
 		audit.Overflow, audit.Underflow = 0, 0
 	}
 	checkRecorded(d, m, row, s, audit, a.SourceDescr, r)
-	if changed {
-		r.add(Problem{File: s.Path, Clip: row.Clip, What: fmt.Sprintf("changed since conversion (size %d -> %d, modified %s -> %s) but converts to the same bytes", s.Size, now.Size, mtime(s.MtimeNS), mtime(now.MtimeNS))})
+	if changed != "" {
+		r.add(Problem{File: s.Path, Clip: row.Clip, What: "changed since conversion (" + changed + ") but converts to the same bytes"})
 	}
 }
 

@@ -471,9 +471,8 @@ func (j *job) writeStream(ctx context.Context, mo *modOut, keep bool, write func
 		return err
 	}
 	defer s.Close()
-	if st := manifests.StampOf(mo.src.Path, s.Info); st.Size != mo.src.Size || st.MtimeNS != mo.src.MtimeNS || st.Ino != mo.src.Ino ||
-		mo.src.CtimeNS != 0 && st.CtimeNS != mo.src.CtimeNS {
-		return fmt.Errorf("%w: %s changed while it was being converted (run again)", ErrInput, mo.src.Path)
+	if d := mo.src.Stamp().Differs(manifests.StampOf(mo.src.Path, s.Info)); d != "" {
+		return fmt.Errorf("%w: %s changed while it was being converted (%s; run again)", ErrInput, mo.src.Path, d)
 	}
 	c, err := j.convertStream(ctx, s, mo.rows, keep, write)
 	if err != nil {

@@ -266,11 +266,8 @@ func clipMemory(budget int64) int64 { return budget - budget/4 }
 // chunk buffers are mapped outside the heap, and the program's text,
 // stacks and the runtime's own take about 16 MiB more.
 func HeapLimit(budget int64, n int) int64 {
-	var blobs int64
-	for range max(1, n) {
-		size, retain := blob.BuffersFor(BlobMemory(budget, n))
-		blobs += 3*int64(size) + int64(retain) // the retained prefix's replacements are on the heap
-	}
+	size, retain := blob.BuffersFor(BlobMemory(budget, n))
+	blobs := int64(max(1, n)) * (3*int64(size) + int64(retain)) // the retained prefix's replacements are on the heap
 	return max(16<<20, budget+64<<20-blobs-16<<20)
 }
 
