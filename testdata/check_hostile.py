@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-from clipshard import Dataset, EpochReader  # noqa: E402
+from clipshard import Dataset, EpochReader, Loader  # noqa: E402
 
 edir, ds = sys.argv[1], sys.argv[2]
 tmp = tempfile.mkdtemp()
@@ -93,11 +93,6 @@ def check(what, run, names):
     raise AssertionError("%s: no error" % what)
 
 
-def read_all(d, **kw):
-    for _ in EpochReader(d, entry0["epoch"], batch_size=2, **kw):
-        pass
-
-
 def shard_file(d, name=None):
     return os.path.join(d, shard0["files"][name or mod0])
 
@@ -110,78 +105,108 @@ def save_npy(path, a):
 
 # -- the epochs folder ---------------------------------------------------
 
-d = copy(edir)
-p = shard_file(d)
-os.remove(p)
-os.mkfifo(p)
-expect("a FIFO shard", lambda: read_all(d), [p, "FIFO"])
+def read_all(d, **kw):
+    READ(d, **kw)
 
-d = copy(edir)
-p = os.path.join(d, "epochs.json")
-os.remove(p)
-os.mkfifo(p)
-expect("a FIFO epochs.json", lambda: read_all(d), [p, "FIFO"])
 
-d = copy(edir)
-p = os.path.join(d, "epochs.json")
-os.remove(p)
-os.symlink("/dev/zero", p)
-expect("epochs.json -> /dev/zero", lambda: read_all(d), [p, "character device"])
+def epochs_folder_cases():
 
-d = copy(edir)
-p = os.path.join(d, "epochs.json")
-with open(p, "ab") as f:
-    f.truncate(300 << 20)
-expect("a 300 MiB epochs.json", lambda: read_all(d), [p, "more than a manifest"])
-
-d = copy(edir)
-p = shard_file(d)
-a = np.load(p)
-save_npy(p, a[: max(1, len(a) * 5 // 8)])  # 40 of 64 rows, as numpy writes it
-expect("a shard with fewer samples than listed", lambda: read_all(d), [p, "the manifest says"])
-
-d = copy(edir)
-p = shard_file(d)
-with open(p, "r+b") as f:
-    f.truncate(os.path.getsize(p) - 100)
-expect("a shard cut short", lambda: read_all(d), [p, "its header"])
-
-d = copy(edir)
-p = shard_file(d)
-save_npy(p, np.load(p).astype(np.float32))
-expect("a float32 shard", lambda: read_all(d), [p, "<f4", "<f2"])
-
-with open(os.path.join(tmp, "secret.npy"), "wb") as f:
-    np.save(f, np.zeros(3))
-for bad in ("../secret.npy", os.path.join(tmp, "secret.npy"), "epoch-0000/../../secret.npy"):
     d = copy(edir)
-    rewrite_manifest(d, "epochs.json", lambda m: m["epochs"][0]["shards"][0]["files"].__setitem__(mod0, bad))
-    expect("shard path %s" % bad, lambda: read_all(d), [repr(bad)])
+    p = shard_file(d)
+    os.remove(p)
+    os.mkfifo(p)
+    expect("a FIFO shard", lambda: read_all(d), [p, "FIFO"])
 
-d = copy(edir)
-p = shard_file(d)
-os.remove(p)
-os.symlink(os.path.join(tmp, "secret.npy"), p)
-expect("a shard symlinked outside", lambda: read_all(d), ["resolves outside"])
-
-d = copy(edir)
-rewrite_manifest(d, "epochs.json", lambda m: m["epochs"][0]["shards"][0].__setitem__("samples", 10**12))
-expect("10^12 samples in a shard", lambda: read_all(d), ["epochs.json", "10" + "0" * 11, "shard_samples"])
-
-d = copy(edir)
-rewrite_manifest(d, "epochs.json", lambda m: m["epochs"][0].__setitem__("samples", 10**12))
-expect("10^12 samples in the epoch", lambda: read_all(d), ["epochs.json", "the epoch says"])
-
-if len(entry0["shards"]) > 1:
     d = copy(edir)
-    rewrite_manifest(d, "epochs.json", lambda m: sorted(m["epochs"][0]["shards"], key=lambda s: s["shard"])[1].__setitem__("first", 1))
-    expect("shards not contiguous", lambda: read_all(d), ["epochs.json", "starts at sample 1"])
+    p = os.path.join(d, "epochs.json")
+    os.remove(p)
+    os.mkfifo(p)
+    expect("a FIFO epochs.json", lambda: read_all(d), [p, "FIFO"])
+
+    d = copy(edir)
+    p = os.path.join(d, "epochs.json")
+    os.remove(p)
+    os.symlink("/dev/zero", p)
+    expect("epochs.json -> /dev/zero", lambda: read_all(d), [p, "character device"])
+
+    d = copy(edir)
+    p = os.path.join(d, "epochs.json")
+    with open(p, "ab") as f:
+        f.truncate(300 << 20)
+    expect("a 300 MiB epochs.json", lambda: read_all(d), [p, "more than a manifest"])
+
+    d = copy(edir)
+    p = shard_file(d)
+    a = np.load(p)
+    save_npy(p, a[: max(1, len(a) * 5 // 8)])  # 40 of 64 rows, as numpy writes it
+    expect("a shard with fewer samples than listed", lambda: read_all(d), [p, "the manifest says"])
+
+    d = copy(edir)
+    p = shard_file(d)
+    with open(p, "r+b") as f:
+        f.truncate(os.path.getsize(p) - 100)
+    expect("a shard cut short", lambda: read_all(d), [p, "its header"])
+
+    d = copy(edir)
+    p = shard_file(d)
+    save_npy(p, np.load(p).astype(np.float32))
+    expect("a float32 shard", lambda: read_all(d), [p, "<f4", "<f2"])
+
+    with open(os.path.join(tmp, "secret.npy"), "wb") as f:
+        np.save(f, np.zeros(3))
+    for bad in ("../secret.npy", os.path.join(tmp, "secret.npy"), "epoch-0000/../../secret.npy"):
+        d = copy(edir)
+        rewrite_manifest(d, "epochs.json", lambda m: m["epochs"][0]["shards"][0]["files"].__setitem__(mod0, bad))
+        expect("shard path %s" % bad, lambda: read_all(d), [repr(bad)])
+
+    d = copy(edir)
+    p = shard_file(d)
+    os.remove(p)
+    os.symlink(os.path.join(tmp, "secret.npy"), p)
+    expect("a shard symlinked outside", lambda: read_all(d), ["resolves outside"])
+
+    d = copy(edir)
+    rewrite_manifest(d, "epochs.json", lambda m: m["epochs"][0]["shards"][0].__setitem__("samples", 10**12))
+    expect("10^12 samples in a shard", lambda: read_all(d), ["epochs.json", "10" + "0" * 11, "shard_samples"])
+
+    d = copy(edir)
+    rewrite_manifest(d, "epochs.json", lambda m: m["epochs"][0].__setitem__("samples", 10**12))
+    expect("10^12 samples in the epoch", lambda: read_all(d), ["epochs.json", "the epoch says"])
+
+    if len(entry0["shards"]) > 1:
+        d = copy(edir)
+        rewrite_manifest(d, "epochs.json", lambda m: sorted(m["epochs"][0]["shards"], key=lambda s: s["shard"])[1].__setitem__("first", 1))
+        expect("shards not contiguous", lambda: read_all(d), ["epochs.json", "starts at sample 1"])
+
+
+# Each reader: EpochReader; Loader reading in the consumer (prefetch=0)
+# and in its thread (the thread's error is raised by the consumer).
+def by_reader(d, **kw):
+    for _ in EpochReader(d, entry0["epoch"], batch_size=2, **kw):
+        pass
+
+
+def by_loader(prefetch):
+    def read(d, **kw):
+        with Loader(d, entry0["epoch"], batch_size=2, prefetch=prefetch, **kw) as ld:
+            for _ in ld:
+                pass
+    return read
+
+
+for READ in (by_reader, by_loader(0), by_loader(3)):
+    epochs_folder_cases()
 
 # -- no silent fallback --------------------------------------------------
 
 expect("world_size without rank", lambda: EpochReader(edir, entry0["epoch"], world_size=2), ["without rank"])
 expect("mix_mem below two shards", lambda: EpochReader(edir, entry0["epoch"], mix_mem=1), ["mix_mem"])
 expect("read=True with mixing", lambda: EpochReader(edir, entry0["epoch"], mix_shards=2, read=True), ["read=True"])
+expect("Loader: world_size without rank", lambda: Loader(edir, world_size=2), ["without rank"])
+expect("Loader: mix_mem below two shards", lambda: Loader(edir, [0, 99], replay_seed=1, mix_mem=1), ["mix_mem"])
+expect("Loader: an epoch not materialised, no replay_seed", lambda: Loader(edir, [99]), ["not materialised", "replay_seed"])
+expect("Loader: a state of another epochs folder",
+       lambda: Loader(edir).load_state_dict(dict(Loader(edir).state_dict(), seed=-1)), ["seed"])
 # A padded epoch's last state loads, and means the epoch is done.
 def padded_end():
     rd = EpochReader(edir, entry0["epoch"], batch_size=7, remainder="pad")

@@ -139,4 +139,35 @@ for (R1, B1), (R2, B2) in (((2, 3), (3, 2)), ((1, 5), (4, 1)), ((2, 2), (2, 2)))
     got = np.array([s for l in open(log) for s in json.loads(l)], dtype=np.int64).reshape(-1, 3)
     total = done + (len(want) - done) // (B2 * R2) * (B2 * R2)
     assert len(got) == total and np.array_equal(got, want[:total]), (R1, B1, R2, B2, kill_after, len(got), total)
-print("ok: torch %s (workers, torch.save state, kill and resume)" % torch.__version__)
+# torchdata's StatefulDataLoader (where installed; CI's torch 2.x leg sets
+# CLIPSHARD_REQUIRE_TORCHDATA): stopped after k batches, its state_dict()
+# loaded into a new one, the rest of the batches are the uninterrupted
+# run's, with 0 to 3 workers (each worker keeps a place of its own).
+try:
+    from torchdata.stateful_dataloader import Stateful, StatefulDataLoader
+except ImportError:
+    if os.environ.get("CLIPSHARD_REQUIRE_TORCHDATA"):
+        raise
+    StatefulDataLoader = None
+extra = ""
+if StatefulDataLoader is not None:
+    def sdl(nw):
+        return StatefulDataLoader(EpochDataset(edir, epoch, rank=1, world_size=2, batch_size=3), batch_size=None,
+                                  num_workers=nw)
+    for nw in (0, 1, 3):
+        ref = [b["samples"] for b in sdl(nw)]
+        for stop in sorted({0, 1, len(ref) // 2, len(ref) - 1, len(ref)}):
+            dl = sdl(nw)
+            it = iter(dl)
+            got = [next(it)["samples"] for _ in range(stop)]
+            st = dl.state_dict()
+            del it, dl
+            again = sdl(nw)
+            again.load_state_dict(st)
+            got += [b["samples"] for b in again]
+            assert len(got) == len(ref) and all(torch.equal(a, b) for a, b in zip(got, ref)), (nw, stop, len(got), len(ref))
+    from clipshard.torch import Loader
+    assert isinstance(Loader(edir, epoch, batch_size=3), Stateful)
+    import torchdata
+    extra = ", torchdata %s StatefulDataLoader" % torchdata.__version__
+print("ok: torch %s (workers, torch.save state, kill and resume%s)" % (torch.__version__, extra))

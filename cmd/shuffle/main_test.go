@@ -147,6 +147,45 @@ func TestTorchReader(t *testing.T) {
 	}
 }
 
+// TestLoader (#24.1, #24.2): clipshard.Loader's batches equal
+// EpochReader's; exactly once over world sizes, batch sizes, prefetch
+// depths and stop/resume points (a padded epoch's last batch, an epoch's
+// end and past it) with another world size and batch size; batches never
+// written again; no thread or fd left after a break, close() or an error
+// of the thread; and clipshard.torch.Loader's tensors and casts where
+// torch is installed (testdata/check_loader.py).
+func TestLoader(t *testing.T) {
+	ds := demoDataset(t)
+	out := filepath.Join(t.TempDir(), "ep")
+	if r := shuffleRun(t, nil, base(ds, out, "--epochs", "3", "--window", "5", "--shard-samples", "8")...); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	got := numpytest.Run(t, filepath.Join("..", "..", "testdata", "check_loader.py"), out)
+	if !strings.Contains(string(got), "ok: loader") {
+		t.Fatalf("check_loader: %s", got)
+	}
+	if os.Getenv("CI") != "" && !strings.Contains(string(got), "; torch ") {
+		t.Fatalf("check_loader ran without torch in CI: %s", got)
+	}
+}
+
+// TestTrainDDP (#24.5): examples/train_ddp.py, real torch.distributed
+// (gloo, CPU) on 2 ranks, killed with SIGKILL after a checkpoint and
+// resumed on 3 ranks with another batch size, trains every sample of
+// every epoch once, in the epoch's order (testdata/check_ddp.py).
+func TestTrainDDP(t *testing.T) {
+	numpytest.Module(t, "torch", "python3-torch")
+	ds := demoDataset(t)
+	out := filepath.Join(t.TempDir(), "ep")
+	if r := shuffleRun(t, nil, base(ds, out, "--epochs", "3", "--window", "5", "--shard-samples", "8")...); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	got := numpytest.Run(t, filepath.Join("..", "..", "testdata", "check_ddp.py"), out)
+	if !strings.Contains(string(got), "ok: ddp") {
+		t.Fatalf("check_ddp: %s", got)
+	}
+}
+
 // TestReaderDistrustsFiles (#24.4): the Python readers refuse hostile
 // epochs folders and datasets within a second, naming the file: FIFOs,
 // /dev/zero, oversized manifests, shards with other counts, dtypes or

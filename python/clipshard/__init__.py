@@ -9,6 +9,7 @@ clipshard.torch).
 from . import quality
 from .dataset import Dataset
 from .epochs import EpochReader, load_epochs
+from .loader import Loader
 
-__all__ = ["EpochReader", "Dataset", "load_epochs", "quality"]
+__all__ = ["Loader", "EpochReader", "Dataset", "load_epochs", "quality"]
 __version__ = "2.0.0"

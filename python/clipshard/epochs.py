@@ -182,15 +182,19 @@ class EpochReader:
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         return self.batches()
 
-    def batches(self, worker_id: Optional[int] = None, num_workers: Optional[int] = None) -> Iterator[dict[str, np.ndarray]]:
+    def batches(self, worker_id: Optional[int] = None, num_workers: Optional[int] = None,
+                first: Optional[int] = None) -> Iterator[dict[str, np.ndarray]]:
         """Yield this rank's batches in order. Inside a DataLoader worker
         (found through torch, or given) only every num_workers-th batch,
-        from the worker_id-th: with DataLoader(batch_size=None) the workers'
-        batches arrive in the order of a single process."""
+        from the worker_id-th (or from batch first, one of the worker's):
+        with DataLoader(batch_size=None) the workers' batches arrive in the
+        order of a single process."""
         if worker_id is None or num_workers is None:
             worker_id, num_workers = _worker()
         B, R = self.batch_size, self.world_size
-        mine = range(worker_id, self.batches_left(), num_workers)
+        if first is not None and (first < worker_id or (first - worker_id) % num_workers):
+            raise ValueError("first batch %r is not one of worker %d of %d's" % (first, worker_id, num_workers))
+        mine = range(worker_id if first is None else first, self.batches_left(), num_workers)
         try:
             for i, g in enumerate(mine):
                 lo = self.start + g * B * R + self.rank * B

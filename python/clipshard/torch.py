@@ -8,9 +8,10 @@ import numpy as np
 import torch
 import torch.utils.data
 
+from . import loader as _loader
 from .epochs import EpochReader
 
-__all__ = ["EpochDataset"]
+__all__ = ["EpochDataset", "Loader"]
 
 
 class EpochDataset(torch.utils.data.IterableDataset):
@@ -41,41 +42,180 @@ class EpochDataset(torch.utils.data.IterableDataset):
         self.reader = EpochReader(**self.args)  # checks the arguments now
         self.state: Optional[dict[str, Any]] = None
         self._yielded = False  # a batch was yielded in this process (num_workers=0)
+        self._at: Optional[dict[str, Any]] = None  # where this process's iteration is (a worker's state)
 
     def __len__(self) -> int:
         return len(self.reader)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         r = EpochReader(**self.args)
-        if self.state is not None:
-            r.load_state_dict(self.state)
-        for b in r.batches():
+        first = None
+        st = self.state
+        if st is not None and "worker" in st:
+            # A DataLoader worker's own state (torchdata's StatefulDataLoader
+            # keeps one per worker): this worker goes on from its next batch.
+            if list(st["worker"]) != list(_worker_info()):
+                raise ValueError("a state of DataLoader worker %s, loaded in worker %s: resume with the same "
+                                 "num_workers" % (list(st["worker"]), list(_worker_info())))
+            r.load_state_dict(dict(st, consumed=st["resume"]))
+            first = st["next"]
+        elif st is not None:
+            r.load_state_dict(st)
+        wid, nw = _worker_info()
+        # (set when the iterator is made, before its first batch: the
+        # process iterating is known at once)
+        self._at = {"resume": r.start, "next": wid if first is None else first, "worker": [wid, nw]}
+        return self._batches(r, first, nw)
+
+    def _batches(self, r: EpochReader, first: Optional[int], nw: int) -> Iterator[dict[str, torch.Tensor]]:
+        assert self._at is not None
+        for b in r.batches(first=first):
             out = {k: _tensor(v) for k, v in b.items()}
             out["consumed"] = torch.tensor(r.consumed, dtype=torch.int64)
             self.reader.consumed = r.consumed  # (num_workers=0: the same process)
+            self._at["next"] += nw
             self._yielded = True
             yield out
 
     def state_dict(self, batch: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
         """The state after batch (the last one trained on), or, without it,
-        after the last batch this process yielded (num_workers=0)."""
+        after the last batch this process yielded (num_workers=0). Inside
+        a DataLoader worker (as torchdata's StatefulDataLoader asks it),
+        that worker's own place, which only that worker can load."""
         st = self.reader.state_dict()
         if batch is not None:
             st["consumed"] = int(batch["consumed"])
-        elif not self._yielded:
+        elif torch.utils.data.get_worker_info() is not None:
+            at = self._at if self._at is not None else {
+                "resume": self.reader.start, "next": _worker_info()[0], "worker": list(_worker_info())}
+            st.update(at)
+        elif self._at is None:
             # With DataLoader workers the batches are read in other
             # processes: this one cannot know how far they got.
-            raise ValueError("state_dict() without a batch, and no batch was yielded in this process (DataLoader "
-                             "workers read in other processes, or nothing was read yet): pass the last batch trained "
-                             "on, state_dict(batch)")
+            raise ValueError("state_dict() without a batch, and this process did not iterate (DataLoader workers "
+                             "read in other processes, or nothing was read yet): pass the last batch trained on, "
+                             "state_dict(batch)")
+        elif not self._yielded:
+            st["consumed"] = self._at["resume"]  # iterating here, nothing handed out yet
         return st
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.reader.load_state_dict(state)
+        self.reader.load_state_dict(state if "worker" not in state else dict(state, consumed=state["resume"]))
         self.state = dict(state)
+
+
+def _worker_info() -> tuple[int, int]:
+    info = torch.utils.data.get_worker_info()
+    return (0, 1) if info is None else (info.id, info.num_workers)
 
 
 def _tensor(a: np.ndarray) -> torch.Tensor:
     if not a.flags.writeable:  # a view of a memory-mapped shard: copied out
         a = np.array(a)
     return torch.from_numpy(a)
+
+
+class Loader(_loader.Loader):
+    """clipshard.Loader delivering torch tensors: this rank's batches of a
+    list of epochs, read ahead by a thread into preallocated buffers (see
+    clipshard.Loader for the epochs, the state and the memory held).
+
+        loader = Loader("/data/epochs", epochs=range(10), batch_size=256, dtype=torch.float32)
+        for epoch in loader.epochs:
+            loader.set_epoch(epoch)
+            for batch in loader:                 # {"whisper": float32 tensor [256, 30, 64], ..., "samples": int64 [256, 3]}
+                step(batch); save(loader.state_dict())
+
+    rank and world_size default to torch.distributed's when it is
+    initialised.
+    dtype: a torch floating dtype (torch.float32, torch.bfloat16, ...) for
+        the floating-point modalities; None keeps the shards' dtype.
+    device: None (host tensors) or a device. A CUDA device gets pinned host
+        buffers; the thread copies each batch to it with non_blocking=True
+        on a side stream and casts there (half the bytes over PCIe), and
+        the consumer's stream waits for that copy.
+    pin_memory: pinned host buffers (default: when device is CUDA).
+    Without a device the cast is done in the thread (torch's copy releases
+    the GIL).
+    """
+
+    def __init__(self, edir: str, epochs: Any = None, *, rank: Optional[int] = None, world_size: Optional[int] = None,
+                 device: Any = None, dtype: Optional[torch.dtype] = None, pin_memory: Optional[bool] = None,
+                 **kw: Any) -> None:
+        if world_size is None:
+            dist = torch.distributed
+            ok = dist.is_available() and dist.is_initialized()
+            world_size = dist.get_world_size() if ok else 1
+            rank = (dist.get_rank() if ok else 0) if rank is None else rank
+        if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+            raise ValueError("dtype %r: want a torch floating-point dtype (torch.float32, torch.bfloat16, ...)" % (dtype,))
+        self.device = None if device is None else torch.device(device)
+        cuda = self.device is not None and self.device.type == "cuda"
+        if self.device is not None and self.device.type not in ("cpu", "cuda"):
+            raise ValueError("device %r: want cpu or a CUDA device" % (device,))
+        self.pin_memory = cuda if pin_memory is None else bool(pin_memory)
+        if self.pin_memory:
+            torch.empty(1, pin_memory=True)  # no CUDA driver: the error is raised here, not at the first batch
+        self._tdtype = dtype
+        self._stream = torch.cuda.Stream(self.device) if cuda else None
+        # On a device the cast is done there: the host keeps the shards' dtype.
+        super().__init__(edir, epochs, rank=rank, world_size=world_size, dtype=None if cuda else dtype, **kw)
+
+    def _cast_to(self, src: np.dtype, dtype: Any, name: str) -> Any:
+        if dtype is None or src.kind != "f":
+            return src
+        # numpy has no bfloat16: the buffer holds its bytes as int16 (torch
+        # 1.x takes no uint16 array).
+        return np.dtype(_NUMPY.get(dtype, "<i2"))
+
+    def _alloc(self, nbytes: int) -> Any:
+        if not self.pin_memory:
+            return np.empty(nbytes, dtype=np.uint8)
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
+
+    def _out_type(self, name: str) -> torch.dtype:
+        if name in self._casting:
+            return self._tdtype  # type: ignore[return-value]
+        return _tensor_type(self._src[name][0])
+
+    def _cast(self, name: str, dst: np.ndarray, src: np.ndarray) -> None:
+        torch.from_numpy(dst).view(self._out_type(name)).copy_(torch.from_numpy(src))
+
+    def _finish(self, arrays: dict[str, np.ndarray]) -> Any:
+        out = {n: torch.from_numpy(a).view(self._out_type(n)) for n, a in arrays.items()}
+        if self._stream is None:
+            if self.device is not None:
+                out = {n: t.to(self.device) for n, t in out.items()}
+            return out
+        with torch.cuda.stream(self._stream):
+            dev = {}
+            for n, t in out.items():
+                d = t.to(self.device, non_blocking=True)
+                if self._tdtype is not None and t.dtype.is_floating_point and t.dtype != self._tdtype:
+                    d = d.to(self._tdtype)
+                dev[n] = d
+            done = torch.cuda.Event()
+            done.record(self._stream)
+        # The thread waits for the copy, so the host buffer is free once
+        # the batch is handed out (and the consumer never waits for it).
+        done.synchronize()
+        return dev
+
+    def _wrap(self, arrays: Any) -> Any:
+        if self._stream is not None:
+            now = torch.cuda.current_stream(self.device)
+            for t in arrays.values():
+                t.record_stream(now)  # allocated on the side stream, used on this one
+        return arrays
+
+
+_NUMPY = {torch.float16: "<f2", torch.float32: "<f4", torch.float64: "<f8"}
+
+
+def _tensor_type(d: np.dtype) -> torch.dtype:
+    if d.byteorder == ">":
+        raise ValueError("shard dtype %s: big-endian, torch has no such tensors" % d.str)
+    try:
+        return torch.from_numpy(np.empty(0, dtype=d)).dtype
+    except TypeError:
+        raise ValueError("shard dtype %s: no torch dtype for it" % d.str) from None

@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Data-parallel training over clipshard epochs with torch.distributed, that
+survives being killed and resumes on another number of ranks.
+
+    python3 examples/train_ddp.py EPOCHS_DIR --ranks 2 --batch-size 4 --ckpt ckpt.pt
+    # killed (kill -9, a preempted node), then, on 3 ranks with batches of 3:
+    python3 examples/train_ddp.py EPOCHS_DIR --ranks 3 --batch-size 3 --ckpt ckpt.pt
+
+Each rank reads its batches with clipshard.torch.Loader (a read-ahead
+thread, float32 delivered); the model is a toy (a linear layer on one
+modality), wrapped in DistributedDataParallel over gloo on the CPU. Every
+--every steps rank 0 saves the model, the optimiser, the step and the
+loader's state (the same on every rank: the epoch and the samples all
+ranks consumed), written to a temporary name and renamed. A run started
+with --ckpt of an existing file goes on from it with its own --ranks and
+--batch-size: no sample is trained twice, none is skipped.
+
+With --log DIR each rank appends "step epoch samples" per step to
+DIR/rank-R.jsonl (testdata/check_ddp.py uses it to check exactly-once).
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from clipshard.torch import Loader  # noqa: E402
+
+
+def train(rank, args, init):
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=args.ranks)
+    torch.manual_seed(0)
+    # rank and world size come from torch.distributed.
+    loader = Loader(args.epochs_dir, batch_size=args.batch_size, dtype=torch.float32, prefetch=4)
+    name = loader.floating[0]  # the modality the toy model reads
+    width = int(torch.tensor(loader.shapes[name][1:]).prod())
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(width, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    step = 0
+    if os.path.exists(args.ckpt):
+        ck = torch.load(args.ckpt)
+        model.module.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        loader.load_state_dict(ck["data"])  # with this run's ranks and batch size
+        step = ck["step"]
+    log = open(os.path.join(args.log, "rank-%d.jsonl" % rank), "a") if args.log else None
+    while loader.epoch is not None:  # each pass reads the current epoch, then moves on
+        epoch = loader.epoch
+        for batch in loader:
+            x = batch[name].flatten(1)
+            loss = model(torch.nan_to_num(x)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()  # DDP: the gradients are averaged over the ranks here
+            opt.step()
+            if args.step_ms:
+                time.sleep(args.step_ms / 1000)
+            step += 1
+            if log:
+                log.write(json.dumps([step, epoch, batch["samples"].tolist()]) + "\n")
+                log.flush()
+            if step % args.every == 0:
+                dist.barrier()  # every rank has trained (and logged) this step
+                if rank == 0:
+                    tmp = args.ckpt + ".tmp"
+                    torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "step": step,
+                                "data": loader.state_dict()}, tmp)
+                    os.replace(tmp, args.ckpt)
+                    print("checkpoint step %d epoch %d" % (step, epoch), flush=True)
+    loader.close()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("epochs_dir")
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--ckpt", required=True)
+    p.add_argument("--every", type=int, default=3, help="steps between checkpoints")
+    p.add_argument("--log", help="a folder for each rank's log of the samples it trained on")
+    p.add_argument("--step-ms", type=float, default=0, help="a simulated accelerator step, slept after each step")
+    args = p.parse_args()
+    rdv = tempfile.mktemp(prefix="clipshard-ddp-")  # the rendezvous file (must not exist yet)
+    try:
+        mp.spawn(train, args=(args, "file://" + rdv), nprocs=args.ranks)
+    finally:
+        if os.path.exists(rdv):
+            os.remove(rdv)
+    print("done: step counts in %s" % args.ckpt if os.path.exists(args.ckpt) else "done")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,466 @@
+"""A read-ahead loader over the epochs `shuffle` wrote: a background thread
+reads this rank's next batches straight into preallocated buffers, so the
+training step finds its batch ready.
+
+The batches, the order and the resume rule are those of EpochReader (any
+world size, any batch size, the state a count of samples), across any
+number of epochs, materialised or replayed, in one object.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import threading
+from typing import Any, Generator, Iterable, Iterator, Mapping, Optional, Union
+
+import numpy as np
+
+from .epochs import STATE_FORMAT as READER_STATE, EpochReader, load_epochs
+
+__all__ = ["Loader"]
+
+STATE_FORMAT = "clipshard.loader"
+ALIGN = 64  # bytes: where each modality's array starts in a batch's buffer
+
+_END = object()  # the end of an epoch in the queue
+
+
+class _Batch:
+    """What the thread hands over: one batch of one epoch."""
+
+    __slots__ = ("pos", "g", "arrays", "consumed", "last")
+
+    def __init__(self, pos: int, g: int, arrays: Any, consumed: int, last: bool) -> None:
+        self.pos, self.g, self.arrays, self.consumed, self.last = pos, g, arrays, consumed, last
+
+
+class _Failed:
+    """An error of the thread, raised again in the consumer."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class Loader:
+    """This rank's batches of a list of epochs, read ahead by a thread.
+
+    A background thread reads the next `prefetch` batches of this rank
+    with os.preadv straight into preallocated buffers (one copy, from the
+    page cache or the disk, with the GIL released); no worker processes,
+    no memory map, no copy by the consumer. A batch handed out is never
+    written again: its buffer is reused only once nothing refers to it.
+
+        loader = Loader("/data/epochs", epochs=range(10), rank=r, world_size=8, batch_size=256)
+        for epoch in loader.epochs:
+            loader.set_epoch(epoch)              # optional: iteration goes on to the next epoch by itself
+            for batch in loader:                 # {"whisper": float16 [256, 30, 64], ..., "samples": int64 [256, 3]}
+                step(batch)
+                save(loader.state_dict())        # resumes here, with any world size or batch size
+
+    epochs: the training epochs to read, in order (an int, or an iterable
+        of ints; default: every materialised epoch). An epoch materialised
+        in the folder is read as it is; another is a replay (give
+        replay_seed) of materialised epoch number epochs_on_disk[e % n], in
+        a shard order seeded by replay_seed and e (EpochReader's
+        replay_seed and virtual_epoch), optionally mixed (mix_shards,
+        mix_seed, mix_mem).
+    rank, world_size, batch_size, remainder: as EpochReader ("drop" or
+        "pad"); a world_size without a rank is refused.
+    prefetch: batches read ahead (0: read in the consumer, no thread).
+        Host memory held is at most (prefetch + 2) batches, plus one batch
+        of the shards' dtype when casting: loader.host_bytes gives the
+        figure (B=256, W=15, whisper 30x1280 float16 + wav2vec 15x1024
+        float16 + motion 15x159 float32 + emotion 15x8 float64 → 29.9 MiB a
+        batch, 179 MiB with prefetch=4).
+    dtype: cast floating-point modalities to it in the thread (numpy's
+        cast releases the GIL); None keeps the shards' dtype.
+
+    Errors of the thread (a file that is not what epochs.json says, a
+    shard shorter than its header) are raised by the consumer's next(),
+    naming the file. Breaking out of the loop, close() or leaving a `with`
+    block stops the thread and closes every file.
+    """
+
+    def __init__(self, edir: str, epochs: Union[int, Iterable[int], None] = None, *, rank: Optional[int] = None,
+                 world_size: int = 1, batch_size: int = 256, remainder: str = "drop", prefetch: int = 4,
+                 dtype: Any = None, replay_seed: Optional[int] = None, mix_shards: int = 1, mix_seed: int = 0,
+                 mix_mem: Union[str, int, None] = None) -> None:
+        man = load_epochs(edir)
+        entries = man.get("epochs")
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise ValueError("%s: epochs.json: 'epochs' is not a list of epochs" % edir)
+        on_disk = sorted(e.get("epoch") for e in entries if isinstance(e.get("epoch"), int))
+        if epochs is None:
+            epochs = on_disk
+        elif isinstance(epochs, (int, np.integer)):
+            epochs = [int(epochs)]
+        try:
+            self.epochs: list[int] = [int(e) for e in epochs]
+        except (TypeError, ValueError):
+            raise ValueError("epochs %r: want an int or an iterable of ints" % (epochs,)) from None
+        if any(e < 0 for e in self.epochs) or len(set(self.epochs)) != len(self.epochs):
+            raise ValueError("epochs %r: want distinct ints >= 0" % (self.epochs,))
+        if not isinstance(prefetch, (int, np.integer)) or prefetch < 0:
+            raise ValueError("prefetch %r: want an int >= 0" % (prefetch,))
+        self.dir, self.manifest, self.prefetch = edir, man, int(prefetch)
+        self._kw: dict[str, Any] = dict(rank=rank, world_size=world_size, batch_size=batch_size,
+                                        remainder=remainder, mix_seed=mix_seed, prefetch=1)
+        mixing: dict[str, Any] = {"mix_shards": mix_shards} if mix_mem is None else {"mix_mem": mix_mem}
+        # Which epoch on disk each training epoch reads, and how.
+        self._plans: list[dict[str, Any]] = []
+        for e in self.epochs:
+            if e in on_disk:
+                self._plans.append(dict(epoch=e))  # (already shuffled whole: no replay order, no mixing)
+            elif replay_seed is None:
+                raise ValueError("%s: epoch %d is not materialised (have %s): give replay_seed to replay one" % (
+                    edir, e, on_disk))
+            elif not on_disk:
+                raise ValueError("%s: no materialised epoch to replay" % edir)
+            else:
+                self._plans.append(dict(epoch=on_disk[e % len(on_disk)], replay_seed=replay_seed, virtual_epoch=e,
+                                        **mixing))
+        # Every epoch's reader is made (and so checked) now: a bad shard
+        # list or argument is an error here, not epochs later.
+        self._lens = []
+        for plan in self._plans:
+            r = self._reader(plan)
+            self._lens.append((r.samples, r.batches_left()))
+            r.close()
+        if not on_disk:
+            raise ValueError("%s: no materialised epoch" % edir)
+        first = self._reader(self._plans[0] if self._plans else dict(epoch=on_disk[0]))
+        self.rank, self.world_size, self.batch_size, self.remainder = first.rank, first.world_size, first.batch_size, first.remainder
+        self.names: list[str] = first.names
+        self._src: dict[str, tuple[np.dtype, tuple[int, ...]]] = {
+            n: (np.dtype(d), (self.batch_size,) + tuple(s)) for n, (d, s) in first._expect.items()}
+        first.close()
+        self._out = {n: (self._cast_to(d, dtype, n), s) for n, (d, s) in self._src.items()}
+        self.shapes: dict[str, tuple[int, ...]] = {n: s for n, (_, s) in self._src.items()}  # of a batch's arrays
+        self.floating: list[str] = [n for n, (d, _) in self._src.items() if d.kind == "f"]  # the modalities dtype casts
+        self._layout, off = {}, 0
+        for n, (d, s) in self._out.items():
+            size = int(np.prod(s, dtype=np.int64)) * d.itemsize
+            self._layout[n] = (off, size)
+            off += -(-size // ALIGN) * ALIGN
+        self.batch_bytes = off  # bytes of one batch as handed out
+        self._casting = [n for n in self.names if self._out[n][0] != self._src[n][0]]
+        raw = sum(int(np.prod(self._src[n][1], dtype=np.int64)) * self._src[n][0].itemsize for n in self._casting)
+        self.host_bytes = (self.prefetch + 2) * self.batch_bytes + raw  # at most, held by the loader
+        self._pool: list[Any] = []  # batch buffers; one is free when nothing else refers to it
+        self._pool_refs: list[int] = []
+        self._raw: dict[str, Any] = {}  # the thread's scratch of the shards' dtype, when casting
+        self._pos, self._start, self._handed = 0, 0, None  # current epoch, its resume point, last batch handed out
+        self._run: Optional[_Run] = None
+
+    # -- what the subclass (clipshard.torch.Loader) changes ---------------
+
+    def _cast_to(self, src: np.dtype, dtype: Any, name: str) -> Any:
+        if dtype is None or src.kind != "f":
+            return src
+        return np.dtype(dtype)
+
+    def _alloc(self, nbytes: int) -> Any:
+        """A new buffer of nbytes (uint8 numpy array)."""
+        return np.empty(nbytes, dtype=np.uint8)
+
+    def _finish(self, arrays: dict[str, np.ndarray]) -> Any:
+        """What the thread makes of a batch it read (e.g. a copy to the
+        device)."""
+        return arrays
+
+    def _wrap(self, arrays: Any) -> Any:
+        """The batch as handed to the user, in the consumer."""
+        return arrays
+
+    def _cast(self, name: str, dst: np.ndarray, src: np.ndarray) -> None:
+        np.copyto(dst, src, casting="unsafe")
+
+    # -- epochs and state -------------------------------------------------
+
+    def _reader(self, plan: Mapping[str, Any]) -> EpochReader:
+        return EpochReader(self.dir, **plan, **self._kw)
+
+    @property
+    def epoch(self) -> Optional[int]:
+        """The epoch the next iteration reads (None after the last one)."""
+        return self.epochs[self._pos] if self._pos < len(self.epochs) else None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read epoch next (DataLoader style). The current epoch, or the one
+        a loaded state resumes, keeps its resume point; another starts at
+        its beginning."""
+        if epoch not in self.epochs:
+            raise ValueError("epoch %r is not one of this loader's epochs %s" % (epoch, self.epochs))
+        pos = self.epochs.index(epoch)
+        if pos != self._pos:
+            self._stop()
+            self._pos, self._start, self._handed = pos, 0, None
+
+    def __len__(self) -> int:
+        """Batches of this rank the next iteration yields (the current
+        epoch, from its resume point)."""
+        if self._pos >= len(self.epochs):
+            return 0
+        samples, full = self._lens[self._pos]
+        left, per = samples - self._start, self.batch_size * self.world_size
+        if left <= 0:
+            return 0
+        return left // per if self.remainder == "drop" else -(-left // per)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the batches handed out so far end: the epoch and the
+        samples of it that all ranks together have consumed (the same on
+        every rank), and whether it is done. A dict of ints, strings and
+        bools (torch.save, JSON). Save it after the step that trained on
+        the last batch."""
+        if self._pos >= len(self.epochs):
+            pos, consumed, done = len(self.epochs) - 1, self._lens[-1][0] if self.epochs else 0, True
+        elif self._handed is not None:
+            pos, consumed, done = self._pos, self._handed.consumed, self._handed.last
+        else:
+            pos, consumed, done = self._pos, self._start, len(self) == 0 and self._start > 0
+        plan = self._plans[pos] if self._plans else {}
+        return {"format": STATE_FORMAT, "version": 1, "epoch": self.epochs[pos] if self.epochs else None,
+                "source_epoch": plan.get("epoch"), "replay_seed": plan.get("replay_seed"),
+                "seed": self.manifest.get("seed"), "samples": self._lens[pos][0] if self._lens else 0,
+                "consumed": int(consumed), "done": bool(done)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Go on where state says, with this loader's world size and batch
+        size (which may differ from those that saved it). Also takes an
+        EpochReader's or EpochDataset's state (its virtual epoch)."""
+        fmt = state.get("format") if isinstance(state, Mapping) else None
+        if fmt == READER_STATE:
+            state = dict(state, epoch=state.get("virtual_epoch"), done=False)
+        elif fmt != STATE_FORMAT:
+            raise ValueError("not a clipshard loader state: %r" % (state,))
+        e, c = state.get("epoch"), state.get("consumed")
+        if e not in self.epochs:
+            raise ValueError("state is of epoch %r, not one of this loader's epochs %s" % (e, self.epochs))
+        pos = self.epochs.index(e)
+        for k, mine in (("seed", self.manifest.get("seed")), ("samples", self._lens[pos][0])):
+            if state.get(k) != mine:
+                raise ValueError("state of epoch %r has %s %r, this loader's is %r (another epochs folder?)" % (
+                    e, k, state.get(k), mine))
+        if fmt == STATE_FORMAT and state.get("source_epoch") != self._plans[pos]["epoch"]:
+            raise ValueError("state of epoch %r read epoch %r on disk, this loader reads %r" % (
+                e, state.get("source_epoch"), self._plans[pos]["epoch"]))
+        if not isinstance(c, (int, np.integer)) or isinstance(c, bool) or c < 0:
+            raise ValueError("state consumed %r: want an int >= 0" % (c,))
+        self._stop()
+        samples = self._lens[pos][0]
+        # A padded epoch's last batch counts past the end; a done epoch
+        # has nothing left, whatever the new world size and batch size.
+        self._pos, self._start, self._handed = pos, samples if state.get("done") else min(int(c), samples), None
+
+    # -- iteration --------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:
+        """This rank's batches of the current epoch, from its resume point
+        (after a break: after the last batch handed out); at its end the
+        loader moves on to the next epoch of the list."""
+        if self._pos >= len(self.epochs):
+            return
+        pos, start = self._pos, self._start
+        if len(self) == 0:
+            self._next_epoch()
+            return
+        if self.prefetch == 0:
+            source: Generator[Any, None, None] = self._produce(pos, start, None)
+        else:
+            run = self._run
+            if run is None or not run.alive_at(pos, start):
+                self._stop()
+                run = self._run = _Run(self, pos, start)
+            source = run.take(pos)
+        finished = False
+        try:
+            for item in source:
+                if item is _END:
+                    break
+                if isinstance(item, _Failed):
+                    raise item.error
+                self._handed = item
+                yield self._wrap(item.arrays)
+                if item.last:
+                    finished = True
+        finally:
+            if self.prefetch == 0:
+                source.close()
+                self._close_reader()
+            if not finished:
+                self._stop()  # a break, an error: the thread ends, the files close
+                if self._handed is not None:  # the next iteration goes on after the last batch handed out
+                    self._start, self._handed = min(self._handed.consumed, self._lens[pos][0]), None
+        self._next_epoch()
+
+    def _next_epoch(self) -> None:
+        self._pos, self._start, self._handed = self._pos + 1, 0, None
+
+    def close(self) -> None:
+        """Stop the thread and close every file (iterating again reopens)."""
+        self._stop()
+        self._pool, self._pool_refs, self._raw = [], [], {}
+
+    def __enter__(self) -> "Loader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self._stop()
+        except Exception:
+            pass
+
+    def _stop(self) -> None:
+        run, self._run = self._run, None
+        if run is not None:
+            run.stop()
+
+    # -- reading (in the thread, or in the consumer with prefetch=0) -------
+
+    _reader_now: Optional[EpochReader] = None
+
+    def _close_reader(self) -> None:
+        r, self._reader_now = self._reader_now, None
+        if r is not None:
+            r.close()
+
+    def _produce(self, pos: int, start: int, stop: Optional[threading.Event]) -> Generator[Any, None, None]:
+        """The batches from epoch pos at start on, then the following
+        epochs' from their beginnings, each epoch ended by _END (the thread
+        reads on across the boundary)."""
+        while pos < len(self.epochs):
+            r = self._reader_now = self._reader(self._plans[pos])
+            r.load_state_dict(dict(r.state_dict(), consumed=start))
+            n = r.batches_left()
+            B, R = r.batch_size, r.world_size
+            for g in range(n):
+                if stop is not None and stop.is_set():
+                    return
+                lo = r.start + g * B * R + r.rank * B
+                if g + 1 < n:
+                    r._advise(lo + B * R, lo + B * R + B)  # the disk works on the next one meanwhile
+                arrays = self._finish(self._read(r, lo, lo + B))
+                yield _Batch(pos, g, arrays, r.start + (g + 1) * B * R, g + 1 == n)
+            self._close_reader()
+            yield _END
+            if stop is None:
+                return  # (prefetch=0: one epoch at a time)
+            pos, start = pos + 1, 0
+
+    def _buffer(self) -> Any:
+        """A batch buffer nothing refers to, or a new one (the loader keeps
+        at most prefetch + 2)."""
+        for i in range(len(self._pool)):
+            if sys.getrefcount(self._pool[i]) <= self._pool_refs[i]:
+                return self._pool[i]
+        if len(self._pool) >= self.prefetch + 2:
+            # The user holds on to every buffer: that one is theirs now.
+            del self._pool[0], self._pool_refs[0]
+        self._pool.append(self._alloc(self.batch_bytes))
+        # (measured as the check above measures it: no other reference)
+        self._pool_refs.append(sys.getrefcount(self._pool[-1]))
+        return self._pool[-1]
+
+    def _read(self, r: EpochReader, lo: int, hi: int) -> dict[str, np.ndarray]:
+        buf = self._buffer()
+        out = {}
+        segs = r._segments(lo, hi)
+        for name in self.names:
+            off, size = self._layout[name]
+            dtype, shape = self._out[name]
+            arr = np.frombuffer(buf, dtype=np.uint8, count=size, offset=off).view(dtype).reshape(shape)
+            if name in self._casting:
+                src_dtype, src_shape = self._src[name]
+                raw = self._raw.get(name)
+                if raw is None:
+                    raw = self._raw[name] = np.empty(src_shape, dtype=src_dtype)
+                _pread_runs(r, segs, name, raw.data.cast("B"))
+                self._cast(name, arr, raw)
+            else:
+                _pread_runs(r, segs, name, arr.data.cast("B"))
+            out[name] = arr
+        return out
+
+
+def _pread_runs(r: EpochReader, segs: list[tuple[int, int, int]], name: str, dst: memoryview) -> None:
+    """Read the segments' rows of name's shard files into dst, in order."""
+    at = 0
+    for k, a, b in segs:
+        f = r._shard(k)[name]
+        n = (b - a) * f.row
+        view, off, got = dst[at: at + n], f.offset + a * f.row, 0
+        while got < n:
+            m = os.preadv(f.fd, [view[got:]], off + got)
+            if not m:
+                raise ValueError("%s: shorter than its header says (changed since it was checked?)" % f.path)
+            got += m
+        at += n
+
+
+class _Run:
+    """The read-ahead thread of one stretch of epochs, and its queue."""
+
+    def __init__(self, loader: Loader, pos: int, start: int) -> None:
+        self.q: queue.Queue[Any] = queue.Queue(maxsize=loader.prefetch)
+        self.halt = threading.Event()
+        self.next = (pos, start)  # where the first batch not yet taken is
+        self.done = False
+        self.thread = threading.Thread(target=self._work, args=(loader, pos, start), daemon=True,
+                                       name="clipshard-loader")
+        self.thread.start()
+
+    def _work(self, loader: Loader, pos: int, start: int) -> None:
+        gen = loader._produce(pos, start, self.halt)
+        try:
+            for item in gen:
+                if not self._put(item):
+                    return
+        except BaseException as e:  # everything reaches the consumer
+            self._put(_Failed(e))
+        finally:
+            gen.close()
+            loader._close_reader()
+            self._put(None)
+
+    def _put(self, item: Any) -> bool:
+        while not self.halt.is_set():
+            try:
+                self.q.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def alive_at(self, pos: int, start: int) -> bool:
+        return not self.done and not self.halt.is_set() and self.next == (pos, start)
+
+    def take(self, pos: int) -> Generator[Any, None, None]:
+        """The items of epoch pos, up to its _END."""
+        while True:
+            item = self.q.get()
+            if item is None:
+                self.done = True
+                return
+            if item is _END:
+                self.next = (pos + 1, 0)
+                return
+            if isinstance(item, _Failed):
+                self.done = True
+            yield item
+
+    def stop(self) -> None:
+        self.halt.set()
+        while self.thread.is_alive():
+            try:  # make room, so that a put in progress returns
+                while True:
+                    self.q.get_nowait()
+            except queue.Empty:
+                pass
+            self.thread.join(timeout=0.05)
