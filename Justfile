@@ -54,6 +54,10 @@ merge PARTS DATASET:
 bench-merge:
     docs/bench_merge.sh
 
+# The trainer's loop: clipshard's loader vs EpochDataset, naive per-clip and preload+gather, warm, cold, capped, over sshfs (docs/BENCHMARKS.md).
+bench-train:
+    docs/bench_train.sh
+
 # Cold read per rank (R = 1, 2, 8) against format 1's per-rank files, and the shuffle-quality table (docs/BENCHMARKS.md).
 bench-read:
     docs/bench_read.sh

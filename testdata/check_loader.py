@@ -47,7 +47,7 @@ def fds():
 
 
 def threads():
-    return [t for t in threading.enumerate() if t.name == "clipshard-loader"]
+    return [t for t in threading.enumerate() if t.name.startswith("clipshard-")]
 
 
 def same(a, b, what):
@@ -68,7 +68,8 @@ for R, B in ((1, 4), (3, 5), (2, 7)):
     for remainder in ("drop", "pad"):
         for prefetch in (0, 1, 4):
             for r in range(R):
-                ld = Loader(edir, rank=r, world_size=R, batch_size=B, remainder=remainder, prefetch=prefetch)
+                ld = Loader(edir, rank=r, world_size=R, batch_size=B, remainder=remainder, prefetch=prefetch,
+                            threads=1 if prefetch == 1 else 3 if R == 2 else 2)
                 held = []
                 for e in on_disk:
                     assert ld.epoch == e
@@ -106,11 +107,12 @@ for kw in (dict(replay_seed=5), dict(replay_seed=5, mix_shards=2, mix_seed=3)):
         ld.close()
 
 # A cast in the thread equals numpy's.
-ld = Loader(edir, on_disk[0], batch_size=4, dtype=np.float32)
-for a, b in zip(ld, EpochReader(edir, on_disk[0], batch_size=4)):
-    for k in b:
-        want = b[k].astype(np.float32) if b[k].dtype.kind == "f" else b[k]
-        same(a[k], want, ("float32", k))
+for nthreads in (1, 2):
+    ld = Loader(edir, on_disk[0], batch_size=5, dtype=np.float32, threads=nthreads)
+    for a, b in zip(ld, EpochReader(edir, on_disk[0], batch_size=5)):
+        for k in b:
+            want = b[k].astype(np.float32) if b[k].dtype.kind == "f" else b[k]
+            same(a[k], want, ("float32", nthreads, k))
 assert ld.host_bytes >= (ld.prefetch + 2) * ld.batch_bytes
 
 # -- exactly once, across stops and resumes -------------------------------

@@ -18,6 +18,12 @@ class Dataset:
     ds.ids lists the clip ids in row order (read from clips.txt, without
     pyarrow); ds.index is int64 [N, 2] (start, length in clip frames); a
     sample's clip row in an epoch (samples[:, 0]) indexes both.
+
+        from clipshard import Dataset
+        ds = Dataset("/data/ds")
+        rows = ds["clip003"]            # {"whisper": float16 [2*T, 64], "motion": ...}
+        ds.ids[:3], ds.index[:3]        # clip ids; (start, frames) per clip
+        win = ds.window(batch["samples"][0])   # a sample's window, from the blobs
     """
 
     def __init__(self, path: str) -> None:

@@ -35,7 +35,14 @@ STATE_FORMAT = "clipshard.reader"
 
 
 def load_epochs(edir: str) -> dict[str, Any]:
-    """Load and check EDIR/epochs.json (a regular file of bounded size)."""
+    """Load and check EDIR/epochs.json (a regular file of bounded size).
+
+        from clipshard import load_epochs
+        man = load_epochs("/data/epochs")
+        [e["epoch"] for e in man["epochs"]]        # the materialised epochs
+        [m["name"] for m in man["modalities"]]     # what each batch holds
+        man["seed"], man["window"], man["shard_samples"]
+    """
     man = read_json(os.path.join(edir, "epochs.json"))
     if man.get("format") != "clipshard.epochs":
         raise ValueError("%s: not a clipshard epochs directory" % edir)
@@ -80,6 +87,12 @@ class EpochReader:
         of their own, one read call per modality (for NFS or Lustre).
     prefetch: batches of this rank asked of the kernel ahead of time
         (posix_fadvise); default 2 with read=False, 0 with read=True.
+
+        from clipshard import EpochReader
+        r = EpochReader("/data/epochs", epoch=3, rank=rank, world_size=8, batch_size=256)
+        r.load_state_dict(saved)          # optional: resume (any world size, any batch size)
+        for batch in r:                   # {"whisper": float16 [256, 30, 64], ..., "samples": int64 [256, 3]}
+            step(batch); saved = r.state_dict()
     """
 
     def __init__(self, edir: str, epoch: int, rank: Optional[int] = None, world_size: int = 1, batch_size: int = 256,

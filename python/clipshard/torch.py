@@ -27,6 +27,12 @@ class EpochDataset(torch.utils.data.IterableDataset):
     save ds.state_dict(batch) with the last batch trained on (it is a dict
     of ints: torch.save or JSON); to resume, even with another world size
     or batch size, ds.load_state_dict(state) before iterating.
+
+        from clipshard.torch import EpochDataset
+        ds = EpochDataset("/data/epochs", epoch, batch_size=256)
+        ds.load_state_dict(saved)               # optional: resume
+        for batch in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2):
+            step(batch); saved = ds.state_dict(batch)
     """
 
     def __init__(self, edir: str, epoch: int, rank: Optional[int] = None, world_size: Optional[int] = None,

@@ -1,0 +1,288 @@
+#!/usr/bin/env python3
+"""The trainer's loop, side by side (just bench-train; docs/BENCHMARKS.md).
+
+    python3 docs/bench_train.py one ROW S MODE SRC DATASET EPOCHS [BATCHES]
+
+reads one epoch (or its first BATCHES batches) of rank 0 of 1, B=256,
+float32 delivered (float16 for the *-f16 rows and cat), in a loop that
+sleeps S ms per step after each batch (a simulated accelerator step: the
+CPU idles as it does while a GPU computes), and prints one JSON line: the
+time each step waited for its batch (median, p99), the loop's wall time,
+samples and bytes delivered. MODE is only a label (the caller makes the
+cache cold, caps the memory or mounts the files over sshfs).
+
+Rows:
+  cat               the epoch's shard files read whole (S ignored): the disk's rate
+  loader-f16        clipshard.Loader, the shards' float16, prefetch 4 (BENCH_PREFETCH)
+  loader            clipshard.torch.Loader(dtype=torch.float32), prefetch 4
+  loader-np         clipshard.Loader(dtype=np.float32) (numpy alone)
+  epochds-w0/-w2    clipshard.torch.EpochDataset in DataLoader(batch_size=None,
+                    num_workers=0/2, pin_memory=False), .float() by the loop
+  reader-mmap/-read clipshard.EpochReader (read=False/True), float16 (for the
+                    network filesystem's read path)
+  naive-w0/-w2      the per-clip loader users had: a map-style Dataset whose
+                    __getitem__ np.loads the sample's .npy files whole,
+                    astype(float32), slices the window and unpickles the
+                    motion .pkl; DataLoader(batch_size=256, num_workers=0/2)
+  naive-np          the same without torch (a loop, np.stack)
+  preload           every blob read into RAM first (timed, in the wall time),
+                    then one gather per modality per batch, astype(float32)
+"""
+import glob
+import json
+import os
+import pickle
+import sys
+import time
+
+import numpy as np
+
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(here, "..", "python"))
+import clipshard  # noqa: E402
+
+B = 256
+
+
+def epoch_files(edir):
+    man = clipshard.load_epochs(edir)
+    e = man["epochs"][0]
+    return man, e, [os.path.join(edir, f) for s in e["shards"] for f in s["files"].values()]
+
+
+def loop(batches, S, limit, to_f32=None):
+    """Waits per step (s), wall (s), samples, bytes."""
+    waits, n, nbytes = [], 0, 0
+    t0 = time.perf_counter()
+    it = iter(batches)
+    while limit is None or len(waits) < limit:
+        a = time.perf_counter()
+        try:
+            b = next(it)
+        except StopIteration:
+            break
+        if to_f32 is not None:
+            b = to_f32(b)
+        waits.append(time.perf_counter() - a)
+        for k, v in b.items():
+            if k != "samples" and hasattr(v, "shape"):
+                nbytes += v.nbytes if hasattr(v, "nbytes") else v.element_size() * v.nelement()
+        n += len(b["samples"])
+        if S:
+            time.sleep(S / 1000)
+    wall = time.perf_counter() - t0
+    del it
+    return waits, wall, n, nbytes
+
+
+def naive_dataset(src, ds_dir, samples, window):
+    """The per-clip loader: every sample opens and loads its clip's files."""
+    try:
+        import torch.utils.data
+        base = torch.utils.data.Dataset
+    except ImportError:
+        base = object
+
+    dset = clipshard.Dataset(ds_dir)
+    ids = dset.ids
+    mods = {m["name"]: m for m in dset.manifest["modalities"]}
+
+    class Naive(base):
+        def __len__(self):
+            return len(samples)
+
+        def __getitem__(self, i):
+            clip, start, _ = (int(x) for x in samples[i])
+            c = ids[clip]
+            out = {}
+            for name in ("whisper", "w2v", "emotion"):
+                if name not in mods:
+                    continue
+                rate = int(mods[name].get("rate", 1))
+                a = np.load("%s/%s/%s.npy" % (src, name, c)).astype(np.float32)
+                out[name] = a[start * rate: (start + window) * rate]
+            with open("%s/motion/%s.pkl" % (src, c), "rb") as f:
+                d = pickle.load(f)
+            out["motion"] = np.concatenate([d["exp"], d["pose"]], axis=1).astype(np.float32)[start: start + window]
+            out["samples"] = samples[i]
+            return out
+
+    return Naive()
+
+
+def drop(paths):
+    """The page cache of paths (files, or folders walked) dropped."""
+    os.sync()
+    for top in paths:
+        walk = [(top, [], [""])] if os.path.isfile(top) else os.walk(top)
+        for d, _, names in walk:
+            for nm in names:
+                p = os.path.join(d, nm) if nm else d
+                try:
+                    fd = os.open(p, os.O_RDONLY)
+                except OSError:
+                    continue
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                os.close(fd)
+
+
+def passes(row, S, src, ds_dir, edir, limit):
+    """A function running one pass of row over the epoch, and extras."""
+    man, entry, files = epoch_files(edir)
+    epoch, window = entry["epoch"], man["window"]
+    extra = {}
+    if row == "cat":
+        def one():
+            t0, total, buf = time.perf_counter(), 0, bytearray(128 << 10)  # cat's buffer
+            for p in files:
+                fd = os.open(p, os.O_RDONLY)
+                while True:
+                    k = os.readv(fd, [buf])
+                    if not k:
+                        break
+                    total += k
+                os.close(fd)
+            return [], time.perf_counter() - t0, entry["samples"], total
+        return one, extra
+    if row in ("loader-f16", "loader", "loader-np"):
+        pf = int(os.environ.get("BENCH_PREFETCH", "4"))
+        if row == "loader-np":
+            ld = clipshard.Loader(edir, [epoch, epoch + 1], replay_seed=1, batch_size=B, dtype=np.float32, prefetch=pf)
+        elif row == "loader":
+            import torch
+            from clipshard.torch import Loader
+            ld = Loader(edir, [epoch, epoch + 1], replay_seed=1, batch_size=B, dtype=torch.float32, prefetch=pf)
+        else:
+            ld = clipshard.Loader(edir, [epoch, epoch + 1], replay_seed=1, batch_size=B, prefetch=pf)
+        extra["host_MiB"], extra["prefetch"] = ld.host_bytes / 2**20, pf
+        # The second pass is the next epoch (a replay of this one), which
+        # the thread reads ahead into as the first one ends.
+        return lambda: loop(ld, S, limit), extra
+    if row.startswith("epochds"):
+        import torch
+        from clipshard.torch import EpochDataset
+        w = int(row.split("-w")[1])
+        f32 = lambda b: {k: (v.float() if v.is_floating_point() else v) for k, v in b.items()}  # noqa: E731
+        n = [0]
+
+        def one():  # the second pass: the next epoch, a replay of this one (as for the loader)
+            ds = EpochDataset(edir, epoch, batch_size=B, **({} if not n[0] else dict(replay_seed=1, virtual_epoch=epoch + 1)))
+            n[0] += 1
+            return loop(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=w), S, limit, f32)
+        return one, extra
+    if row.startswith("reader"):
+        # a copy of each batch (what a consumer does to keep it: pinning, torch.from_numpy of a copy)
+        cp = lambda b: {k: np.array(v) for k, v in b.items()}  # noqa: E731
+        return lambda: loop(clipshard.EpochReader(edir, epoch, batch_size=B, read=row.endswith("read")), S, limit, cp), extra
+    samples = np.concatenate([np.load(os.path.join(edir, s["files"]["samples"])) for s in
+                              sorted(entry["shards"], key=lambda s: s["shard"])])
+    if row == "naive-np":  # without torch: the same __getitem__, np.stack as the collate
+        data = naive_dataset(src, ds_dir, samples, window)
+
+        def batches():
+            for g in range(len(samples) // B):
+                items = [data[i] for i in range(g * B, (g + 1) * B)]
+                yield {k: np.stack([it[k] for it in items]) for k in items[0]}
+        return lambda: loop(batches(), S, limit), extra
+    if row.startswith("naive"):
+        import torch
+        w = int(row.split("-w")[1])
+        data = naive_dataset(src, ds_dir, samples, window)
+        return lambda: loop(torch.utils.data.DataLoader(data, batch_size=B, num_workers=w, drop_last=True), S, limit), extra
+    if row == "preload":
+        state = {}
+
+        def one():
+            t0 = time.perf_counter()
+            if not state:  # read into RAM once (the first pass's wall time has it)
+                dset = clipshard.Dataset(ds_dir)
+                state["blobs"] = {name: np.array(a) for name, a in dset.blobs.items()}
+                state["index"], state["mods"] = dset.index, {m["name"]: m for m in dset.manifest["modalities"]}
+                extra["preload_s"] = time.perf_counter() - t0
+            blobs, index, mods = state["blobs"], state["index"], state["mods"]
+
+            def gather():
+                for g in range(len(samples) // B):
+                    sm = samples[g * B:(g + 1) * B]
+                    out = {}
+                    for name, a in blobs.items():
+                        m = mods[name]
+                        if m.get("per_clip"):
+                            out[name] = a[sm[:, 0]].astype(np.float32)
+                            continue
+                        rate = int(m.get("rate", 1))
+                        rows = (index[sm[:, 0], 0] + sm[:, 1])[:, None] * rate + np.arange(window * rate)[None, :]
+                        out[name] = a[rows].astype(np.float32)
+                    out["samples"] = sm
+                    yield out
+            waits, _, n, nb = loop(gather(), S, limit)
+            return waits, time.perf_counter() - t0, n, nb  # (the first pass's wall has the preload)
+        return one, extra
+    raise SystemExit("unknown row %s" % row)
+
+
+def main():
+    row, S, mode, src, ds_dir, edir = sys.argv[2], float(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7]
+    limit = int(sys.argv[8]) if len(sys.argv) > 8 and sys.argv[8] != "all" else None
+    cold = mode != "warm"
+    drops = [src, ds_dir, edir] + [p for p in os.environ.get("BENCH_DROP", "").split(":") if p]
+    one, extra = passes(row, S, src, ds_dir, edir, limit)
+    # Two passes in one process: the first (with what a first epoch sets
+    # up: buffers, workers, preload) and the second, the steady state of
+    # a run of many epochs, which is reported. Cold: caches dropped before
+    # each.
+    if cold:
+        drop(drops)
+    _, wall1, _, _ = one()
+    if cold:
+        drop(drops)
+    waits, wall, n, nbytes = one()
+    w = np.array(waits) * 1e3 if waits else np.zeros(1)
+    print(json.dumps(dict(row=row, S=S, mode=mode, steps=len(waits), wait_med_ms=float(np.median(w)),
+                          wait_p99_ms=float(np.percentile(w, 99)), wall_s=wall, first_wall_s=wall1, samples=n,
+                          samples_per_s=n / wall if wall else 0, MBps=nbytes / wall / 1e6 if wall else 0, **extra)),
+          flush=True)
+
+
+def table(path):
+    """The runs of path (JSON lines) as markdown tables, with the goals."""
+    runs = [json.loads(line) for line in open(path) if line.startswith("{")]
+    for mode in dict.fromkeys(r["mode"] for r in runs):
+        print("\n%s (waited ms per step: median / p99; epoch wall s; samples/s)\n" % mode)
+        Ss = sorted(dict.fromkeys(r["S"] for r in runs if r["mode"] == mode))
+        print("| row | " + " | ".join("S=%g ms: wait med / p99, wall, samples/s" % S for S in Ss) + " |")
+        print("|---|" + "---|" * len(Ss))
+        for row in dict.fromkeys(r["row"] for r in runs if r["mode"] == mode):
+            cells = []
+            for S in Ss:
+                r = next((r for r in runs if r["mode"] == mode and r["row"] == row and r["S"] == S), None)
+                if r is None:
+                    cells.append("")
+                elif r.get("killed"):
+                    cells.append("killed (%s)" % r["killed"])
+                elif row == "cat":
+                    cells.append("-, %.3f, %.0f" % (r["wall_s"], r["samples_per_s"]))
+                else:
+                    cells.append("%.2f / %.1f, %.3f, %.0f" % (r["wait_med_ms"], r["wait_p99_ms"], r["wall_s"], r["samples_per_s"]))
+            print("| %s | %s |" % (row, " | ".join(cells)))
+        get = {(r["row"], r["S"]): r for r in runs if r["mode"] == mode and not r.get("killed")}
+        goals = []
+        if ("loader-f16", 0.0) in get and ("cat", 0.0) in get:
+            goals.append("loader float16 / cat samples/s at S=0: %.2fx (goal >= 0.8x)" % (
+                get["loader-f16", 0.0]["samples_per_s"] / get["cat", 0.0]["samples_per_s"]))
+        if ("loader", 0.0) in get and ("preload", 0.0) in get:
+            goals.append("loader float32 / preload+gather samples/s at S=0: %.2fx (goal >= 1.5x)" % (
+                get["loader", 0.0]["samples_per_s"] / get["preload", 0.0]["samples_per_s"]))
+        if ("loader", 20.0) in get:
+            goals.append("loader float32 wait at S=20: median %.2f ms (goal <= 1 ms)" % get["loader", 20.0]["wait_med_ms"])
+        for g in goals:
+            print("- " + g)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "one":
+        main()
+    elif len(sys.argv) > 2 and sys.argv[1] == "table":
+        table(sys.argv[2])
+    else:
+        raise SystemExit(__doc__)

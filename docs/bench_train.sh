@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# just bench-train: the trainer's loop over one epoch of the mixed bench
+# set (docs/bench_gen_mixed.py: float16 whisper, float32 w2v, motion
+# pickles, float32/float64 emotion, mixed byte orders), B=256, W=15,
+# float32 delivered, with a simulated accelerator step of S = 0, 5, 20 ms:
+# clipshard's loader against EpochDataset (0 and 2 DataLoader workers),
+# the naive per-clip loader (0 and 2 workers) and preload + gather, warm,
+# cold, under a memory cap below the data's size, and over sshfs to a
+# loopback sshd (a real network filesystem, made and removed here).
+#   docs/bench_train.sh [WORKDIR]      (CLIPSHARD_PYTHON: a Python with numpy and torch)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. docs/bench_lib.sh
+"$PY" -c 'import numpy, torch' || { echo "bench-train needs numpy and torch in $PY (Debian: python3-numpy python3-torch)"; exit 1; }
+go build -o "$W/" ./cmd/convert ./cmd/shuffle
+M="$W/mixed"
+[ -f "$M/clips.txt" ] || "$PY" docs/bench_gen_mixed.py "$M" 400
+mods=(-m 'motion=motion/{clip}.pkl:exp+pose' -m 'whisper@2=whisper/{clip}.npy' -m 'w2v=w2v/{clip}.npy' -m 'emotion=emotion/{clip}.npy')
+[ -f "$W/mixed-ds/dataset.json" ] || "$W/convert" --quiet --clips "$M/clips.txt" --out "$W/mixed-ds" "${mods[@]}" >/dev/null
+[ -f "$W/train-ep/epochs.json" ] || "$W/shuffle" --dataset "$W/mixed-ds" --out "$W/train-ep" --window 15 --epochs 1 --seed 3 >/dev/null
+OUT="$W/train.jsonl"
+[ -n "${BENCH_KEEP:-}" ] || : > "$OUT"
+echo "$("$PY" -c 'import numpy, torch, sys; print("python", sys.version.split()[0], "numpy", numpy.__version__, "torch", torch.__version__)'); $(nproc) cores; epoch $(du -sh --apparent-size "$W/train-ep/epoch-0000" | cut -f1), dataset $(du -sh --apparent-size "$W/mixed-ds" | cut -f1), sources $(du -sh --apparent-size "$M" | cut -f1)"
+one() {  # ROW S MODE [BATCHES] [SRC DS EP]
+  local src=${5:-$M} ds=${6:-$W/mixed-ds} ep=${7:-$W/train-ep}
+  "$PY" docs/bench_train.py one "$1" "$2" "$3" "$src" "$ds" "$ep" "${4:-all}" >> "$OUT" 2>"$W/train.err" ||
+    { tail -3 "$W/train.err"; echo "{\"row\": \"$1\", \"S\": $2, \"mode\": \"$3\", \"killed\": \"exit $?\"}" >> "$OUT"; }
+}
+ROWS="cat loader-f16 loader epochds-w0 epochds-w2 preload"
+LEGS=${BENCH_LEGS:-warm cold capped sshfs}
+for mode in warm cold; do
+  case " $LEGS " in *" $mode "*) ;; *) continue ;; esac
+  for S in 0 5 20; do
+    for row in $ROWS; do one "$row" "$S" "$mode"; done
+    # The naive loader: the first 6 batches of each pass (it takes seconds a batch).
+    one naive-w0 "$S" "$mode" 6
+    one naive-w2 "$S" "$mode" 6
+  done
+done
+
+# Under a memory cap below the dataset's size (root and a cgroup memory
+# controller, v2 or v1), the rows that need numpy alone: importing torch
+# 2.x alone takes ~660 MB of RSS here, more than the data. The loader
+# with prefetch 1 (3 batches of float32 are 93 MiB: prefetch 4 would
+# hold 201 MiB, more than the cap).
+CAP=${CLIPSHARD_BENCH_CAP:-160M}
+cg=""
+if [ "$(id -u)" = 0 ] && [ -f /sys/fs/cgroup/cgroup.controllers ] && grep -qw memory /sys/fs/cgroup/cgroup.controllers; then
+  cg=/sys/fs/cgroup/clipshard-bench-train; mkdir -p "$cg" && echo "$CAP" > "$cg/memory.max" && { echo 0 > "$cg/memory.swap.max" 2>/dev/null || true; }
+elif [ "$(id -u)" = 0 ] && [ -d /sys/fs/cgroup/memory ]; then
+  cg=/sys/fs/cgroup/memory/clipshard-bench-train; mkdir -p "$cg" && numfmt --from=iec "$CAP" > "$cg/memory.limit_in_bytes"
+fi
+case " $LEGS " in *" capped "*) ;; *) cg="" ;; esac
+if [ -n "$cg" ]; then
+  for S in 0 20; do
+    for row in loader-f16 loader-np reader-mmap reader-read preload naive-np; do
+      n=all; [ "$row" = naive-np ] && n=6
+      BENCH_PREFETCH=1 sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$cg" "$PY" docs/bench_train.py one "$row" "$S" "cold, memory capped at $CAP" "$M" "$W/mixed-ds" "$W/train-ep" "$n" >> "$OUT" 2>"$W/train.err" ||
+        echo "{\"row\": \"$row\", \"S\": $S, \"mode\": \"cold, memory capped at $CAP\", \"killed\": \"out of memory\"}" >> "$OUT"
+    done
+  done
+  rmdir "$cg" 2>/dev/null || true
+else
+  echo "memory-capped leg skipped: needs root and a cgroup memory controller"
+fi
+
+# Over sshfs to a loopback sshd: the epochs and the sources on a network
+# filesystem, remounted before every run (cold), against cat of the same files.
+if ! case " $LEGS " in *" sshfs "*) true ;; *) false ;; esac; then
+  :
+elif command -v sshfs >/dev/null && [ -x /usr/sbin/sshd ] && [ "$(id -u)" = 0 ]; then
+  N="$W/net"; rm -rf "$N"; mkdir -p "$N/mnt"
+  ssh-keygen -q -t ed25519 -N '' -f "$N/host" && ssh-keygen -q -t ed25519 -N '' -f "$N/user"
+  cat > "$N/sshd_config" <<CFG
+Port 2299
+ListenAddress 127.0.0.1
+HostKey $N/host
+AuthorizedKeysFile $N/user.pub
+PasswordAuthentication no
+PermitRootLogin prohibit-password
+StrictModes no
+PidFile $N/sshd.pid
+Subsystem sftp internal-sftp
+CFG
+  mkdir -p /run/sshd
+  /usr/sbin/sshd -f "$N/sshd_config"
+  trap 'fusermount -u "$N/mnt" 2>/dev/null || umount "$N/mnt" 2>/dev/null || true; kill "$(cat "$N/sshd.pid")" 2>/dev/null || true' EXIT
+  mount_net() {
+    fusermount -u "$N/mnt" 2>/dev/null || true
+    sshfs -p 2299 -o IdentityFile="$N/user",StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,LogLevel=ERROR root@127.0.0.1:"$W" "$N/mnt"
+  }
+  for S in 0 20; do
+    for row in cat loader-f16 loader reader-mmap reader-read epochds-w2; do
+      mount_net
+      BENCH_DROP="$W/train-ep:$M:$W/mixed-ds" one "$row" "$S" "sshfs, cold" all "$N/mnt/mixed" "$N/mnt/mixed-ds" "$N/mnt/train-ep"
+    done
+    mount_net
+    BENCH_DROP="$W/train-ep:$M:$W/mixed-ds" one naive-w2 "$S" "sshfs, cold" 6 "$N/mnt/mixed" "$N/mnt/mixed-ds" "$N/mnt/train-ep"
+  done
+  fusermount -u "$N/mnt"
+  kill "$(cat "$N/sshd.pid")"; trap - EXIT
+  echo "sshfs: $(sshfs --version 2>&1 | head -1)"
+else
+  echo "network-filesystem leg skipped: needs root, sshfs and openssh-server (Debian: apt install sshfs openssh-server)"
+fi
+"$PY" docs/bench_train.py table "$OUT"
