@@ -1,4 +1,4 @@
-# clipshard's commands in a container, for the Kubernetes Jobs of
+# clipshard (and its old command names, aliases) in a container, for the Kubernetes Jobs of
 # docs/scaling/ (convert-job.yaml, merge-job.yaml):
 #   docker build -t REGISTRY/clipshard:TAG . && docker push REGISTRY/clipshard:TAG
 # Stage 1 builds static binaries (no cgo: nothing to link at run time);
@@ -10,10 +10,10 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-RUN CGO_ENABLED=0 go build -trimpath -ldflags=-s -o /out/ ./cmd/convert ./cmd/shuffle ./cmd/verify
+RUN CGO_ENABLED=0 go build -trimpath -ldflags=-s -o /out/ ./cmd/clipshard ./cmd/convert ./cmd/shuffle ./cmd/verify
 
 FROM busybox:1.37
 COPY --from=build /out/ /clipshard/bin/
 USER 65532:65532
 WORKDIR /tmp
-CMD ["/clipshard/bin/convert", "--help"]
+CMD ["/clipshard/bin/clipshard", "help"]

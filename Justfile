@@ -27,11 +27,13 @@ bench:
     go test -run '^$' -bench . -benchtime 2s ./formats/... ./transform/...
     {{python}} docs/bench_numpy_astype.py
 
-# The README's demo: convert testdata/demo and check the sums.
+# The README's demo (its first command, exactly as written there).
 demo:
-    go run ./cmd/convert --clips testdata/demo/clips.txt --out /tmp/clipshard-demo -m 'motion=motion/{clip}.pkl:exp+pose' -m 'shape@clip=motion/{clip}.pkl:shape' -m 'whisper@2=whisper/{clip}.npy' -m 'emotion=emotion/{clip}.npy'
-    go run ./cmd/verify --deep --sources /tmp/clipshard-demo
-    cd /tmp/clipshard-demo && sha256sum -c SHA256SUMS
+    bash -c "$(sed -n '/^<!-- demo -->/,/^<!-- \/demo -->/p' README.md | sed '1,2d;$d' | sed '$d')"
+
+# Build the clipshard command (and its old names, aliases) into bin/.
+build:
+    go build -v -o bin/ ./cmd/...
 
 # convert vs cat vs a numpy script on generated sets (docs/BENCHMARKS.md).
 bench-convert:
@@ -47,8 +49,8 @@ bench-shuffle:
 
 # Merge the parts of a partitioned convert and check the result (docs/SCALING.md).
 merge PARTS DATASET:
-    go run ./cmd/convert --merge {{PARTS}}/part-* --out {{DATASET}}
-    go run ./cmd/verify {{DATASET}}
+    go run ./cmd/clipshard convert --merge {{PARTS}}/part-* --out {{DATASET}}
+    go run ./cmd/clipshard verify {{DATASET}}
 
 # Merge peak RSS on a dataset and on one 4x larger (docs/BENCHMARKS.md).
 bench-merge:

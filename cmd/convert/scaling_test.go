@@ -16,12 +16,13 @@ import (
 	"github.com/clipshard/clipshard/internal/numpytest"
 )
 
-// buildTools builds shuffle and verify next to the convert binary under
-// test and returns CLIPSHARD_BIN=that folder.
+// buildTools builds clipshard (whose subcommands the scripts call), shuffle
+// and verify next to the convert binary under test and returns
+// CLIPSHARD_BIN=that folder.
 func buildTools(t *testing.T) string {
 	t.Helper()
 	dir := filepath.Dir(bin)
-	for _, c := range []string{"shuffle", "verify"} {
+	for _, c := range []string{"clipshard", "shuffle", "verify"} {
 		if _, err := os.Stat(filepath.Join(dir, c)); err == nil {
 			continue
 		}
@@ -190,7 +191,7 @@ func TestKubernetesIndexedJob(t *testing.T) {
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("the Dockerfile's go %v: %v\n%s", args, err, b)
 	}
-	for _, c := range []string{"convert", "shuffle", "verify"} {
+	for _, c := range []string{"clipshard", "convert", "shuffle", "verify"} {
 		f, err := elf.Open(filepath.Join(binDir, c))
 		if err != nil {
 			t.Fatal(err)

@@ -26,13 +26,13 @@ import (
 // Build builds the command in the current directory (a test's package)
 // into a temporary folder and returns its path and a cleanup func. It is
 // meant for TestMain; on failure it prints the build output and exits.
-func Build(name string) (string, func()) {
+func Build(name string, flags ...string) (string, func()) {
 	dir, err := os.MkdirTemp("", "clipshard-"+name+"-test")
 	if err != nil {
 		panic(err)
 	}
 	bin := filepath.Join(dir, name)
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", append(append([]string{"build"}, flags...), "-o", bin, ".")...).CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
 		os.Exit(1)
 	}
@@ -41,9 +41,9 @@ func Build(name string) (string, func()) {
 
 // Main is a test package's TestMain: it builds the command name into *bin
 // (see Build), runs the tests and removes the build.
-func Main(m *testing.M, name string, bin *string) {
+func Main(m *testing.M, name string, bin *string, flags ...string) {
 	var cleanup func()
-	*bin, cleanup = Build(name)
+	*bin, cleanup = Build(name, flags...)
 	code := m.Run()
 	cleanup()
 	os.Exit(code)

@@ -207,3 +207,24 @@ func JSON(v any) []byte {
 	enc.Encode(v)
 	return []byte(b.String())
 }
+
+// Named is a command's help text for the name it was called by ("convert",
+// or "clipshard convert"): the usage lines and the example command lines,
+// those that start (after indentation or "usage: ") with the command's own
+// name, name it so; prose that mentions the command is left as it is.
+func Named(text, cmd, name string) string {
+	if name == cmd {
+		return text
+	}
+	lines := strings.Split(text, "\n")
+	for i, l := range lines {
+		rest := strings.TrimLeft(l, " ")
+		indent := l[:len(l)-len(rest)]
+		if p, ok := strings.CutPrefix(rest, "usage: "+cmd+" "); ok {
+			lines[i] = indent + "usage: " + name + " " + p
+		} else if p, ok := strings.CutPrefix(rest, cmd+" "); ok && indent != "" {
+			lines[i] = indent + name + " " + p
+		}
+	}
+	return strings.Join(lines, "\n")
+}

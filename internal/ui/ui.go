@@ -148,8 +148,12 @@ func OneLine(s string) string {
 // Fail prints err on w as one line prefixed with the command name (once).
 func Fail(w io.Writer, cmd string, err error) {
 	msg := OneLine(err.Error())
-	if !strings.HasPrefix(msg, cmd+": ") {
-		msg = cmd + ": " + msg
+	// An error of the command's package starts with its short name
+	// ("convert: ..."): under "clipshard convert" it is named once.
+	short := cmd[strings.LastIndexByte(cmd, ' ')+1:]
+	if rest, ok := strings.CutPrefix(msg, short+": "); ok {
+		msg = rest
 	}
+	msg = cmd + ": " + msg
 	fmt.Fprintln(w, msg)
 }

@@ -1,0 +1,373 @@
+// Package convertcmd is the convert command (cmd/convert, and clipshard
+// convert): it packs per-clip .npy and pickle sources into a clipshard
+// dataset: one float16 .npy blob per modality plus offset manifests. Run
+// "clipshard convert --help" for the flags; docs/FORMAT.md describes the
+// output.
+package convertcmd
+
+import (
+	"cmp"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/clipshard/clipshard/internal/ui"
+	"github.com/clipshard/clipshard/transform/convert"
+)
+
+const usage = `usage: convert --clips FILE --out DIR -m NAME[@RATE|@clip]=TEMPLATE[:KEYS] [-m ...] [flags]
+
+Decode every clip's sources, convert them to float16 exactly as numpy's
+astype(np.float16), and concatenate each modality along time into
+DIR/NAME.npy, with DIR/clips.parquet, DIR/index.npy, DIR/SHA256SUMS and
+DIR/dataset.json (written last). A re-run with unchanged inputs does nothing;
+after a change only the clips whose sources changed are decoded (the others'
+rows are copied from the dataset in DIR); a killed run resumes where it
+stopped.
+
+Example:
+  convert --clips testdata/demo/clips.txt --out /tmp/demo-ds \
+    -m 'motion=motion/{clip}.pkl:exp+pose' \
+    -m 'whisper@2=whisper/{clip}.npy' -m 'emotion=emotion/{clip}.npy'
+
+TEMPLATE is a path with {clip} replaced by the clip id, relative to --root.
+KEYS select arrays inside a pickle: exp, params/exp, exp+pose (concatenated
+along the last axis); without KEYS the pickle must hold a bare array.
+@RATE: rows per clip frame (default 1). @clip: one value per clip (a
+vector such as shape [100], or a number such as fps), stored a row per
+clip in DIR/NAME.npy and given whole to every sample; it plays no part
+in the clips' lengths. Integers are kept exactly with --keep-dtype NAME.
+
+Example with per-clip values:
+  convert ... -m 'motion=motion/{clip}.pkl:exp+pose' \
+    -m 'shape@clip=motion/{clip}.pkl:shape' -m 'fps@clip=motion/{clip}.pkl:fps' --keep-dtype fps
+
+Flags:
+`
+
+const exitCodes = `
+Partitioned (Slurm or Kubernetes arrays; docs/SCALING.md):
+  convert ... --part auto --out parts/part-{part}      one task per part
+  convert --merge parts/part-* --out DIR               then merge, in order
+
+Exit status: 0 done or up to date; 1 bad input or failure (one line on
+stderr names the file, clip and key); 2 usage error.
+`
+
+type multi []string
+
+func (m *multi) String() string     { return strings.Join(*m, ",") }
+func (m *multi) Set(s string) error { *m = append(*m, s); return nil }
+
+// splitMerge takes the part directories that follow --merge out of args
+// (the flag package would stop at the first of them).
+func splitMerge(args []string) (rest, parts []string, merge bool) {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--merge" || a == "-merge" {
+			merge = true
+			rest = append(rest, a)
+			for i+1 < len(args) && !strings.HasPrefix(args[i+1], "-") {
+				i++
+				parts = append(parts, args[i])
+			}
+			continue
+		}
+		rest = append(rest, a)
+	}
+	return rest, parts, merge
+}
+
+// parsePart reads --part I/N, or --part auto from a Slurm job array or a
+// Kubernetes Indexed Job (with --parts N).
+func parsePart(s string, parts int) (int, int, error) {
+	if s == "auto" {
+		if id, cnt := os.Getenv("SLURM_ARRAY_TASK_ID"), os.Getenv("SLURM_ARRAY_TASK_COUNT"); id != "" && cnt != "" {
+			i, err1 := strconv.Atoi(id)
+			n, err2 := strconv.Atoi(cnt)
+			lo, _ := strconv.Atoi(os.Getenv("SLURM_ARRAY_TASK_MIN"))
+			if err1 != nil || err2 != nil {
+				return 0, 0, fmt.Errorf("--part auto: SLURM_ARRAY_TASK_ID=%q SLURM_ARRAY_TASK_COUNT=%q are not numbers", id, cnt)
+			}
+			return i - lo, n, nil
+		}
+		if idx := os.Getenv("JOB_COMPLETION_INDEX"); idx != "" {
+			i, err := strconv.Atoi(idx)
+			if err != nil || parts < 1 {
+				return 0, 0, fmt.Errorf("--part auto: JOB_COMPLETION_INDEX=%q needs --parts N (the Indexed Job's completions)", idx)
+			}
+			return i, parts, nil
+		}
+		return 0, 0, fmt.Errorf("--part auto: set SLURM_ARRAY_TASK_ID and SLURM_ARRAY_TASK_COUNT (Slurm job array) or JOB_COMPLETION_INDEX with --parts N (Kubernetes Indexed Job)")
+	}
+	a, b, ok := strings.Cut(s, "/")
+	i, err1 := strconv.Atoi(a)
+	n, err2 := strconv.Atoi(b)
+	if !ok || err1 != nil || err2 != nil || n < 1 || i < 0 || i >= n {
+		return 0, 0, fmt.Errorf("--part %q: want I/N with 0 <= I < N, or auto", s)
+	}
+	return i, n, nil
+}
+
+// Run runs the command with args (without the program's name) as name
+// ("convert", or "clipshard convert"), and returns its exit status.
+func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
+	defer ui.Recover(stderr, name, &code)
+	args, mergeParts, merging := splitMerge(args)
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	var (
+		mods, keep     multi
+		o              convert.Options
+		onError        string
+		quiet, jsonOut bool
+		memFlag        string
+		checkpointFlag string
+	)
+	fs.StringVar(&o.ClipList, "clips", "", "clip list `FILE`: text (one id per line), .csv or .parquet with a clip column")
+	fs.Var(&mods, "modality", "`NAME[@RATE|@clip]=TEMPLATE[:KEYS]` (repeatable)")
+	fs.Var(&mods, "m", "short for --modality `NAME[@RATE|@clip]=TEMPLATE[:KEYS]`")
+	fs.StringVar(&o.Root, "root", "", "`DIR` relative templates start from (default: the clip list's folder)")
+	fs.StringVar(&o.Out, "out", "", "dataset `DIR` to write")
+	fs.StringVar(&o.Align, "align", "strict", "`strict|trim`: modalities must agree on each clip's length, or are cut to the shortest")
+	fs.Int64Var(&o.MaxTrim, "max-trim", convert.DefaultMaxTrim, "with --align trim: a clip may lose at most `N` clip frames (a clip needing more is bad input; -1: no bound)")
+	fs.Var(&keep, "keep-dtype", "keep modality `NAME` in its source dtype instead of float16 (repeatable)")
+	fs.BoolVar(&o.AllowInt, "allow-int", false, "accept integer and bool arrays (converted to float16; --keep-dtype NAME keeps them as they are)")
+	fs.BoolVar(&o.AllowOutsideRoot, "allow-outside-root", false, "accept clip ids that are absolute or contain .. (they read outside --root)")
+	fs.BoolVar(&o.AllowNonFinite, "allow-nonfinite", false, "accept NaN and ±Inf in sources (counted in stats)")
+	fs.BoolVar(&o.AllowOverflow, "allow-overflow", false, "accept finite values that become ±Inf in float16 (counted in stats)")
+	fs.IntVar(&o.Workers, "workers", 0, "decode/convert goroutines (default: GOMAXPROCS)")
+	fs.StringVar(&memFlag, "mem", "256MiB", "memory for the clips in flight, a `SIZE` such as 256MiB or 1GiB (peak RSS: SIZE + 64 MiB, plus one pickle clip per worker)")
+	fs.StringVar(&checkpointFlag, "checkpoint", "16MiB", "journal finished clips every `SIZE` of output, once their rows are on file (0: every clip, waiting for it); a kill loses about twice that much work")
+	fs.StringVar(&onError, "on-error", "fail", "`fail|skip`: stop at the first bad clip, or skip it (listed in skipped.tsv)")
+	fs.BoolVar(&o.Force, "force", false, "rebuild even if the dataset is up to date, decoding every clip (without it, clips whose sources are unchanged are copied from the dataset being replaced)")
+	fs.BoolVar(&quiet, "quiet", false, "no progress on stderr")
+	fs.BoolVar(&jsonOut, "json", false, "print the summary as JSON")
+	var partFlag string
+	var partsN int
+	fs.StringVar(&partFlag, "part", "", "convert only part `I/N` (0-based) of the clip list into --out (which may contain {part}); auto: from Slurm or Kubernetes array variables")
+	fs.IntVar(&partsN, "parts", 0, "with --part auto under a Kubernetes Indexed Job: the number of parts")
+	var clean bool
+	fs.BoolVar(&clean, "clean", false, "with --out DIR only: remove what an interrupted or failed run left next to DIR for a resume")
+	fs.Bool("merge", false, "merge the part directories that follow (convert --merge PART_DIR... --out DIR) into one dataset")
+	if done, code := ui.Parse(fs, args, stdout, stderr, ui.Named(usage, "convert", name), ui.Named(exitCodes, "convert", name), false); done {
+		return code
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	now, err := ui.Clock()
+	if err != nil {
+		fmt.Fprintln(stderr, name+":", err)
+		return 2
+	}
+	if clean {
+		if o.Out == "" || len(mods) > 0 || o.ClipList != "" {
+			fmt.Fprintln(stderr, name+": --clean takes --out DIR only")
+			return 2
+		}
+		had, err := convert.Clean(o.Out)
+		if err != nil {
+			return ui.ExitCode(stderr, name, err, convert.ErrUsage)
+		}
+		if had {
+			fmt.Fprintf(stdout, "removed what an interrupted run into %s left for a resume\n", o.Out)
+		} else {
+			fmt.Fprintf(stdout, "nothing to clean next to %s\n", o.Out)
+		}
+		return 0
+	}
+	if merging {
+		mo := convert.MergeOptions{Parts: mergeParts, Out: o.Out, Workers: o.Workers, Now: now, Tool: "clipshard convert " + ui.Version()}
+		return runMerge(name, ctx, mo, quiet, jsonOut, stdout, stderr)
+	}
+	if partFlag != "" {
+		i, n, err := parsePart(partFlag, partsN)
+		if err != nil {
+			fmt.Fprintln(stderr, name+":", err)
+			return 2
+		}
+		o.Part, o.Parts = i, n
+		o.Out = strings.ReplaceAll(o.Out, "{part}", fmt.Sprintf("%04d", i))
+	}
+	switch onError {
+	case "fail":
+	case "skip":
+		o.SkipBadClips = true
+	default:
+		fmt.Fprintf(stderr, "%s: --on-error %q: want fail or skip\n", name, onError)
+		return 2
+	}
+	for _, s := range mods {
+		m, err := convert.ParseModality(s)
+		if err != nil {
+			ui.Fail(stderr, name, err)
+			return 2
+		}
+		o.Modalities = append(o.Modalities, m)
+	}
+	for _, k := range keep {
+		found := false
+		for i := range o.Modalities {
+			if o.Modalities[i].Name == k {
+				o.Modalities[i].KeepDType, found = true, true
+			}
+		}
+		if !found {
+			fmt.Fprintf(stderr, "%s: --keep-dtype %q names no --modality\n", name, k)
+			return 2
+		}
+	}
+	if o.Budget, err = ui.ParseSize(memFlag); err != nil || o.Budget < 1<<20 {
+		fmt.Fprintf(stderr, "%s: --mem: %v\n", name, cmp.Or(err, fmt.Errorf("%s: want at least 1MiB", memFlag)))
+		return 2
+	}
+	if o.Checkpoint, err = ui.ParseSize(checkpointFlag); err != nil {
+		fmt.Fprintln(stderr, name+": --checkpoint:", err)
+		return 2
+	}
+	// Fewer garbage collections (on thousands of small clips they took a
+	// twentieth of the time): the heap may grow to five times what is
+	// live, under a soft limit that keeps the process under --mem + 64 MiB
+	// with the blobs' buffers (convert.HeapLimit). GOGC and GOMEMLIMIT,
+	// if set, win.
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(400)
+	}
+	if os.Getenv("GOMEMLIMIT") == "" && o.Budget > 0 {
+		debug.SetMemoryLimit(convert.HeapLimit(o.Budget, len(o.Modalities)))
+	}
+	o.Tool = "clipshard convert " + ui.Version()
+	o.Now = now
+
+	var bar *ui.Progress
+	var bytesIn int64 // the finishing phases report no reads: keep the last count
+	crash := crashHook()
+	o.Progress = func(p convert.Progress) {
+		if bar == nil {
+			bar = ui.New(name, "clips", int64(p.ClipsTotal), quiet)
+		}
+		bytesIn = max(bytesIn, p.BytesIn)
+		bar.Update(int64(p.Clips), func() string { return ui.Bytes(bytesIn) + " in, " + ui.Bytes(p.BytesOut) + " out" })
+		crash(p)
+	}
+	res, err := convert.Run(ctx, o)
+	if bar != nil {
+		bar.Finish()
+	}
+	err = ui.Interrupted(ctx, err, "a re-run resumes where it stopped")
+	if err != nil {
+		return ui.ExitCode(stderr, name, err, convert.ErrUsage)
+	}
+	summary(stdout, res, jsonOut)
+	return 0
+}
+
+func runMerge(name string, ctx context.Context, mo convert.MergeOptions, quiet, jsonOut bool, stdout, stderr io.Writer) int {
+	var bar *ui.Progress
+	mo.Progress = func(p convert.Progress) {
+		if bar == nil {
+			bar = ui.New("merge", "MB", 0, quiet)
+		}
+		bar.Update(p.BytesOut>>20, nil)
+	}
+	res, err := convert.Merge(ctx, mo)
+	if bar != nil {
+		bar.Finish()
+	}
+	err = ui.Interrupted(ctx, err, "--out was left as it was")
+	if err != nil {
+		return ui.ExitCode(stderr, name, err, convert.ErrUsage)
+	}
+	if !jsonOut {
+		fmt.Fprintf(stdout, "merged %d parts: ", len(mo.Parts))
+	}
+	summary(stdout, res, jsonOut)
+	return 0
+}
+
+func summary(w io.Writer, r *convert.Result, asJSON bool) {
+	d := r.Dataset
+	if asJSON {
+		out := map[string]any{
+			"dir": r.Dir, "up_to_date": r.UpToDate, "clips": d.Clips, "frames": d.Frames,
+			"converted": r.Converted, "resumed": r.Resumed, "reused": r.Reused, "reused_in_part": r.ReusedPart, "skipped": d.Skipped,
+			"bytes_in": r.BytesIn, "bytes_out": r.BytesOut, "seconds": r.Elapsed.Seconds(),
+			"stats": d.Stats, "trimmed": d.Trimmed,
+		}
+		if r.UpToDate {
+			out["checked"] = convert.UpToDateChecks
+		}
+		if r.ReuseRefused != "" {
+			out["reuse_refused"] = r.ReuseRefused
+		}
+		b := ui.JSON(out)
+		w.Write(b)
+		return
+	}
+	if r.UpToDate {
+		fmt.Fprintf(w, "up to date: %s (%s, %s); nothing to do (checked: %s; `verify --deep %s` reads the blobs)\n",
+			r.Dir, ui.Count(d.Clips, "clip"), ui.Count(d.Frames, "frame"), convert.UpToDateChecks, r.Dir)
+		return
+	}
+	rate := ""
+	if s := r.Elapsed.Seconds(); s > 0 {
+		rate = fmt.Sprintf(", %s/s in", ui.Bytes(int64(float64(r.BytesIn)/s)))
+	}
+	fmt.Fprintf(w, "converted %d clips (%d frames) into %s in %.1fs: %s read, %s written%s\n",
+		d.Clips, d.Frames, r.Dir, r.Elapsed.Seconds(), ui.Bytes(r.BytesIn), ui.Bytes(r.BytesOut), rate)
+	if r.Resumed > 0 {
+		fmt.Fprintf(w, "resumed: %s already done by an interrupted run\n", ui.Count(int64(r.Resumed), "clip"))
+	}
+	if r.ReuseRefused != "" {
+		fmt.Fprintf(w, "not reused: the previous dataset in %s (every clip was decoded): %s\n", r.Dir, r.ReuseRefused)
+	}
+	if r.Reused+r.ReusedPart > 0 {
+		part := ""
+		if r.ReusedPart > 0 {
+			part = fmt.Sprintf(", and some modalities of %s", ui.Count(int64(r.ReusedPart), "more clip"))
+		}
+		fmt.Fprintf(w, "reused from the previous dataset (sources unchanged, not decoded): all the rows of %s%s\n", ui.Count(int64(r.Reused), "clip"), part)
+	}
+	for _, m := range d.Modalities {
+		s := d.Stats[m.Name]
+		fmt.Fprintf(w, "  %-12s %s %v x%d rows  max|x| %g  nan %d inf %d overflow %d underflow %d\n",
+			m.Name, m.DType, m.FrameShape, m.Rows, s.MaxAbs, s.NaN, s.InfIn, s.Overflow, s.Underflow)
+	}
+	if d.Trimmed > 0 {
+		fmt.Fprintf(w, "trimmed: %d clip frames dropped to align modalities\n", d.Trimmed)
+	}
+	if n := len(d.Skipped); n > 0 {
+		fmt.Fprintf(w, "skipped %s (see %s):\n", ui.Count(int64(n), "clip"), d.Files.Skipped)
+		for i, s := range d.Skipped {
+			if i == 10 {
+				fmt.Fprintf(w, "  ... and %d more\n", n-10)
+				break
+			}
+			fmt.Fprintf(w, "  %s: %s\n", s.Clip, s.Reason)
+		}
+	}
+}
+
+// crashHook is fault injection for the crash tests: with
+// CLIPSHARD_KILL_AFTER_CLIPS=N the process SIGKILLs itself once N clips are
+// written; with CLIPSHARD_KILL_AT_PHASE=finish|checksum, when that phase
+// starts.
+func crashHook() func(convert.Progress) {
+	after, _ := strconv.Atoi(os.Getenv("CLIPSHARD_KILL_AFTER_CLIPS"))
+	phase := os.Getenv("CLIPSHARD_KILL_AT_PHASE")
+	if after <= 0 && phase == "" {
+		return func(convert.Progress) {}
+	}
+	return func(p convert.Progress) {
+		if (after > 0 && p.Clips >= after) || (phase != "" && p.Phase == phase) {
+			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {}
+		}
+	}
+}
