@@ -78,28 +78,78 @@ func base(ds, out string, extra ...string) []string {
 	return append([]string{"--dataset", ds, "--out", out, "--window", "15", "--seed", "7", "--shard-samples", "5"}, extra...)
 }
 
-// TestPythonPackage: pip installs python/ (offline: --no-build-isolation)
-// and the installed package reads an epoch.
+// TestPythonPackage (#27.3): pip installs python/ as a newcomer types it,
+// offline: a fresh virtualenv (with the system's numpy: nothing to fetch)
+// and "pip install --no-index ./python" builds it with the package's own
+// backend (python/_build.py, the standard library alone) and leaves
+// nothing in the tree; the installed package (with py.typed, its version,
+// its numpy range) reads an epoch; an editable install imports from the
+// tree. (CI also installs it from the registry into a venv of its own:
+// .ci/run.)
 func TestPythonPackage(t *testing.T) {
 	numpytest.Module(t, "pip", "python3-pip")
-	numpytest.Module(t, "setuptools", "python3-setuptools")
-	src := filepath.Join(t.TempDir(), "python")
-	copyTree(t, filepath.Join("..", "..", "python"), src)
-	os.RemoveAll(filepath.Join(src, "build"))
-	target := filepath.Join(t.TempDir(), "site")
-	numpytest.Run(t, "-m", "pip", "install", "--quiet", "--no-build-isolation", "--no-deps", "--target", target, src)
+	numpytest.Module(t, "ensurepip", "python3-venv")
+	pkg, err := filepath.Abs(filepath.Join("..", "..", "python"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := listTree(t, pkg)
 	ds := demoDataset(t)
 	out := filepath.Join(t.TempDir(), "ep")
 	if r := shuffleRun(t, nil, base(ds, out, "--epochs", "1")...); r.Code != 0 {
 		t.Fatal(r.Stderr)
 	}
-	got := numpytest.Run(t, "-c", `import sys; sys.path.insert(0, sys.argv[1]); import clipshard
-assert clipshard.__file__.startswith(sys.argv[1]), clipshard.__file__
-r = clipshard.EpochReader(sys.argv[2], 0, rank=1, world_size=2, batch_size=3)
-print("ok", len(list(r)), r.consumed)`, target, out)
-	if !strings.HasPrefix(string(got), "ok ") {
-		t.Fatalf("installed package: %s", got)
+	for _, editable := range []bool{false, true} {
+		venv := filepath.Join(t.TempDir(), "venv")
+		numpytest.Run(t, "-m", "venv", "--system-site-packages", venv)
+		py := filepath.Join(venv, "bin", "python")
+		args := []string{"-m", "pip", "install", "--quiet", "--no-index", "--disable-pip-version-check"}
+		if editable {
+			args = append(args, "-e")
+		}
+		cmd := exec.Command(py, append(args, pkg)...)
+		cmd.Dir = t.TempDir()
+		cmd.Env = append(os.Environ(), "PIP_NO_INDEX=1", "PIP_CONFIG_FILE=/dev/null")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("pip install (editable %v): %v\n%s", editable, err, b)
+		}
+		check := exec.Command(py, "-c", `import os, sys, importlib.metadata as md; import clipshard
+where, editable = os.path.realpath(clipshard.__file__), sys.argv[3] == "true"
+assert where.startswith(os.path.realpath(sys.argv[4])) == editable and ("site-packages" in where) != editable, where
+assert os.path.exists(os.path.join(os.path.dirname(where), "py.typed"))
+assert md.version("clipshard") == clipshard.__version__, (md.version("clipshard"), clipshard.__version__)
+assert "numpy>=1.24,<3" in md.requires("clipshard"), md.requires("clipshard")
+r = clipshard.Loader(sys.argv[1], 0, rank=1, world_size=2, batch_size=3)
+print("ok", len(list(r)), r.state_dict()["consumed"], sys.argv[2])`, out, ds, fmt.Sprint(editable), pkg)
+		check.Dir = t.TempDir() // not python/: the installed package is imported
+		got, err := check.CombinedOutput()
+		if err != nil || !strings.HasPrefix(string(got), "ok ") {
+			t.Fatalf("installed package (editable %v): %v %s", editable, err, got)
+		}
 	}
+	if after := listTree(t, pkg); !slices.Equal(before, after) {
+		t.Fatalf("pip install left files in python/:\nbefore %v\nafter  %v", before, after)
+	}
+}
+
+// listTree lists the files under dir (but __pycache__, which imports make).
+func listTree(t *testing.T, dir string) []string {
+	t.Helper()
+	var out []string
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && d.Name() == "__pycache__" {
+			return filepath.SkipDir
+		}
+		out = append(out, p)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // TestQualityJSON: shuffle --json reports each epoch's shuffle quality,
