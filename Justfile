@@ -19,6 +19,7 @@ fuzz FUZZTIME="10m":
 # Regenerate the decoder fixtures with real numpy (Debian: python3-numpy).
 fixtures:
     {{python}} testdata/formats/gen.py
+    bash testdata/formats/gen_numpy2.sh
     {{python}} testdata/demo/gen.py
     {{python}} testdata/convert/gen.py
 

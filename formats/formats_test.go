@@ -91,6 +91,41 @@ func runCases(t *testing.T, dir string) {
 
 func TestFixtures(t *testing.T) { runCases(t, fixtures) }
 
+// TestFixturesNumpy2 (#27.4): the same table over the fixtures that the
+// real numpy 2.x wrote (testdata/formats-numpy2, made by
+// testdata/formats/gen_numpy2.sh): its pickles name numpy._core.
+func TestFixturesNumpy2(t *testing.T) {
+	dir := "../testdata/formats-numpy2"
+	b, err := os.ReadFile(filepath.Join(dir, "cases.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Numpy string `json:"numpy"`
+	}
+	if err := json.Unmarshal(b, &doc); err != nil || !strings.HasPrefix(doc.Numpy, "2.") {
+		t.Fatalf("%s/cases.json: made with numpy %q (%v), want 2.x", dir, doc.Numpy, err)
+	}
+	pkls, _ := filepath.Glob(filepath.Join(dir, "pickle", "*.pkl"))
+	native := 0
+	for _, p := range pkls {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Contains(data, []byte("numpy.core.")) {
+			t.Errorf("%s: names numpy.core, not numpy 2's numpy._core", p)
+		}
+		if bytes.Contains(data, []byte("numpy._core")) {
+			native++
+		}
+	}
+	if native < 20 {
+		t.Fatalf("only %d of %d pickles in %s name numpy._core", native, len(pkls), dir)
+	}
+	runCases(t, dir)
+}
+
 // TestFixturesFromNumpy regenerates the fixtures with the numpy installed
 // here and runs the same table over them, so the committed files cannot
 // drift from what real numpy writes.

@@ -13,7 +13,8 @@ import (
 // never panic, and must not allocate more than a small multiple of the input.
 func FuzzRead(f *testing.F) {
 	paths, _ := filepath.Glob(filepath.Join("..", "..", "testdata", "formats", "npy", "*.npy"))
-	for _, p := range paths {
+	np2, _ := filepath.Glob(filepath.Join("..", "..", "testdata", "formats-numpy2", "npy", "*.npy"))
+	for _, p := range append(paths, np2...) {
 		b, err := os.ReadFile(p)
 		if err != nil {
 			f.Fatal(err)

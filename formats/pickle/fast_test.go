@@ -12,9 +12,12 @@ import (
 )
 
 // fixtureFiles returns the pickle fixtures made by testdata/formats/gen.py
-// (also the fuzz seeds, through SeedFiles in export_test.go).
+// with numpy 1.x and 2.x (also the fuzz seeds, through SeedFiles in
+// export_test.go).
 func fixtureFiles(tb testing.TB) map[string][]byte {
 	paths, _ := filepath.Glob(filepath.Join("..", "..", "testdata", "formats", "pickle", "*.pkl"))
+	np2, _ := filepath.Glob(filepath.Join("..", "..", "testdata", "formats-numpy2", "pickle", "*.pkl"))
+	paths = append(paths, np2...)
 	if len(paths) == 0 {
 		tb.Fatal("no pickle fixtures")
 	}

@@ -9,7 +9,9 @@ little-endian, then .tobytes(). Broken files are derived from good ones
 (truncated, edited) or built from numpy's own header writer.
 
 Needs numpy (Debian: apt-get install python3-numpy). Output is deterministic
-for a given numpy version; the committed files were made with numpy 1.24.
+for a given numpy version; the committed files were made with numpy 1.24
+(testdata/formats) and with numpy 2.x (testdata/formats-numpy2:
+testdata/formats/gen_numpy2.sh).
 """
 import collections
 import io
