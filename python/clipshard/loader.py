@@ -22,7 +22,6 @@ from .epochs import STATE_FORMAT as READER_STATE, EpochReader, load_epochs
 __all__ = ["Loader"]
 
 STATE_FORMAT = "clipshard.loader"
-ALIGN = 64  # bytes: where each modality's array starts in a batch's buffer
 
 _END = object()  # the end of an epoch in the queue
 
@@ -148,17 +147,16 @@ class Loader:
         self._out = {n: (self._cast_to(d, dtype, n), s) for n, (d, s) in self._src.items()}
         self.shapes: dict[str, tuple[int, ...]] = {n: s for n, (_, s) in self._src.items()}  # of a batch's arrays
         self.floating: list[str] = [n for n, (d, _) in self._src.items() if d.kind == "f"]  # the modalities dtype casts
-        self._layout, off = {}, 0
-        for n, (d, s) in self._out.items():
-            size = int(np.prod(s, dtype=np.int64)) * d.itemsize
-            self._layout[n] = (off, size)
-            off += -(-size // ALIGN) * ALIGN
-        self.batch_bytes = off  # bytes of one batch as handed out
+        # Each modality's arrays have buffers of their own: a batch's
+        # "samples" kept by the user (say) holds on to its own few bytes,
+        # not to the whole batch.
+        self._sizes = {n: int(np.prod(s, dtype=np.int64)) * d.itemsize for n, (d, s) in self._out.items()}
+        self.batch_bytes = sum(self._sizes.values())  # bytes of one batch as handed out
         self._casting = [n for n in self.names if self._out[n][0] != self._src[n][0]]
         raw = sum(int(np.prod(self._src[n][1], dtype=np.int64)) * self._src[n][0].itemsize for n in self._casting)
         self.host_bytes = (self.prefetch + 2) * self.batch_bytes + raw  # at most, held by the loader
-        self._pool: list[Any] = []  # batch buffers; one is free when nothing else refers to it
-        self._pool_refs: list[int] = []
+        self._pool: dict[str, list[Any]] = {n: [] for n in self.names}  # per modality; free when nothing else refers to it
+        self._pool_refs: dict[str, list[int]] = {n: [] for n in self.names}
         self._raw: dict[str, Any] = {}  # the thread's scratch of the shards' dtype, when casting
         self._pos, self._start, self._handed = 0, 0, None  # current epoch, its resume point, last batch handed out
         self._run: Optional[_Run] = None
@@ -313,7 +311,8 @@ class Loader:
     def close(self) -> None:
         """Stop the thread and close every file (iterating again reopens)."""
         self._stop()
-        self._pool, self._pool_refs, self._raw = [], [], {}
+        self._pool, self._pool_refs = {n: [] for n in self.names}, {n: [] for n in self.names}
+        self._raw = {}
 
     def __enter__(self) -> "Loader":
         return self
@@ -373,28 +372,27 @@ class Loader:
                 return  # (prefetch=0: one epoch at a time)
             pos, start = pos + 1, 0
 
-    def _buffer(self) -> Any:
-        """A batch buffer nothing refers to, or a new one (the loader keeps
-        at most prefetch + 2)."""
-        for i in range(len(self._pool)):
-            if sys.getrefcount(self._pool[i]) <= self._pool_refs[i]:
-                return self._pool[i]
-        if len(self._pool) >= self.prefetch + 2:
+    def _buffer(self, name: str) -> Any:
+        """A buffer of name's array that nothing refers to, or a new one (the
+        loader keeps at most prefetch + 2 of each)."""
+        pool, refs = self._pool[name], self._pool_refs[name]
+        for i in range(len(pool)):
+            if sys.getrefcount(pool[i]) <= refs[i]:
+                return pool[i]
+        if len(pool) >= self.prefetch + 2:
             # The user holds on to every buffer: that one is theirs now.
-            del self._pool[0], self._pool_refs[0]
-        self._pool.append(self._alloc(self.batch_bytes))
+            del pool[0], refs[0]
+        pool.append(self._alloc(self._sizes[name]))
         # (measured as the check above measures it: no other reference)
-        self._pool_refs.append(sys.getrefcount(self._pool[-1]))
-        return self._pool[-1]
+        refs.append(sys.getrefcount(pool[-1]))
+        return pool[-1]
 
     def _read(self, r: EpochReader, lo: int, hi: int) -> dict[str, np.ndarray]:
-        buf = self._buffer()
         out, pieces, casts = {}, [], []
         segs = r._segments(lo, hi)
         for name in self.names:
-            off, size = self._layout[name]
             dtype, shape = self._out[name]
-            arr = np.frombuffer(buf, dtype=np.uint8, count=size, offset=off).view(dtype).reshape(shape)
+            arr = np.frombuffer(self._buffer(name), dtype=np.uint8, count=self._sizes[name]).view(dtype).reshape(shape)
             dst = arr
             if name in self._casting:
                 src_dtype, src_shape = self._src[name]
