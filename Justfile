@@ -61,6 +61,10 @@ bench-merge:
 bench-train:
     docs/bench_train.sh
 
+# clipshard against LitData, Mosaic Streaming and WebDataset: prepare, read, resume, shuffle quality (docs/BENCHMARKS.md).
+bench-peers:
+    docs/bench_peers.sh
+
 # Cold read per rank (R = 1, 2, 8) against format 1's per-rank files, and the shuffle-quality table (docs/BENCHMARKS.md).
 bench-read:
     docs/bench_read.sh

@@ -4,7 +4,7 @@ bench-peers; docs/BENCHMARKS.md): LitData, Mosaic Streaming, WebDataset.
 
     python3 docs/bench_peers.py prepare TOOL SRC WINDOWS OUT
     python3 docs/bench_peers.py read TOOL S MODE DATA [B]
-    python3 docs/bench_peers.py resume TOOL DATA LOG
+    python3 docs/bench_peers.py resume TOOL DATA LOG SAMPLES
     python3 docs/bench_peers.py table RESULTS.jsonl
 
 The windows are those of one clipshard epoch (W=15 frames, every modality,
@@ -186,10 +186,134 @@ def read(tool, S, mode, data, B=256):
           flush=True)
 
 
+# -- resume ------------------------------------------------------------------
+
+def _rank(rank, world, tool, data, log, init, B):
+    """One rank of a training run: logs each step's samples and saves the
+    loader's state after every step (the tool's documented way)."""
+    import torch
+    import torch.distributed as dist
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                      NODE_RANK="0", MASTER_ADDR="127.0.0.1")
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    state = os.path.join(log, "state.pt")
+    resume = torch.load(state, weights_only=False) if os.path.exists(state) else None
+    if tool == "clipshard":
+        from clipshard.torch import Loader
+        it = Loader(data, 0, batch_size=B, dtype=torch.float32)
+    elif tool == "litdata":
+        from litdata import StreamingDataLoader, StreamingDataset
+        it = StreamingDataLoader(StreamingDataset(data, shuffle=True, drop_last=True, seed=1), batch_size=B,
+                                 num_workers=2, drop_last=True)
+    elif tool == "mosaic":
+        from streaming import StreamingDataLoader, StreamingDataset
+        it = StreamingDataLoader(StreamingDataset(local=data, shuffle=True, batch_size=B, shuffle_seed=1),
+                                 batch_size=B, num_workers=2, drop_last=True)
+    else:  # webdataset: no state to save; a restart reads the epoch again
+        it, _ = batches(tool, data, B)
+    if resume is not None and resume["data"] is not None:
+        it.load_state_dict(resume["data"])
+    step = resume["step"] if resume is not None else 0
+    with open(os.path.join(log, "rank-%d-of-%d.jsonl" % (rank, world)), "a") as f:
+        for b in it:
+            samples = b["samples"] if isinstance(b, dict) else b[-1]
+            step += 1
+            f.write(json.dumps([step, np.asarray(samples).reshape(-1, 3).tolist()]) + "\n")
+            f.flush()
+            dist.barrier()  # every rank trained this step
+            if rank == 0:  # (the model's checkpoint; the loader's state where it has one)
+                torch.save({"step": step, "data": it.state_dict() if hasattr(it, "state_dict") else None}, state + ".tmp")
+                os.replace(state + ".tmp", state)
+            dist.barrier()
+            time.sleep(0.02)  # a step
+    dist.destroy_process_group()
+
+
+def resume(tool, data, log, total, B=128):
+    """Kill a 2-rank run at 40% of the epoch, resume on 1 rank; JSON line:
+    samples trained twice and never trained."""
+    import signal
+    import subprocess
+    import tempfile
+    import torch
+    os.makedirs(log, exist_ok=True)
+    if tool == "mosaic":
+        from streaming.base.util import clean_stale_shared_memory
+        clean_stale_shared_memory()
+
+    def launch(world):
+        rdv = tempfile.mktemp(prefix="clipshard-peers-")
+        code = ("import sys; sys.path.insert(0, %r); import bench_peers as b, torch.multiprocessing as mp; "
+                "mp.spawn(b._rank, args=(%d, %r, %r, %r, %r, %d), nprocs=%d)") % (here, world, tool, data, log, "file://" + rdv, B, world)
+        return subprocess.Popen([sys.executable, "-c", code], start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=open(os.path.join(log, "stderr-%d.txt" % world), "w"))
+    p = launch(2)
+    target = int(0.4 * total / (2 * B))
+    deadline = time.monotonic() + 600
+    while True:
+        lines = 0
+        try:
+            lines = sum(1 for _ in open(os.path.join(log, "rank-0-of-2.jsonl")))
+        except OSError:
+            pass
+        if lines >= target or p.poll() is not None or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    state = os.path.join(log, "state.pt")
+    saved = torch.load(state, weights_only=False)["step"] if os.path.exists(state) else 0
+    trained = []
+    for r in range(2):
+        for line in open(os.path.join(log, "rank-%d-of-2.jsonl" % r)):
+            step, ss = json.loads(line)
+            if step <= saved:  # steps after the last state are trained again after the resume
+                trained += [tuple(x) for x in ss]
+    q = launch(1)
+    q.wait(timeout=900)
+    ok = q.returncode == 0
+    for line in open(os.path.join(log, "rank-0-of-1.jsonl")) if os.path.exists(os.path.join(log, "rank-0-of-1.jsonl")) else []:
+        trained += [tuple(x) for x in json.loads(line)[1]]
+    uniq = len(set(trained))
+    print(json.dumps(dict(tool=tool, killed_at_step=saved, trained=len(trained), repeated=len(trained) - uniq,
+                          never=total - uniq, resumed_ok=ok, global_batch_after=B)), flush=True)
+
+
+def table(path):
+    rows = [json.loads(line) for line in open(path) if line.startswith("{")]
+    tools = ["clipshard", "litdata", "mosaic", "webdataset"]
+    med = lambda xs: float(np.median(xs)) if xs else float("nan")  # noqa: E731
+    print("\n| prepare | wall s | peak RSS MB | MB on disk |\n|---|---|---|---|")
+    size = {r["bytes"]: r["MB"] for r in rows if "bytes" in r}
+    for t in tools:
+        ps = [r for r in rows if r.get("prepare") and r["tool"] == t]
+        if not ps:
+            continue
+        mb = size.get("ep" if t == "clipshard" else t)
+        extra = " (+ %d the dataset)" % size["ds"] if t == "clipshard" and "ds" in size else ""
+        print("| %s | %s | %s | %s%s |" % (t, " + ".join("%.2f" % r["wall_s"] for r in ps), " / ".join(str(r["rss_MB"]) for r in ps), mb, extra))
+    print("\n| read (samples/s; wait ms at S=20, median) | warm S=0 | warm S=20 wait | cold S=0 | cold S=20 wait | sshfs cold S=0 | distinct clips / batch | Spearman |\n|---|---|---|---|---|---|---|---|")
+    for t in tools:
+        rs = [r for r in rows if r.get("tool") == t and "samples_per_s" in r]
+        get = lambda mode, S, k: med([r[k] for r in rs if r["mode"] == mode and r["S"] == S])  # noqa: E731
+        print("| %s | %.0f | %.2f | %.0f | %.2f | %.0f | %.1f | %.3f |" % (
+            t, get("warm", 0, "samples_per_s"), get("warm", 20, "wait_med_ms"), get("cold", 0, "samples_per_s"),
+            get("cold", 20, "wait_med_ms"), get("sshfs, cold", 0, "samples_per_s"), get("warm", 0, "distinct_clips"),
+            get("warm", 0, "spearman")))
+    print("\n| resume (2 ranks killed at 40%, resumed on 1) | trained twice | never trained | of which the drop rule's tail |\n|---|---|---|---|")
+    for r in rows:
+        if "repeated" in r:
+            print("| %s | %d | %d | < %d |" % (r["tool"], r["repeated"], r["never"], r["global_batch_after"]))
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1] if len(sys.argv) > 1 else ""
     if cmd == "prepare":
         prepare(*sys.argv[2:6])
+    elif cmd == "table":
+        table(sys.argv[2])
+    elif cmd == "resume":
+        resume(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
     elif cmd == "read":
         read(sys.argv[2], float(sys.argv[3]), sys.argv[4], sys.argv[5], *(int(x) for x in sys.argv[6:7]))
     else:

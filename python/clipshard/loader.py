@@ -84,7 +84,10 @@ class Loader:
     Errors of the thread (a file that is not what epochs.json says, a
     shard shorter than its header) are raised by the consumer's next(),
     naming the file. Breaking out of the loop, close() or leaving a `with`
-    block stops the thread and closes every file.
+    block stops the thread and closes every file. At the end of an epoch
+    the thread reads on into the next one; a loader left before its last
+    epoch should be closed (or used in a `with` block), or its thread
+    waits, holding its files and buffers, until the process ends.
     """
 
     def __init__(self, edir: str, epochs: Union[int, Iterable[int], None] = None, *, rank: Optional[int] = None,
