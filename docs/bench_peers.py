@@ -300,6 +300,15 @@ def table(path):
             t, get("warm", 0, "samples_per_s"), get("warm", 20, "wait_med_ms"), get("cold", 0, "samples_per_s"),
             get("cold", 20, "wait_med_ms"), get("sshfs, cold", 0, "samples_per_s"), get("warm", 0, "distinct_clips"),
             get("warm", 0, "spearman")))
+    capped = [r for r in rows if str(r.get("mode", "")).startswith("capped")]
+    if capped:
+        big = next((r["MB"] for r in rows if r.get("bytes") == "big epoch"), "?")
+        print("\n| %s (an epoch of %s MB), S=20 | samples/s | wait ms median / p99 |\n|---|---|---|" % (capped[0]["mode"], big))
+        for r in capped:
+            if r.get("killed"):
+                print("| %s | killed (out of memory) | |" % r["tool"])
+            else:
+                print("| %s | %.0f | %.2f / %.1f |" % (r["tool"], r["samples_per_s"], r["wait_med_ms"], r["wait_p99_ms"]))
     print("\n| resume (2 ranks killed at 40%, resumed on 1) | trained twice | never trained | of which the drop rule's tail |\n|---|---|---|---|")
     for r in rows:
         if "repeated" in r:

@@ -21,7 +21,8 @@ M="$W/mixed"
 [ -f "$M/clips.txt" ] || "$PY" docs/bench_gen_mixed.py "$M" 400
 mods=(-m 'motion=motion/{clip}.pkl:exp+pose' -m 'whisper@2=whisper/{clip}.npy' -m 'w2v=w2v/{clip}.npy' -m 'emotion=emotion/{clip}.npy')
 OUT="$W/peers.jsonl"
-: > "$OUT"
+ONLY=${BENCH_ONLY:-}
+[ -n "$ONLY" ] || : > "$OUT"
 P="$W/peers"; mkdir -p "$P"
 timed() {  # LABEL TOOL COMMAND...: wall and peak RSS (of the command and its children)
   local label=$1 tool=$2; shift 2
@@ -31,6 +32,9 @@ timed() {  # LABEL TOOL COMMAND...: wall and peak RSS (of the command and its ch
   t1=$(date +%s%N)
   echo "{\"prepare\": \"$label\", \"tool\": \"$tool\", \"wall_s\": $(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.2f", (b-a)/1e9}'), \"rss_MB\": $(( $(cat "$W/peers-time.txt") / 1024 ))}" >> "$OUT"
 }
+data() { case $1 in clipshard) echo "$P/ep" ;; *) echo "$P/$1" ;; esac; }
+TOOLS="clipshard litdata mosaic webdataset"
+if [ -z "$ONLY" ]; then
 # prepare: clipshard's convert + shuffle (one epoch, W=15), then each peer's
 # writer over the same windows.
 rm -rf "$P/ds" "$P/ep"
@@ -44,8 +48,6 @@ for t in ep litdata mosaic webdataset; do
   echo "{\"bytes\": \"$t\", \"MB\": $(( $(du -sb "$P/$t" | cut -f1) / 1000000 ))}" >> "$OUT"
 done
 echo "{\"bytes\": \"ds\", \"MB\": $(( $(du -sb "$P/ds" | cut -f1) / 1000000 ))}" >> "$OUT"
-data() { case $1 in clipshard) echo "$P/ep" ;; *) echo "$P/$1" ;; esac; }
-TOOLS="clipshard litdata mosaic webdataset"
 # read: warm and cold, S = 0 and 20 ms, 3 runs each (the table takes the median).
 for mode in warm cold; do
   for S in 0 20; do
@@ -78,5 +80,36 @@ if command -v sshfs >/dev/null && [ -x /usr/sbin/sshd ] && [ "$(id -u)" = 0 ]; t
   fusermount -u "$N/mnt"; kill "$(cat "$N/sshd.pid")"; trap - EXIT
 else
   echo "network-filesystem leg skipped: needs root, sshfs and openssh-server (Debian: apt install sshfs openssh-server)"
+fi
+fi  # (BENCH_ONLY=capped: that leg alone)
+# Under a memory cap below the data's size: a set 10x larger (4000 clips:
+# ~2.2 GB an epoch) read with the page cache and every process of the
+# reader capped at 1200M (root, a cgroup v1 or v2 memory controller): the
+# cap must hold torch itself (~660 MB of RSS for its import here) and
+# still be well below the data.
+CAP=${CLIPSHARD_BENCH_CAP:-1200M}
+cg=""
+if [ "$(id -u)" = 0 ] && [ -f /sys/fs/cgroup/cgroup.controllers ] && grep -qw memory /sys/fs/cgroup/cgroup.controllers; then
+  cg=/sys/fs/cgroup/clipshard-bench-peers; mkdir -p "$cg" && echo "$CAP" > "$cg/memory.max"
+elif [ "$(id -u)" = 0 ] && [ -d /sys/fs/cgroup/memory ]; then
+  cg=/sys/fs/cgroup/memory/clipshard-bench-peers; mkdir -p "$cg" && numfmt --from=iec "$CAP" > "$cg/memory.limit_in_bytes"
+fi
+if [ -n "$cg" ]; then
+  BM="$W/mixed-big"; BP="$W/peers-big"; mkdir -p "$BP"
+  [ -f "$BM/clips.txt" ] || "$PY" docs/bench_gen_mixed.py "$BM" 4000
+  [ -f "$BP/ds/dataset.json" ] || "$W/clipshard" convert --quiet --workers 2 --clips "$BM/clips.txt" --out "$BP/ds" "${mods[@]}"
+  [ -f "$BP/ep/epochs.json" ] || "$W/clipshard" shuffle --quiet --workers 2 --dataset "$BP/ds" --out "$BP/ep" --window 15 --epochs 1 --seed 3
+  for t in litdata mosaic webdataset; do
+    [ -e "$BP/$t.done" ] || { rm -rf "${BP:?}/$t"; "$PY" docs/bench_peers.py prepare "$t" "$BM" "$BP/ep" "$BP/$t" > /dev/null 2>&1 && touch "$BP/$t.done"; }
+  done
+  echo "{\"bytes\": \"big epoch\", \"MB\": $(( $(du -sb "$BP/ep" | cut -f1) / 1000000 ))}" >> "$OUT"
+  for t in $TOOLS; do
+    d="$BP/$t"; [ "$t" = clipshard ] && d="$BP/ep"
+    sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$cg" "$PY" docs/bench_peers.py read "$t" 20 "capped $CAP, cold" "$d" >> "$OUT" 2>"$W/peers-err.txt" ||
+      echo "{\"tool\": \"$t\", \"S\": 20, \"mode\": \"capped $CAP, cold\", \"killed\": true}" >> "$OUT"
+  done
+  rmdir "$cg" 2>/dev/null || true
+else
+  echo "memory-capped leg skipped: needs root and a cgroup memory controller"
 fi
 "$PY" docs/bench_peers.py table "$OUT"

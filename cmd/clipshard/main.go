@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	convertcmd "github.com/clipshard/clipshard/internal/commands/convert"
+	inspectcmd "github.com/clipshard/clipshard/internal/commands/inspect"
 	shufflecmd "github.com/clipshard/clipshard/internal/commands/shuffle"
 	verifycmd "github.com/clipshard/clipshard/internal/commands/verify"
 	"github.com/clipshard/clipshard/internal/ui"
@@ -29,6 +30,8 @@ Commands:
             epoch, into shard files any number of ranks read in order
   verify    check a dataset or epochs directory, and that it equals its
             sources
+  inspect   show what a dataset or an epochs folder holds (text, --json,
+            or --html FILE: a page of plots)
   help      this text; "clipshard help COMMAND" is a command's
   version   the version and commit this binary was built from
 
@@ -49,6 +52,7 @@ var commands = map[string]command{
 	"convert": convertcmd.Run,
 	"shuffle": shufflecmd.Run,
 	"verify":  verifycmd.Run,
+	"inspect": inspectcmd.Run,
 }
 
 func main() { ui.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
@@ -85,7 +89,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 }
 
-func names() string { return "convert, shuffle, verify, help, version" }
+func names() string { return "convert, shuffle, verify, inspect, help, version" }
 
 // version names the module version and the commit the binary was built
 // from (go build stamps it in a git checkout).

@@ -1,0 +1,318 @@
+package main
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"image/png"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/clipshard/clipshard/formats/npy"
+	"github.com/clipshard/clipshard/internal/clitest"
+	"github.com/clipshard/clipshard/manifests"
+)
+
+func demo(t *testing.T) (ds, ep string) {
+	t.Helper()
+	src := filepath.Join(t.TempDir(), "src")
+	clitest.CopyTree(t, filepath.Join("..", "..", "testdata", "demo"), src)
+	dir := t.TempDir()
+	ds, ep = filepath.Join(dir, "ds"), filepath.Join(dir, "ep")
+	if r := clip(t, "convert", "--quiet", "--clips", filepath.Join(src, "clips.txt"), "--out", ds, "-m", "motion=motion/{clip}.pkl:exp+pose",
+		"-m", "shape@clip=motion/{clip}.pkl:shape", "-m", "whisper@2=whisper/{clip}.npy"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	if r := clip(t, "shuffle", "--quiet", "--dataset", ds, "--out", ep, "--window", "1", "--epochs", "2", "--shard-samples", "64"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	return ds, ep
+}
+
+func inspectJSON(t *testing.T, args ...string) map[string]any {
+	t.Helper()
+	r := clip(t, append([]string{"inspect", "--json"}, args...)...)
+	if r.Code != 0 {
+		t.Fatalf("inspect %v: %d %s", args, r.Code, r.Stderr)
+	}
+	var v map[string]any
+	if err := json.Unmarshal([]byte(r.Stdout), &v); err != nil {
+		t.Fatalf("inspect %v: not JSON: %v %s", args, err, r.Stdout)
+	}
+	return v
+}
+
+// TestInspectDataset (#28.1): the figures of the demo dataset against its
+// manifests and index, in text and JSON.
+func TestInspectDataset(t *testing.T) {
+	ds, _ := demo(t)
+	d, err := manifests.LoadDataset(ds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, lengths, err := manifests.ReadIndex(filepath.Join(ds, "index.npy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lo, hi := lengths[0], lengths[0]
+	for _, l := range lengths {
+		lo, hi = min(lo, l), max(hi, l)
+	}
+	r := clip(t, "inspect", ds)
+	want := fmt.Sprintf("12 clips, %d frames", d.Frames)
+	if r.Code != 0 || !strings.Contains(r.Stdout, want) || !strings.Contains(r.Stdout, fmt.Sprintf("min %d,", lo)) || !strings.Contains(r.Stdout, fmt.Sprintf("max %d,", hi)) {
+		t.Fatalf("text: want %q and lengths %d..%d: %d %s %s", want, lo, hi, r.Code, r.Stdout, r.Stderr)
+	}
+	v := inspectJSON(t, "--rows", "100", ds)
+	if v["clips"].(float64) != 12 || v["frames"].(float64) != float64(d.Frames) {
+		t.Fatalf("json: %v", v)
+	}
+	l := v["clip_lengths"].(map[string]any)
+	if l["Min"].(float64) != float64(lo) || l["Max"].(float64) != float64(hi) {
+		t.Fatalf("lengths %v, index says %d..%d", l, lo, hi)
+	}
+	var hist float64
+	for _, c := range v["length_histogram"].([]any) {
+		hist += c.(float64)
+	}
+	if hist != 12 {
+		t.Fatalf("the length histogram counts %v clips", hist)
+	}
+	for i, m := range v["modalities"].([]any) {
+		m := m.(map[string]any)
+		dm := d.Modalities[i]
+		if m["name"] != dm.Name || m["rows"].(float64) != float64(dm.Rows) || m["sampled_rows"].(float64) != float64(min(100, dm.Rows)) {
+			t.Fatalf("modality %v, manifest %+v", m, dm)
+		}
+		h := m["values"].(map[string]any)
+		var n float64
+		for _, c := range h["Counts"].([]any) {
+			n += c.(float64)
+		}
+		per := 1
+		for _, x := range dm.FrameShape {
+			per *= x
+		}
+		if n+h["NaN"].(float64)+h["Inf"].(float64) != float64(min(100, dm.Rows)*int64(per)) {
+			t.Fatalf("%s: histogram holds %v values, want %d", dm.Name, n, min(100, dm.Rows)*int64(per))
+		}
+	}
+}
+
+// writeNPY writes float32 [rows, cols] with value(r, c).
+func writeNPY(t *testing.T, path string, rows, cols int, value func(r, c int) float32) {
+	t.Helper()
+	b, err := npy.EncodeHeader("<f4", false, []int{rows, cols}, npy.DataAlign)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r := 0; r < rows; r++ {
+		for c := 0; c < cols; c++ {
+			b = binary.LittleEndian.AppendUint32(b, math.Float32bits(value(r, c)))
+		}
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestInspectClip (#28.1): a clip's per-feature figures and its NaNs, at
+// positions put there.
+func TestInspectClip(t *testing.T) {
+	src := t.TempDir()
+	for i, rows := range []int{10, 20, 30} {
+		writeNPY(t, filepath.Join(src, "x", fmt.Sprintf("c%d.npy", i)), rows, 3, func(r, c int) float32 {
+			if i == 1 && ((r == 3 && c == 2) || (r == 17 && c == 0)) {
+				return float32(math.NaN())
+			}
+			return float32(r*4 + c) // exact in float16
+		})
+	}
+	os.WriteFile(filepath.Join(src, "clips.txt"), []byte("c0\nc1\nc2\n"), 0o644)
+	ds := filepath.Join(t.TempDir(), "ds")
+	if r := clip(t, "convert", "--quiet", "--allow-nonfinite", "--clips", filepath.Join(src, "clips.txt"), "--out", ds, "-m", "x=x/{clip}.npy"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	v := inspectJSON(t, "--clip", "c1", ds)
+	c := v["clip"].(map[string]any)
+	f := c["modalities"].([]any)[0].(map[string]any)
+	if c["frames"].(float64) != 20 || f["nan"].(float64) != 2 || fmt.Sprint(f["nan_at"]) != "[[3 2] [17 0]]" {
+		t.Fatalf("clip c1: %v", c)
+	}
+	// Feature 1: 4r+1 over r = 0..19: mean 39, min 1, max 77.
+	mean, lo, hi := f["mean"].([]any)[1].(float64), f["min"].([]any)[1].(float64), f["max"].([]any)[1].(float64)
+	if mean != 39 || lo != 1 || hi != 77 {
+		t.Fatalf("feature 1: mean %v min %v max %v, want 39 1 77", mean, lo, hi)
+	}
+	m := v["modalities"].([]any)[0].(map[string]any)
+	if m["conversion"].(map[string]any)["nan"].(float64) != 2 || m["values"].(map[string]any)["NaN"].(float64) != 2 {
+		t.Fatalf("dataset NaN counts: %v", m)
+	}
+	r := clip(t, "inspect", "--clip", "nope", ds)
+	oneLine(t, r, 2, `clipshard inspect: --clip "nope": no such clip`)
+}
+
+// TestInspectEpochs (#28.2): the shuffle quality per tenth shows a
+// degraded tail (the last tenth's samples made one clip's), and
+// --sample gives a sample's row of the samples file.
+func TestInspectEpochs(t *testing.T) {
+	_, ep := demo(t)
+	man, err := manifests.LoadEpochs(ep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := man.Epochs[0]
+	// The tail: every sample of the last tenth from clip 5.
+	tail := e.Samples * 9 / 10 // where inspect's last tenth starts
+	for _, s := range e.Shards {
+		p := filepath.Join(ep, s.Files["samples"])
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, err := npy.ParseHeader(b, int64(len(b)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < s.Samples; i++ {
+			if s.First+int64(i) >= tail {
+				binary.LittleEndian.PutUint64(b[h.DataOffset+int64(i)*24:], 5)
+			}
+		}
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v := inspectJSON(t, "--batch", "16", ep)
+	tenths := v["epochs"].([]any)[0].(map[string]any)["quality_by_tenth"].([]any)
+	first, last := tenths[0].(map[string]any), tenths[9].(map[string]any)
+	if first["distinct_clips_mean"].(float64) < 5 || last["distinct_clips_mean"].(float64) != 1 || last["same_clip_neighbours"].(float64) != 1 {
+		t.Fatalf("quality by tenth: first %v, last %v", first, last)
+	}
+	r := clip(t, "inspect", "--batch", "16", ep)
+	if r.Code != 0 || !strings.Contains(r.Stdout, "by tenth: distinct clips") {
+		t.Fatalf("text: %d %s %s", r.Code, r.Stdout, r.Stderr)
+	}
+	// --sample 1:I: the row of the samples file, and a window of each modality.
+	s := man.Epochs[1].Shards[0]
+	b, _ := os.ReadFile(filepath.Join(ep, s.Files["samples"]))
+	h, _ := npy.ParseHeader(b, int64(len(b)))
+	i := 3
+	row := b[h.DataOffset+int64(i)*24:]
+	v = inspectJSON(t, "--sample", fmt.Sprintf("1:%d", s.First+int64(i)), ep)
+	sm := v["sample"].(map[string]any)
+	if sm["clip_row"].(float64) != float64(binary.LittleEndian.Uint64(row)) || sm["start"].(float64) != float64(binary.LittleEndian.Uint64(row[8:])) ||
+		sm["clip"] == "" || len(sm["modalities"].([]any)) != len(man.Modalities) {
+		t.Fatalf("sample: %v", sm)
+	}
+	oneLine(t, clip(t, "inspect", "--sample", "9:0", ep), 2, `clipshard inspect: --sample "9:0"`)
+	oneLine(t, clip(t, "inspect", "--sample", "x", ep), 2, `clipshard inspect: --sample "x"`)
+}
+
+// TestInspectBadInput: neither kind of folder, a damaged manifest, a FIFO,
+// a wrong flag: one line each, exit 1 or 2, at once.
+func TestInspectBadInput(t *testing.T) {
+	ds, _ := demo(t)
+	oneLine(t, clip(t, "inspect", t.TempDir()), 1, "clipshard inspect: ")
+	bad := filepath.Join(t.TempDir(), "ds")
+	clitest.CopyTree(t, ds, bad)
+	os.WriteFile(filepath.Join(bad, "dataset.json"), []byte("{not json"), 0o644)
+	oneLine(t, clip(t, "inspect", bad), 1, "clipshard inspect: ")
+	fifo := filepath.Join(t.TempDir(), "ds")
+	clitest.CopyTree(t, ds, fifo)
+	os.Remove(filepath.Join(fifo, "index.npy"))
+	if err := syscall.Mkfifo(filepath.Join(fifo, "index.npy"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := clip(t, "inspect", fifo)
+	oneLine(t, r, 1, "clipshard inspect: ")
+	if !strings.Contains(r.Stderr, "index.npy") {
+		t.Fatalf("the FIFO is not named: %s", r.Stderr)
+	}
+	oneLine(t, clip(t, "inspect", "--sample", "0:1", ds), 2, "clipshard inspect: --sample is for an epochs folder")
+	oneLine(t, clip(t, "inspect", "--json", "--html", "x.html", ds), 2, "clipshard inspect: ")
+	oneLine(t, clip(t, "inspect", "--html", "/nonexistent/x.html", ds), 1, "clipshard inspect: --html")
+}
+
+// TestInspectHTML (#28.3): the page is self-contained (inline SVG, no
+// script, nothing fetched), has a plot per figure with axes and a caption,
+// and renders in a real browser: headless Chromium's screenshot shows
+// every plot's bars or curve drawn.
+func TestInspectHTML(t *testing.T) {
+	ds, ep := demo(t)
+	dir := t.TempDir()
+	pages := map[string]int{filepath.Join(dir, "ds.html"): 4, filepath.Join(dir, "ep.html"): 4} // plots: lengths + 3 modalities; 2 epochs x 2
+	for page, plots := range pages {
+		target := ds
+		if strings.HasSuffix(page, "ep.html") {
+			target = ep
+		}
+		if r := clip(t, "inspect", "--html", page, target); r.Code != 0 {
+			t.Fatal(r.Stderr)
+		}
+		b, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := string(b)
+		if n := strings.Count(s, "<svg"); n != plots || strings.Count(s, "<figcaption>") != plots {
+			t.Fatalf("%s: %d plots, want %d", page, n, plots)
+		}
+		for _, bad := range []string{"<script", "http://", "https://", "<link", "<img"} {
+			if strings.Contains(strings.ReplaceAll(s, `xmlns="http://www.w3.org/2000/svg"`, ""), bad) {
+				t.Fatalf("%s: not self-contained: holds %q", page, bad)
+			}
+		}
+	}
+	chromium, err := exec.LookPath("chromium")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("no chromium in CI (.ci/run installs Debian's chromium)")
+		}
+		t.Skip("no chromium: apt install chromium to render the page in a real browser")
+	}
+	for page, plots := range pages {
+		shot := page + ".png"
+		cmd := exec.Command(chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+			"--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
+			"--user-data-dir="+t.TempDir(), "--window-size=1200,2600", "--screenshot="+shot, "file://"+page)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("chromium: %v\n%s", err, out)
+		}
+		f, err := os.Open(shot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		img, err := png.Decode(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Pixels of the bars' or the curves' colour: every plot drew some.
+		want := [3]uint32{0x4a, 0x7a, 0xb0}
+		if strings.HasSuffix(page, "ep.html") {
+			want = [3]uint32{0xc0, 0x4a, 0x30}
+		}
+		colored := 0
+		bounds := img.Bounds()
+		for y := bounds.Min.Y; y < bounds.Max.Y; y++ {
+			for x := bounds.Min.X; x < bounds.Max.X; x++ {
+				r, g, b, _ := img.At(x, y).RGBA()
+				if r>>8 == want[0] && g>>8 == want[1] && b>>8 == want[2] {
+					colored++
+				}
+			}
+		}
+		if colored < 200*plots {
+			t.Fatalf("%s: %d pixels of the plots' colour in the screenshot: the plots did not draw", page, colored)
+		}
+	}
+}

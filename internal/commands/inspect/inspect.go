@@ -1,0 +1,717 @@
+// Package inspectcmd is "clipshard inspect": what a dataset or an epochs
+// folder holds, in text, JSON or a self-contained HTML page of plots, read
+// from the manifests and from a bounded sample of the data.
+package inspectcmd
+
+import (
+	"encoding/binary"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/clipshard/clipshard/formats/array"
+	"github.com/clipshard/clipshard/formats/npy"
+	"github.com/clipshard/clipshard/formats/regfile"
+	"github.com/clipshard/clipshard/internal/ui"
+	"github.com/clipshard/clipshard/manifests"
+	"github.com/clipshard/clipshard/transform/shuffle"
+)
+
+const usage = `usage: inspect [--json | --html FILE] [--clip ID] [--sample EPOCH:I] [--fps F] [--rows N] DIR
+
+Show what DIR holds: a dataset written by convert (its dataset.json) or an
+epochs folder written by shuffle (its epochs.json).
+  dataset  clips, frames, hours at --fps; per modality dtype, frame shape,
+           rate, bytes and the conversion's NaN/Inf/overflow/underflow
+           counts and max |x|; the clip-length distribution with the
+           longest and shortest clips; skipped and trimmed clips; the
+           sources' size; value histograms from --rows rows per modality
+           read evenly across its blob (the figures say how many)
+  --clip   that clip's rows: per feature mean/std/min/max, NaN positions
+  epochs   per epoch samples, shards and bytes, and its shuffle quality
+           along the epoch (distinct clips per batch and same-clip
+           neighbours, per tenth: a degraded tail shows)
+  --sample EPOCH:I  sample I of an epoch: its clip, start, valid frames and
+           each modality's value statistics
+--json prints the figures as JSON; --html FILE writes one self-contained
+page (inline SVG, no scripts, no network) with the plots.
+
+Example:
+  inspect /tmp/ds
+  inspect --html /tmp/ds.html /tmp/ds
+
+Flags:
+`
+
+const exitCodes = `
+Exit status: 0 shown; 1 unreadable or damaged input (one line names the
+file); 2 usage error.
+`
+
+// Run runs the command as name ("clipshard inspect").
+func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
+	defer ui.Recover(stderr, name, &code)
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	jsonOut := fs.Bool("json", false, "print the figures as JSON")
+	html := fs.String("html", "", "write a self-contained HTML page of plots to `FILE`")
+	clip := fs.String("clip", "", "a dataset's clip `ID`: its rows' statistics")
+	sample := fs.String("sample", "", "an epochs folder's sample `EPOCH:I`: its clip, window and values")
+	fps := fs.Float64("fps", 25, "clip frames per second, for hours")
+	rows := fs.Int("rows", 65536, "rows read per modality for the value histograms (evenly across the blob)")
+	batch := fs.Int("batch", 256, "batch size of the shuffle-quality figures")
+	if done, code := ui.Parse(fs, args, stdout, stderr, ui.Named(usage, "inspect", name), ui.Named(exitCodes, "inspect", name), true); done {
+		return code
+	}
+	if fs.NArg() != 1 || *rows < 1 || *fps <= 0 || *batch < 1 || (*jsonOut && *html != "") {
+		fmt.Fprintf(stderr, "%s: want one DIR (and --rows >= 1, --fps > 0, --batch >= 1, not both --json and --html; see --help)\n", name)
+		return 2
+	}
+	dir := fs.Arg(0)
+	var rep any
+	var err error
+	switch {
+	case exists(filepath.Join(dir, "dataset.json")):
+		if *sample != "" {
+			return usageErr(stderr, name, "--sample is for an epochs folder; %s is a dataset", dir)
+		}
+		rep, err = inspectDataset(dir, *clip, *fps, *rows)
+	case exists(filepath.Join(dir, "epochs.json")):
+		if *clip != "" {
+			return usageErr(stderr, name, "--clip is for a dataset; %s is an epochs folder", dir)
+		}
+		rep, err = inspectEpochs(dir, *sample, *batch)
+	default:
+		fmt.Fprintf(stderr, "%s: %s: neither a dataset (no dataset.json) nor an epochs folder (no epochs.json)\n", name, dir)
+		return 1
+	}
+	if err != nil {
+		var u usageError
+		if errors.As(err, &u) {
+			return usageErr(stderr, name, "%s", u.msg)
+		}
+		ui.Fail(stderr, name, err)
+		return 1
+	}
+	switch {
+	case *jsonOut:
+		stdout.Write(ui.JSON(rep))
+		fmt.Fprintln(stdout)
+	case *html != "":
+		if err := writeHTML(*html, rep); err != nil {
+			ui.Fail(stderr, name, err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "wrote %s\n", *html)
+	default:
+		printText(stdout, rep)
+	}
+	return 0
+}
+
+type usageError struct{ msg string }
+
+func (u usageError) Error() string { return u.msg }
+
+func usageErr(stderr io.Writer, name, format string, a ...any) int {
+	fmt.Fprintf(stderr, "%s: %s\n", name, fmt.Sprintf(format, a...))
+	return 2
+}
+
+func exists(p string) bool {
+	_, err := os.Lstat(p)
+	return err == nil
+}
+
+// -- dataset --------------------------------------------------------------
+
+// DatasetReport is what inspect shows of a dataset.
+type DatasetReport struct {
+	Kind       string           `json:"kind"` // "dataset"
+	Dir        string           `json:"dir"`
+	Clips      int64            `json:"clips"`
+	Frames     int64            `json:"frames"`
+	FPS        float64          `json:"fps"`
+	Hours      float64          `json:"hours"`
+	Modalities []ModalityReport `json:"modalities"`
+	Lengths    Distribution     `json:"clip_lengths"` // in clip frames
+	Longest    []ClipLength     `json:"longest"`
+	Shortest   []ClipLength     `json:"shortest"`
+	Skipped    []string         `json:"skipped"`
+	Trimmed    int64            `json:"trimmed_frames"`
+	SourceSize int64            `json:"source_bytes"`
+	Histogram  []int64          `json:"length_histogram"` // clip counts over LengthEdges
+	LengthEdge []float64        `json:"length_edges"`
+	Clip       *ClipReport      `json:"clip,omitempty"`
+}
+
+// ModalityReport is one blob's figures.
+type ModalityReport struct {
+	Name       string          `json:"name"`
+	DType      string          `json:"dtype"`
+	FrameShape []int           `json:"frame_shape"`
+	Rate       int             `json:"rate"`
+	PerClip    bool            `json:"per_clip,omitempty"`
+	Rows       int64           `json:"rows"`
+	Bytes      int64           `json:"bytes"`
+	Stats      manifests.Stats `json:"conversion"`
+	Sampled    int64           `json:"sampled_rows"` // rows read for the histogram
+	Values     Histogram       `json:"values"`
+}
+
+// Distribution is a five-number summary.
+type Distribution struct {
+	Min, Q1, Median, Q3, Max int64
+	Mean                     float64
+}
+
+// ClipLength is a clip and its length in clip frames.
+type ClipLength struct {
+	Clip   string `json:"clip"`
+	Row    int    `json:"row"`
+	Frames int64  `json:"frames"`
+}
+
+// Histogram counts values in equal bins over [Lo, Hi]; NaN and Inf apart.
+type Histogram struct {
+	Lo, Hi float64
+	Counts []int64
+	NaN    int64
+	Inf    int64
+	Values int64
+}
+
+func inspectDataset(dir, clip string, fps float64, maxRows int) (*DatasetReport, error) {
+	d, err := manifests.LoadDataset(dir)
+	if err != nil {
+		return nil, err
+	}
+	idx, err := manifests.Join(dir, d.Files.Index)
+	if err != nil {
+		return nil, err
+	}
+	starts, lengths, err := manifests.ReadIndex(idx)
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(lengths)) != d.Clips {
+		return nil, fmt.Errorf("%s: %d clips, dataset.json says %d", idx, len(lengths), d.Clips)
+	}
+	var ids []string
+	if d.Files.IDs != "" {
+		p, err := manifests.Join(dir, d.Files.IDs)
+		if err != nil {
+			return nil, err
+		}
+		if ids, err = manifests.ReadClipList(p); err != nil {
+			return nil, err
+		}
+		if len(ids) != len(lengths) {
+			return nil, fmt.Errorf("%s: %d ids, index.npy has %d clips", p, len(ids), len(lengths))
+		}
+	}
+	id := func(i int) string {
+		if ids == nil {
+			return "#" + strconv.Itoa(i)
+		}
+		return ids[i]
+	}
+	r := &DatasetReport{Kind: "dataset", Dir: dir, Clips: d.Clips, Frames: d.Frames, FPS: fps,
+		Hours: float64(d.Frames) / fps / 3600, Trimmed: d.Trimmed, Skipped: []string{}}
+	for _, s := range d.Skipped {
+		r.Skipped = append(r.Skipped, s.Clip+": "+s.Reason)
+	}
+	r.Lengths, r.Longest, r.Shortest = lengthFigures(lengths, id)
+	r.LengthEdge, r.Histogram = lengthHistogram(lengths)
+	var names []string
+	for _, m := range d.Modalities {
+		names = append(names, m.Name)
+	}
+	if cp, err := manifests.Join(dir, d.Files.Clips); err == nil {
+		rows, err := manifests.ReadClips(cp, names)
+		if err != nil {
+			return nil, err
+		}
+		for _, row := range rows {
+			for _, s := range row.Sources {
+				if s.Size > 0 {
+					r.SourceSize += s.Size
+				}
+			}
+		}
+	} else {
+		return nil, err
+	}
+	for _, m := range d.Modalities {
+		mr := ModalityReport{Name: m.Name, DType: m.DType, FrameShape: m.FrameShape, Rate: m.Rate, PerClip: m.PerClip,
+			Rows: m.Rows, Bytes: m.Size, Stats: d.Stats[m.Name]}
+		blob, err := manifests.Join(dir, m.File)
+		if err != nil {
+			return nil, err
+		}
+		if mr.Sampled, mr.Values, err = sampleValues(blob, m, maxRows); err != nil {
+			return nil, err
+		}
+		r.Modalities = append(r.Modalities, mr)
+	}
+	if clip != "" {
+		i := slices.Index(ids, clip)
+		if i < 0 {
+			if n, err := strconv.Atoi(strings.TrimPrefix(clip, "#")); err == nil && strings.HasPrefix(clip, "#") && n >= 0 && n < len(lengths) {
+				i = n
+			} else {
+				return nil, usageError{fmt.Sprintf("--clip %q: no such clip in %s (give an id of its clips.txt, or #ROW)", clip, dir)}
+			}
+		}
+		if r.Clip, err = clipReport(dir, d, i, id(i), starts[i], lengths[i]); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+func lengthFigures(lengths []int64, id func(int) string) (Distribution, []ClipLength, []ClipLength) {
+	if len(lengths) == 0 {
+		return Distribution{}, nil, nil
+	}
+	order := make([]int, len(lengths))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(a, b int) bool { return lengths[order[a]] < lengths[order[b]] })
+	q := func(f float64) int64 { return lengths[order[int(math.Round(f*float64(len(order)-1)))]] }
+	var sum float64
+	for _, l := range lengths {
+		sum += float64(l)
+	}
+	dist := Distribution{Min: q(0), Q1: q(0.25), Median: q(0.5), Q3: q(0.75), Max: q(1), Mean: sum / float64(len(lengths))}
+	k := min(5, len(order))
+	var longest, shortest []ClipLength
+	for j := 0; j < k; j++ {
+		i := order[len(order)-1-j]
+		longest = append(longest, ClipLength{id(i), i, lengths[i]})
+		i = order[j]
+		shortest = append(shortest, ClipLength{id(i), i, lengths[i]})
+	}
+	return dist, longest, shortest
+}
+
+func lengthHistogram(lengths []int64) ([]float64, []int64) {
+	if len(lengths) == 0 {
+		return nil, nil
+	}
+	lo, hi := slices.Min(lengths), slices.Max(lengths)
+	bins := 20
+	edges := make([]float64, bins+1)
+	for i := range edges {
+		edges[i] = float64(lo) + float64(hi-lo)*float64(i)/float64(bins)
+	}
+	counts := make([]int64, bins)
+	for _, l := range lengths {
+		b := bins - 1
+		if hi > lo {
+			b = min(bins-1, int(float64(l-lo)/float64(hi-lo)*float64(bins)))
+		}
+		counts[b]++
+	}
+	return edges, counts
+}
+
+// decoder returns a function reading value j of a row's bytes as float64.
+func decoder(descr string) (func(b []byte, j int) float64, int, error) {
+	dt, big, err := array.ParseDescr(descr)
+	if err != nil {
+		return nil, 0, err
+	}
+	var bo binary.ByteOrder = binary.LittleEndian
+	if big {
+		bo = binary.BigEndian
+	}
+	size := dt.Size
+	switch strings.TrimLeft(descr, "<>|=") {
+	case "f2":
+		return func(b []byte, j int) float64 { return float64(array.Float16ToFloat32(bo.Uint16(b[j*2:]))) }, size, nil
+	case "f4":
+		return func(b []byte, j int) float64 { return float64(math.Float32frombits(bo.Uint32(b[j*4:]))) }, size, nil
+	case "f8":
+		return func(b []byte, j int) float64 { return math.Float64frombits(bo.Uint64(b[j*8:])) }, size, nil
+	case "i8":
+		return func(b []byte, j int) float64 { return float64(int64(bo.Uint64(b[j*8:]))) }, size, nil
+	case "i4":
+		return func(b []byte, j int) float64 { return float64(int32(bo.Uint32(b[j*4:]))) }, size, nil
+	case "i2":
+		return func(b []byte, j int) float64 { return float64(int16(bo.Uint16(b[j*2:]))) }, size, nil
+	case "u1", "b1":
+		return func(b []byte, j int) float64 { return float64(b[j]) }, size, nil
+	}
+	return nil, 0, fmt.Errorf("dtype %s: not shown", descr)
+}
+
+// sampleValues reads up to maxRows rows of the blob, in 64 runs spread
+// evenly over it, and histograms their values (two passes over what was
+// read: range, then counts).
+func sampleValues(blob string, m manifests.Modality, maxRows int) (int64, Histogram, error) {
+	dec, size, err := decoder(m.DType)
+	if err != nil {
+		return 0, Histogram{}, fmt.Errorf("%s: %w", blob, err)
+	}
+	per := 1
+	for _, x := range m.FrameShape {
+		per *= x
+	}
+	rowBytes := int64(per * size)
+	f, _, err := regfile.Open(blob)
+	if err != nil {
+		return 0, Histogram{}, err
+	}
+	defer f.Close()
+	var vals []float64
+	var h Histogram
+	take := min(int64(maxRows), m.Rows)
+	runs := min(int64(64), max(1, take))
+	var read int64
+	for k := int64(0); k < runs && rowBytes > 0; k++ {
+		n := take / runs
+		if k < take%runs {
+			n++
+		}
+		first := m.Rows * k / runs
+		n = min(n, m.Rows-first)
+		if n <= 0 {
+			continue
+		}
+		buf := make([]byte, n*rowBytes)
+		if _, err := f.ReadAt(buf, m.DataOffset+first*rowBytes); err != nil {
+			return 0, Histogram{}, fmt.Errorf("%s: rows %d..%d: %w", blob, first, first+n, err)
+		}
+		read += n
+		for j := 0; j < int(n)*per; j++ {
+			v := dec(buf, j)
+			switch {
+			case math.IsNaN(v):
+				h.NaN++
+			case math.IsInf(v, 0):
+				h.Inf++
+			default:
+				vals = append(vals, v)
+			}
+		}
+	}
+	h.Values = int64(len(vals)) + h.NaN + h.Inf
+	if len(vals) > 0 {
+		h.Lo, h.Hi = slices.Min(vals), slices.Max(vals)
+		h.Counts = make([]int64, 40)
+		for _, v := range vals {
+			b := len(h.Counts) - 1
+			if h.Hi > h.Lo {
+				b = min(b, int((v-h.Lo)/(h.Hi-h.Lo)*float64(len(h.Counts))))
+			}
+			h.Counts[b]++
+		}
+	}
+	return read, h, nil
+}
+
+// ClipReport is one clip's rows per modality.
+type ClipReport struct {
+	Clip       string          `json:"clip"`
+	Row        int             `json:"row"`
+	Start      int64           `json:"start"`
+	Frames     int64           `json:"frames"`
+	Modalities []FeatureReport `json:"modalities"`
+}
+
+// FeatureReport is per-feature statistics of some rows of a modality.
+type FeatureReport struct {
+	Name string    `json:"name"`
+	Rows int64     `json:"rows"`
+	Mean []float64 `json:"mean"`
+	Std  []float64 `json:"std"`
+	Min  []float64 `json:"min"`
+	Max  []float64 `json:"max"`
+	// NaN counts and the first NaN positions as [row, feature].
+	NaN      int64      `json:"nan"`
+	NaNAt    [][2]int64 `json:"nan_at"`
+	Infinite int64      `json:"inf"`
+}
+
+func clipReport(dir string, d *manifests.Dataset, i int, id string, start, length int64) (*ClipReport, error) {
+	c := &ClipReport{Clip: id, Row: i, Start: start, Frames: length}
+	for _, m := range d.Modalities {
+		blob, err := manifests.Join(dir, m.File)
+		if err != nil {
+			return nil, err
+		}
+		first, n := m.ClipRows(i, start, length)
+		fr, err := featureStats(blob, m.Name, m.DType, m.FrameShape, m.DataOffset, first, n)
+		if err != nil {
+			return nil, err
+		}
+		c.Modalities = append(c.Modalities, *fr)
+	}
+	return c, nil
+}
+
+// featureStats streams rows [first, first+n) of a .npy blob or shard in
+// pieces of at most 8 MiB, with running per-feature figures.
+func featureStats(path, name, descr string, frame []int, offset, first, n int64) (*FeatureReport, error) {
+	dec, size, err := decoder(descr)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	per := 1
+	for _, x := range frame {
+		per *= x
+	}
+	f, _, err := regfile.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	r := &FeatureReport{Name: name, Rows: n, Mean: make([]float64, per), Std: make([]float64, per), Min: make([]float64, per),
+		Max: make([]float64, per), NaNAt: [][2]int64{}}
+	for j := range r.Min {
+		r.Min[j], r.Max[j] = math.Inf(1), math.Inf(-1)
+	}
+	count := make([]float64, per)
+	sq := make([]float64, per)
+	rowBytes := int64(per * size)
+	step := max(1, (8<<20)/max(1, rowBytes))
+	for at := int64(0); at < n && rowBytes > 0; at += step {
+		k := min(step, n-at)
+		buf := make([]byte, k*rowBytes)
+		if _, err := f.ReadAt(buf, offset+(first+at)*rowBytes); err != nil {
+			return nil, fmt.Errorf("%s: rows %d..%d: %w", path, first+at, first+at+k, err)
+		}
+		for row := int64(0); row < k; row++ {
+			for j := 0; j < per; j++ {
+				v := dec(buf, int(row)*per+j)
+				switch {
+				case math.IsNaN(v):
+					r.NaN++
+					if len(r.NaNAt) < 20 {
+						r.NaNAt = append(r.NaNAt, [2]int64{at + row, int64(j)})
+					}
+					continue
+				case math.IsInf(v, 0):
+					r.Infinite++
+					continue
+				}
+				count[j]++
+				r.Mean[j] += v
+				sq[j] += v * v
+				r.Min[j], r.Max[j] = min(r.Min[j], v), max(r.Max[j], v)
+			}
+		}
+	}
+	for j := range r.Mean {
+		if count[j] == 0 {
+			r.Mean[j], r.Std[j], r.Min[j], r.Max[j] = math.NaN(), math.NaN(), math.NaN(), math.NaN()
+			continue
+		}
+		r.Mean[j] /= count[j]
+		r.Std[j] = math.Sqrt(max(0, sq[j]/count[j]-r.Mean[j]*r.Mean[j]))
+	}
+	return r, nil
+}
+
+// -- epochs ---------------------------------------------------------------
+
+// EpochsReport is what inspect shows of an epochs folder.
+type EpochsReport struct {
+	Kind    string         `json:"kind"` // "epochs"
+	Dir     string         `json:"dir"`
+	Dataset string         `json:"dataset"`
+	Seed    uint64         `json:"seed"`
+	Window  int            `json:"window"`
+	Batch   int            `json:"batch"`
+	Epochs  []EpochReport  `json:"epochs"`
+	Sample  *SampleReport  `json:"sample,omitempty"`
+	Names   []string       `json:"modalities"`
+	Shapes  map[string]any `json:"sample_shapes"`
+}
+
+// EpochReport is one epoch's figures, and its shuffle quality per tenth.
+type EpochReport struct {
+	Epoch   int               `json:"epoch"`
+	Samples int64             `json:"samples"`
+	Shards  int               `json:"shards"`
+	Bytes   int64             `json:"bytes"`
+	Quality shuffle.Quality   `json:"quality"`
+	Tenths  []shuffle.Quality `json:"quality_by_tenth"`
+}
+
+// SampleReport is one sample of an epoch.
+type SampleReport struct {
+	Epoch      int             `json:"epoch"`
+	Index      int64           `json:"index"`
+	Clip       int64           `json:"clip_row"`
+	ClipID     string          `json:"clip"`
+	Start      int64           `json:"start"`
+	Valid      int64           `json:"valid"`
+	Shard      string          `json:"shard"`
+	Modalities []FeatureReport `json:"modalities"`
+}
+
+func inspectEpochs(dir, sample string, batch int) (*EpochsReport, error) {
+	man, err := manifests.LoadEpochs(dir)
+	if err != nil {
+		return nil, err
+	}
+	r := &EpochsReport{Kind: "epochs", Dir: dir, Dataset: man.Dataset.Dir, Seed: man.Seed, Window: man.Window, Batch: batch,
+		Shapes: map[string]any{}}
+	for _, m := range man.Modalities {
+		r.Names = append(r.Names, m.Name)
+		r.Shapes[m.Name] = m.SampleShape()
+	}
+	for _, e := range man.Epochs {
+		er := EpochReport{Epoch: e.Epoch, Samples: e.Samples, Shards: len(e.Shards)}
+		var order []manifests.Sample
+		shards := slices.Clone(e.Shards)
+		sort.Slice(shards, func(a, b int) bool { return shards[a].Shard < shards[b].Shard })
+		for _, s := range shards {
+			for _, rel := range s.Files {
+				p, err := manifests.Join(dir, rel)
+				if err != nil {
+					return nil, err
+				}
+				if _, fi, err := regfile.Open(p); err != nil {
+					return nil, err
+				} else {
+					er.Bytes += fi.Size()
+				}
+			}
+			got, err := readSamples(dir, s)
+			if err != nil {
+				return nil, err
+			}
+			order = append(order, got...)
+		}
+		if int64(len(order)) != e.Samples {
+			return nil, fmt.Errorf("%s: epoch %d: the shards hold %d samples, epochs.json says %d", dir, e.Epoch, len(order), e.Samples)
+		}
+		er.Quality = shuffle.Measure(order, batch)
+		for t := 0; t < 10; t++ {
+			lo, hi := len(order)*t/10, len(order)*(t+1)/10
+			er.Tenths = append(er.Tenths, shuffle.Measure(order[lo:hi], min(batch, max(1, hi-lo))))
+		}
+		r.Epochs = append(r.Epochs, er)
+	}
+	if sample != "" {
+		if r.Sample, err = sampleReport(dir, man, sample); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+// readSamples reads a shard's samples file (int64 [S, 3]).
+func readSamples(dir string, s manifests.ShardEntry) ([]manifests.Sample, error) {
+	p, err := manifests.Join(dir, s.Files["samples"])
+	if err != nil {
+		return nil, err
+	}
+	off, err := shardData(p, "<i8", []int{s.Samples, 3})
+	if err != nil {
+		return nil, err
+	}
+	f, _, err := regfile.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	buf := make([]byte, s.Samples*24)
+	if _, err := f.ReadAt(buf, off); err != nil {
+		return nil, fmt.Errorf("%s: %w", p, err)
+	}
+	out := make([]manifests.Sample, s.Samples)
+	for i := range out {
+		out[i] = manifests.Sample{Clip: int64(binary.LittleEndian.Uint64(buf[i*24:])), Start: int64(binary.LittleEndian.Uint64(buf[i*24+8:])),
+			Valid: int64(binary.LittleEndian.Uint64(buf[i*24+16:]))}
+	}
+	return out, nil
+}
+
+// shardData checks a shard file's .npy header against the manifest and
+// returns where its data starts.
+func shardData(p, descr string, shape []int) (int64, error) {
+	f, fi, err := regfile.Open(p)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	head := make([]byte, min(fi.Size(), 1<<16))
+	if _, err := io.ReadFull(f, head); err != nil {
+		return 0, fmt.Errorf("%s: %w", p, err)
+	}
+	h, err := npy.ParseHeader(head, fi.Size())
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", p, err)
+	}
+	if h.Descr != descr || h.Fortran || !slices.Equal(h.Shape, shape) {
+		return 0, fmt.Errorf("%s: holds %s %v, epochs.json says %s %v", p, h.Descr, h.Shape, descr, shape)
+	}
+	if fi.Size() != h.DataOffset+h.DataSize {
+		return 0, fmt.Errorf("%s: %d bytes, its header makes %d", p, fi.Size(), h.DataOffset+h.DataSize)
+	}
+	return h.DataOffset, nil
+}
+
+func sampleReport(dir string, man *manifests.Epochs, spec string) (*SampleReport, error) {
+	es, is, ok := strings.Cut(spec, ":")
+	e, err1 := strconv.Atoi(es)
+	i, err2 := strconv.ParseInt(is, 10, 64)
+	if !ok || err1 != nil || err2 != nil || i < 0 {
+		return nil, usageError{fmt.Sprintf("--sample %q: want EPOCH:INDEX (e.g. 0:17)", spec)}
+	}
+	entry := man.Entry(e)
+	if entry == nil {
+		return nil, usageError{fmt.Sprintf("--sample %q: %s has no epoch %d", spec, dir, e)}
+	}
+	for _, s := range entry.Shards {
+		if i < s.First || i >= s.First+int64(s.Samples) {
+			continue
+		}
+		got, err := readSamples(dir, s)
+		if err != nil {
+			return nil, err
+		}
+		k := i - s.First
+		smp := got[k]
+		rep := &SampleReport{Epoch: e, Index: i, Clip: smp.Clip, Start: smp.Start, Valid: smp.Valid, Shard: s.Files["samples"]}
+		if ids, err := manifests.ReadClipList(filepath.Join(man.Dataset.Dir, "clips.txt")); err == nil && smp.Clip >= 0 && smp.Clip < int64(len(ids)) {
+			rep.ClipID = ids[smp.Clip]
+		}
+		for _, m := range man.Modalities {
+			p, err := manifests.Join(dir, s.Files[m.Name])
+			if err != nil {
+				return nil, err
+			}
+			shape := append([]int{s.Samples}, m.SampleShape()...)
+			off, err := shardData(p, m.DType, shape)
+			if err != nil {
+				return nil, err
+			}
+			frame := m.FrameShape
+			rows := int64(m.WindowRows)
+			first := k * rows
+			if m.PerClip {
+				rows, first = 1, k
+			}
+			fr, err := featureStats(p, m.Name, m.DType, frame, off, first, rows)
+			if err != nil {
+				return nil, err
+			}
+			rep.Modalities = append(rep.Modalities, *fr)
+		}
+		return rep, nil
+	}
+	return nil, usageError{fmt.Sprintf("--sample %q: epoch %d has %d samples", spec, e, entry.Samples)}
+}
