@@ -201,6 +201,15 @@ func TestInspectEpochs(t *testing.T) {
 	if r.Code != 0 || !strings.Contains(r.Stdout, "by tenth: distinct clips") {
 		t.Fatalf("text: %d %s %s", r.Code, r.Stdout, r.Stderr)
 	}
+	// Within --mem: a bounded stretch of each tenth, said so.
+	v = inspectJSON(t, "--batch", "4", "--mem", "2KiB", ep)
+	e0 := v["epochs"].([]any)[0].(map[string]any)
+	if got := e0["measured_samples"].(float64); got != 80 || e0["samples"].(float64) <= 80 {
+		t.Fatalf("--mem 2KiB: measured %v of %v samples, want 80 (2048/24 = 85, 8 a tenth)", got, e0["samples"])
+	}
+	if r := clip(t, "inspect", "--batch", "4", "--mem", "2KiB", ep); !strings.Contains(r.Stdout, "(measured on 80 of the") {
+		t.Fatalf("text does not say the quality was sampled: %s", r.Stdout)
+	}
 	// --sample 1:I: the row of the samples file, and a window of each modality.
 	s := man.Epochs[1].Shards[0]
 	b, _ := os.ReadFile(filepath.Join(ep, s.Files["samples"]))

@@ -25,7 +25,7 @@ import (
 	"github.com/clipshard/clipshard/transform/shuffle"
 )
 
-const usage = `usage: inspect [--json | --html FILE] [--clip ID] [--sample EPOCH:I] [--fps F] [--rows N] DIR
+const usage = `usage: inspect [--json | --html FILE] [--clip ID] [--sample EPOCH:I] [--fps F] [--rows N] [--batch B] [--mem SIZE] DIR
 
 Show what DIR holds: a dataset written by convert (its dataset.json) or an
 epochs folder written by shuffle (its epochs.json).
@@ -38,7 +38,9 @@ epochs folder written by shuffle (its epochs.json).
   --clip   that clip's rows: per feature mean/std/min/max, NaN positions
   epochs   per epoch samples, shards and bytes, and its shuffle quality
            along the epoch (distinct clips per batch and same-clip
-           neighbours, per tenth: a degraded tail shows)
+           neighbours, per tenth: a degraded tail shows), from the whole
+           order if it fits --mem (24 bytes a sample), else from the
+           start of each tenth (the figures say how many samples)
   --sample EPOCH:I  sample I of an epoch: its clip, start, valid frames and
            each modality's value statistics
 --json prints the figures as JSON; --html FILE writes one self-contained
@@ -67,6 +69,7 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 	fps := fs.Float64("fps", 25, "clip frames per second, for hours")
 	rows := fs.Int("rows", 65536, "rows read per modality for the value histograms (evenly across the blob)")
 	batch := fs.Int("batch", 256, "batch size of the shuffle-quality figures")
+	memFlag := fs.String("mem", "256MiB", "memory for an epoch's order (24 bytes a sample): a larger epoch is measured on a stretch of each tenth, a `SIZE` such as 1GiB")
 	if done, code := ui.Parse(fs, args, stdout, stderr, ui.Named(usage, "inspect", name), ui.Named(exitCodes, "inspect", name), true); done {
 		return code
 	}
@@ -74,9 +77,13 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 		fmt.Fprintf(stderr, "%s: want one DIR (and --rows >= 1, --fps > 0, --batch >= 1, not both --json and --html; see --help)\n", name)
 		return 2
 	}
+	mem, err := ui.ParseSize(*memFlag)
+	if err != nil || mem < 1<<10 {
+		fmt.Fprintf(stderr, "%s: --mem %q: want a size of at least 1KiB\n", name, *memFlag)
+		return 2
+	}
 	dir := fs.Arg(0)
 	var rep any
-	var err error
 	switch {
 	case exists(filepath.Join(dir, "dataset.json")):
 		if *sample != "" {
@@ -87,7 +94,7 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 		if *clip != "" {
 			return usageErr(stderr, name, "--clip is for a dataset; %s is an epochs folder", dir)
 		}
-		rep, err = inspectEpochs(dir, *sample, *batch)
+		rep, err = inspectEpochs(dir, *sample, *batch, mem)
 	default:
 		fmt.Fprintf(stderr, "%s: %s: neither a dataset (no dataset.json) nor an epochs folder (no epochs.json)\n", name, dir)
 		return 1
@@ -234,20 +241,27 @@ func inspectDataset(dir, clip string, fps float64, maxRows int) (*DatasetReport,
 	for _, m := range d.Modalities {
 		names = append(names, m.Name)
 	}
-	if cp, err := manifests.Join(dir, d.Files.Clips); err == nil {
-		rows, err := manifests.ReadClips(cp, names)
-		if err != nil {
-			return nil, err
-		}
-		for _, row := range rows {
-			for _, s := range row.Sources {
-				if s.Size > 0 {
-					r.SourceSize += s.Size
-				}
-			}
-		}
-	} else {
+	// The sources' sizes: those columns of clips.parquet alone (8 bytes a
+	// clip and modality).
+	cp, err := manifests.Join(dir, d.Files.Clips)
+	if err != nil {
 		return nil, err
+	}
+	var cols []string
+	for _, n := range names {
+		cols = append(cols, n+"_source_size")
+	}
+	sizes, _, err := manifests.ReadTable(cp, cols, nil)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range cols {
+		if int64(len(sizes[c])) != d.Clips {
+			return nil, fmt.Errorf("%s: %d rows, dataset.json says %d clips", cp, len(sizes[c]), d.Clips)
+		}
+		for _, v := range sizes[c] {
+			r.SourceSize += max(0, v)
+		}
 	}
 	for _, m := range d.Modalities {
 		mr := ModalityReport{Name: m.Name, DType: m.DType, FrameShape: m.FrameShape, Rate: m.Rate, PerClip: m.PerClip,
@@ -545,6 +559,9 @@ type EpochReport struct {
 	Shards  int               `json:"shards"`
 	Bytes   int64             `json:"bytes"`
 	Quality shuffle.Quality   `json:"quality"`
+	// Measured is how many samples the quality figures were measured on
+	// (all of them, unless the epoch's order is larger than --mem).
+	Measured int64 `json:"measured_samples"`
 	Tenths  []shuffle.Quality `json:"quality_by_tenth"`
 }
 
@@ -560,7 +577,7 @@ type SampleReport struct {
 	Modalities []FeatureReport `json:"modalities"`
 }
 
-func inspectEpochs(dir, sample string, batch int) (*EpochsReport, error) {
+func inspectEpochs(dir, sample string, batch int, mem int64) (*EpochsReport, error) {
 	man, err := manifests.LoadEpochs(dir)
 	if err != nil {
 		return nil, err
@@ -573,35 +590,48 @@ func inspectEpochs(dir, sample string, batch int) (*EpochsReport, error) {
 	}
 	for _, e := range man.Epochs {
 		er := EpochReport{Epoch: e.Epoch, Samples: e.Samples, Shards: len(e.Shards)}
-		var order []manifests.Sample
 		shards := slices.Clone(e.Shards)
 		sort.Slice(shards, func(a, b int) bool { return shards[a].Shard < shards[b].Shard })
+		var held int64
 		for _, s := range shards {
 			for _, rel := range s.Files {
 				p, err := manifests.Join(dir, rel)
 				if err != nil {
 					return nil, err
 				}
-				if _, fi, err := regfile.Open(p); err != nil {
+				f, fi, err := regfile.Open(p)
+				if err != nil {
 					return nil, err
-				} else {
-					er.Bytes += fi.Size()
 				}
+				f.Close()
+				er.Bytes += fi.Size()
 			}
-			got, err := readSamples(dir, s)
+			held += int64(s.Samples)
+		}
+		if held != e.Samples {
+			return nil, fmt.Errorf("%s: epoch %d: the shards hold %d samples, epochs.json says %d", dir, e.Epoch, held, e.Samples)
+		}
+		// Within --mem (24 bytes a sample): the whole order, or, for a
+		// larger epoch, a stretch of each tenth from its start (the
+		// figures say how many samples they measured).
+		budget := max(int64(10*batch), mem/24)
+		per := e.Samples
+		if e.Samples > budget {
+			per = budget / 10
+		}
+		var order []manifests.Sample
+		for t := int64(0); t < 10; t++ {
+			lo := e.Samples * t / 10
+			hi := min(e.Samples*(t+1)/10, lo+per)
+			got, err := readRange(dir, shards, lo, hi)
 			if err != nil {
 				return nil, err
 			}
+			er.Tenths = append(er.Tenths, shuffle.Measure(got, min(batch, max(1, len(got)))))
 			order = append(order, got...)
 		}
-		if int64(len(order)) != e.Samples {
-			return nil, fmt.Errorf("%s: epoch %d: the shards hold %d samples, epochs.json says %d", dir, e.Epoch, len(order), e.Samples)
-		}
 		er.Quality = shuffle.Measure(order, batch)
-		for t := 0; t < 10; t++ {
-			lo, hi := len(order)*t/10, len(order)*(t+1)/10
-			er.Tenths = append(er.Tenths, shuffle.Measure(order[lo:hi], min(batch, max(1, hi-lo))))
-		}
+		er.Measured = int64(len(order))
 		r.Epochs = append(r.Epochs, er)
 	}
 	if sample != "" {
@@ -610,6 +640,24 @@ func inspectEpochs(dir, sample string, batch int) (*EpochsReport, error) {
 		}
 	}
 	return r, nil
+}
+
+// readRange reads samples [lo, hi) of an epoch from its shards' samples
+// files.
+func readRange(dir string, shards []manifests.ShardEntry, lo, hi int64) ([]manifests.Sample, error) {
+	var out []manifests.Sample
+	for _, s := range shards {
+		a, b := max(lo, s.First), min(hi, s.First+int64(s.Samples))
+		if a >= b {
+			continue
+		}
+		got, err := readSamples(dir, s)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, got[a-s.First:b-s.First]...)
+	}
+	return out, nil
 }
 
 // readSamples reads a shard's samples file (int64 [S, 3]).

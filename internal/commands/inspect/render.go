@@ -53,6 +53,9 @@ func printText(w io.Writer, rep any) {
 				n = append(n, fmt.Sprintf("%.2f", t.SameClipNeighbours))
 			}
 			fmt.Fprintf(w, "    by tenth: distinct clips %s; same-clip neighbours %s\n", strings.Join(d, " "), strings.Join(n, " "))
+			if e.Measured < e.Samples {
+				fmt.Fprintf(w, "    (measured on %d of the %d samples: the start of each tenth; --mem holds more)\n", e.Measured, e.Samples)
+			}
 		}
 		if s := r.Sample; s != nil {
 			fmt.Fprintf(w, "sample %d:%d: clip row %d %s, start %d, valid %d (%s)\n", s.Epoch, s.Index, s.Clip, s.ClipID, s.Start, s.Valid, s.Shard)
