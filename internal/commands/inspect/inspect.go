@@ -554,15 +554,15 @@ type EpochsReport struct {
 
 // EpochReport is one epoch's figures, and its shuffle quality per tenth.
 type EpochReport struct {
-	Epoch   int               `json:"epoch"`
-	Samples int64             `json:"samples"`
-	Shards  int               `json:"shards"`
-	Bytes   int64             `json:"bytes"`
-	Quality shuffle.Quality   `json:"quality"`
+	Epoch   int             `json:"epoch"`
+	Samples int64           `json:"samples"`
+	Shards  int             `json:"shards"`
+	Bytes   int64           `json:"bytes"`
+	Quality shuffle.Quality `json:"quality"`
 	// Measured is how many samples the quality figures were measured on
 	// (all of them, unless the epoch's order is larger than --mem).
-	Measured int64 `json:"measured_samples"`
-	Tenths  []shuffle.Quality `json:"quality_by_tenth"`
+	Measured int64             `json:"measured_samples"`
+	Tenths   []shuffle.Quality `json:"quality_by_tenth"`
 }
 
 // SampleReport is one sample of an epoch.
