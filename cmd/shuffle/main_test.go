@@ -205,16 +205,8 @@ func TestTorchReader(t *testing.T) {
 // of the thread; and clipshard.torch.Loader's tensors and casts where
 // torch is installed (testdata/check_loader.py).
 func TestLoader(t *testing.T) {
-	ds := demoDataset(t)
-	out := filepath.Join(t.TempDir(), "ep")
-	if r := shuffleRun(t, nil, base(ds, out, "--epochs", "3", "--window", "5", "--shard-samples", "8")...); r.Code != 0 {
-		t.Fatal(r.Stderr)
-	}
-	got := numpytest.Run(t, filepath.Join("..", "..", "testdata", "check_loader.py"), out)
-	if !strings.Contains(string(got), "ok: loader") {
-		t.Fatalf("check_loader: %s", got)
-	}
-	if os.Getenv("CI") != "" && !strings.Contains(string(got), "; torch ") {
+	got := checkThreeEpochs(t, "check_loader.py", "ok: loader")
+	if os.Getenv("CI") != "" && !strings.Contains(got, "; torch ") {
 		t.Fatalf("check_loader ran without torch in CI: %s", got)
 	}
 }
@@ -225,15 +217,23 @@ func TestLoader(t *testing.T) {
 // every epoch once, in the epoch's order (testdata/check_ddp.py).
 func TestTrainDDP(t *testing.T) {
 	numpytest.Module(t, "torch", "python3-torch")
+	checkThreeEpochs(t, "check_ddp.py", "ok: ddp")
+}
+
+// checkThreeEpochs runs testdata/SCRIPT on three epochs of the demo set
+// (W=5, shards of 8) and wants ok in its output, which it returns.
+func checkThreeEpochs(t *testing.T, script, ok string) string {
+	t.Helper()
 	ds := demoDataset(t)
 	out := filepath.Join(t.TempDir(), "ep")
 	if r := shuffleRun(t, nil, base(ds, out, "--epochs", "3", "--window", "5", "--shard-samples", "8")...); r.Code != 0 {
 		t.Fatal(r.Stderr)
 	}
-	got := numpytest.Run(t, filepath.Join("..", "..", "testdata", "check_ddp.py"), out)
-	if !strings.Contains(string(got), "ok: ddp") {
-		t.Fatalf("check_ddp: %s", got)
+	got := numpytest.Run(t, filepath.Join("..", "..", "testdata", script), out)
+	if !strings.Contains(string(got), ok) {
+		t.Fatalf("%s: %s", script, got)
 	}
+	return string(got)
 }
 
 // TestReaderDistrustsFiles (#24.4): the Python readers refuse hostile
