@@ -23,12 +23,14 @@ against the shard files and against EpochReader.
   to torch's own, pinned buffers when asked (and possible).
 Prints "ok: loader ..." or raises.
 """
+import gc
 import json
 import os
 import shutil
 import sys
 import tempfile
 import threading
+import time
 
 import numpy as np
 
@@ -221,6 +223,23 @@ for prefetch in (0, 1, 4):
     same(nxt["samples"], ref["samples"], "after a break")
     ld.close()
     assert not threads() and fds() == fd0, ("after close", prefetch)
+
+# A loader let go of after an epoch, while its thread reads on into the
+# next one: collected, its thread ends and its files close.
+if len(on_disk) > 1:
+    ld = Loader(edir, on_disk, batch_size=2, prefetch=2)
+    first = list(ld)
+    deadline = time.monotonic() + 5
+    while not threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert threads(), "the thread did not read on into the next epoch"
+    del ld
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while (threads() or fds() != fd0) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not threads() and fds() == fd0, ("a loader let go of", threads(), set(fds()) - set(fd0))
+    assert len(first) > 0 and first[0]["samples"].shape == (2, 3)  # the batches handed out are intact
 
 tmp = tempfile.mkdtemp()
 d = os.path.join(tmp, "ep")

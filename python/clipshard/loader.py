@@ -12,6 +12,7 @@ import os
 import queue
 import sys
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generator, Iterable, Iterator, Mapping, Optional, Union
 
@@ -84,10 +85,9 @@ class Loader:
     Errors of the thread (a file that is not what epochs.json says, a
     shard shorter than its header) are raised by the consumer's next(),
     naming the file. Breaking out of the loop, close() or leaving a `with`
-    block stops the thread and closes every file. At the end of an epoch
-    the thread reads on into the next one; a loader left before its last
-    epoch should be closed (or used in a `with` block), or its thread
-    waits, holding its files and buffers, until the process ends.
+    block stops the thread and closes every file; so does letting go of
+    the loader (the thread holds it only while it reads a batch), e.g.
+    after an epoch, when the thread has read on into the next one.
     """
 
     def __init__(self, edir: str, epochs: Union[int, Iterable[int], None] = None, *, rank: Optional[int] = None,
@@ -279,7 +279,7 @@ class Loader:
             return
         if self.prefetch == 0:
             self._open_threads()
-            source: Generator[Any, None, None] = self._produce(pos, start, None)
+            source: Generator[Any, None, None] = _produce(weakref.ref(self), pos, start, None)
         else:
             run = self._run
             if run is None or not run.alive_at(pos, start):
@@ -299,8 +299,7 @@ class Loader:
                     finished = True
         finally:
             if self.prefetch == 0:
-                source.close()
-                self._close_reader()
+                source.close()  # (its reader's files close)
                 self._close_threads()
             if not finished:
                 self._stop()  # a break, an error: the thread ends, the files close
@@ -336,8 +335,6 @@ class Loader:
 
     # -- reading (in the thread, or in the consumer with prefetch=0) -------
 
-    _reader_now: Optional[EpochReader] = None
-
     def _open_threads(self) -> None:
         if self.threads > 1 and self._threads is None:
             self._threads = ThreadPoolExecutor(self.threads, thread_name_prefix="clipshard-read")
@@ -346,34 +343,6 @@ class Loader:
         pool, self._threads = self._threads, None
         if pool is not None:
             pool.shutdown(wait=True)
-
-    def _close_reader(self) -> None:
-        r, self._reader_now = self._reader_now, None
-        if r is not None:
-            r.close()
-
-    def _produce(self, pos: int, start: int, stop: Optional[threading.Event]) -> Generator[Any, None, None]:
-        """The batches from epoch pos at start on, then the following
-        epochs' from their beginnings, each epoch ended by _END (the thread
-        reads on across the boundary)."""
-        while pos < len(self.epochs):
-            r = self._reader_now = self._reader(self._plans[pos])
-            r.load_state_dict(dict(r.state_dict(), consumed=start))
-            n = r.batches_left()
-            B, R = r.batch_size, r.world_size
-            for g in range(n):
-                if stop is not None and stop.is_set():
-                    return
-                lo = r.start + g * B * R + r.rank * B
-                if g + 1 < n:
-                    r._advise(lo + B * R, lo + B * R + B)  # the disk works on the next one meanwhile
-                arrays = self._finish(self._read(r, lo, lo + B))
-                yield _Batch(pos, g, arrays, r.start + (g + 1) * B * R, g + 1 == n)
-            self._close_reader()
-            yield _END
-            if stop is None:
-                return  # (prefetch=0: one epoch at a time)
-            pos, start = pos + 1, 0
 
     def _buffer(self, name: str) -> Any:
         """A buffer of name's array that nothing refers to, or a new one (the
@@ -461,6 +430,43 @@ def _pread_pieces(pieces: list[tuple[Any, memoryview, int]]) -> None:
             got += m
 
 
+def _produce(ref: "weakref.ref[Loader]", pos: int, start: int, stop: Optional[threading.Event]) -> Generator[Any, None, None]:
+    """The batches from epoch pos at start on, then the following epochs'
+    from their beginnings, each epoch ended by _END (the thread reads on
+    across the boundary). The loader is held only while a batch is read:
+    a loader its user let go of is collected, and its thread stops."""
+    r = None
+    try:
+        while True:
+            loader = ref()
+            if loader is None or pos >= len(loader.epochs):
+                return
+            r = loader._reader(loader._plans[pos])
+            del loader
+            r.load_state_dict(dict(r.state_dict(), consumed=start))
+            n = r.batches_left()
+            B, R = r.batch_size, r.world_size
+            for g in range(n):
+                loader = ref()
+                if loader is None or (stop is not None and stop.is_set()):
+                    return
+                lo = r.start + g * B * R + r.rank * B
+                if g + 1 < n:
+                    r._advise(lo + B * R, lo + B * R + B)  # the disk works on the next one meanwhile
+                arrays = loader._finish(loader._read(r, lo, lo + B))
+                del loader
+                yield _Batch(pos, g, arrays, r.start + (g + 1) * B * R, g + 1 == n)
+            r.close()
+            r = None
+            yield _END
+            if stop is None:
+                return  # (prefetch=0: one epoch at a time)
+            pos, start = pos + 1, 0
+    finally:
+        if r is not None:
+            r.close()
+
+
 class _Run:
     """The read-ahead thread of one stretch of epochs, and its queue."""
 
@@ -469,13 +475,18 @@ class _Run:
         self.halt = threading.Event()
         self.next = (pos, start)  # where the first batch not yet taken is
         self.done = False
-        self.thread = threading.Thread(target=self._work, args=(loader, pos, start), daemon=True,
+        self.thread = threading.Thread(target=self._work, args=(weakref.ref(loader), pos, start), daemon=True,
                                        name="clipshard-loader")
         self.thread.start()
 
-    def _work(self, loader: Loader, pos: int, start: int) -> None:
+    def _work(self, ref: "weakref.ref[Loader]", pos: int, start: int) -> None:
+        loader = ref()
+        if loader is None:
+            return
         loader._open_threads()
-        gen = loader._produce(pos, start, self.halt)
+        pool = loader._threads
+        del loader  # (the thread does not keep the loader alive)
+        gen = _produce(ref, pos, start, self.halt)
         try:
             for item in gen:
                 if not self._put(item):
@@ -483,9 +494,13 @@ class _Run:
         except BaseException as e:  # everything reaches the consumer
             self._put(_Failed(e))
         finally:
-            gen.close()
-            loader._close_reader()
-            loader._close_threads()
+            gen.close()  # its reader's files close
+            loader = ref()
+            if loader is not None and loader._threads is pool:
+                loader._threads = None
+            del loader
+            if pool is not None:
+                pool.shutdown(wait=True)
             self._put(None)
 
     def _put(self, item: Any) -> bool:
@@ -516,6 +531,8 @@ class _Run:
 
     def stop(self) -> None:
         self.halt.set()
+        if threading.current_thread() is self.thread:
+            return  # (the loader collected in its own thread: it ends on its own)
         while self.thread.is_alive():
             try:  # make room, so that a put in progress returns
                 while True:
