@@ -3,12 +3,13 @@
 
     python3 docs/bench_train.py one ROW S MODE SRC DATASET EPOCHS [BATCHES]
 
-reads one epoch (or its first BATCHES batches) of rank 0 of 1, B=256,
-float32 delivered (float16 for the *-f16 rows and cat), in a loop that
-sleeps S ms per step after each batch (a simulated accelerator step: the
-CPU idles as it does while a GPU computes), and prints one JSON line: the
-time each step waited for its batch (median, p99), the loop's wall time,
-samples and bytes delivered. MODE is only a label (the caller makes the
+reads BENCH_PASSES (5) epochs (or their first BATCHES batches) of rank 0
+of 1, B=256, float32 delivered (float16 for the *-f16 rows and cat), in a
+loop that sleeps S ms per step after each batch (a simulated accelerator
+step: the CPU idles as it does while a GPU computes), and prints one JSON
+line of the epochs after the first: the time each step waited for its
+batch (median, p99), the median epoch wall time, samples and bytes
+delivered (the first epoch's wall time apart). MODE is only a label (the caller makes the
 cache cold, caps the memory or mounts the files over sshfs).
 
 Rows:
@@ -42,6 +43,7 @@ sys.path.insert(0, os.path.join(here, "..", "python"))
 import clipshard  # noqa: E402
 
 B = 256
+PASSES = int(os.environ.get("BENCH_PASSES", "5"))  # epochs per run: the first, then the reported ones
 
 
 def epoch_files(edir):
@@ -147,16 +149,16 @@ def passes(row, S, src, ds_dir, edir, limit):
     if row in ("loader-f16", "loader", "loader-np"):
         pf = int(os.environ.get("BENCH_PREFETCH", "4"))
         if row == "loader-np":
-            ld = clipshard.Loader(edir, [epoch, epoch + 1], replay_seed=1, batch_size=B, dtype=np.float32, prefetch=pf)
+            ld = clipshard.Loader(edir, list(range(epoch, epoch + PASSES)), replay_seed=1, batch_size=B, dtype=np.float32, prefetch=pf)
         elif row == "loader":
             import torch
             from clipshard.torch import Loader
-            ld = Loader(edir, [epoch, epoch + 1], replay_seed=1, batch_size=B, dtype=torch.float32, prefetch=pf)
+            ld = Loader(edir, list(range(epoch, epoch + PASSES)), replay_seed=1, batch_size=B, dtype=torch.float32, prefetch=pf)
         else:
-            ld = clipshard.Loader(edir, [epoch, epoch + 1], replay_seed=1, batch_size=B, prefetch=pf)
+            ld = clipshard.Loader(edir, list(range(epoch, epoch + PASSES)), replay_seed=1, batch_size=B, prefetch=pf)
         extra["host_MiB"], extra["prefetch"] = ld.host_bytes / 2**20, pf
-        # The second pass is the next epoch (a replay of this one), which
-        # the thread reads ahead into as the first one ends.
+        # Each pass after the first is the next epoch (a replay of this
+        # one), which the thread reads ahead into as the one before ends.
         return lambda: loop(ld, S, limit), extra
     if row.startswith("epochds"):
         import torch
@@ -165,8 +167,8 @@ def passes(row, S, src, ds_dir, edir, limit):
         f32 = lambda b: {k: (v.float() if v.is_floating_point() else v) for k, v in b.items()}  # noqa: E731
         n = [0]
 
-        def one():  # the second pass: the next epoch, a replay of this one (as for the loader)
-            ds = EpochDataset(edir, epoch, batch_size=B, **({} if not n[0] else dict(replay_seed=1, virtual_epoch=epoch + 1)))
+        def one():  # the passes after the first: the next epochs, replays of this one (as for the loader)
+            ds = EpochDataset(edir, epoch, batch_size=B, **({} if not n[0] else dict(replay_seed=1, virtual_epoch=epoch + n[0])))
             n[0] += 1
             return loop(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=w), S, limit, f32)
         return one, extra
@@ -227,16 +229,24 @@ def main():
     cold = mode != "warm"
     drops = [src, ds_dir, edir] + [p for p in os.environ.get("BENCH_DROP", "").split(":") if p]
     one, extra = passes(row, S, src, ds_dir, edir, limit)
-    # Two passes in one process: the first (with what a first epoch sets
-    # up: buffers, workers, preload) and the second, the steady state of
-    # a run of many epochs, which is reported. Cold: caches dropped before
-    # each.
-    if cold:
-        drop(drops)
-    _, wall1, _, _ = one()
-    if cold:
-        drop(drops)
-    waits, wall, n, nbytes = one()
+    # PASSES epochs in one process: the first (with what a first epoch
+    # sets up: buffers, workers, preload), then the steady state of a run
+    # of many epochs, which is reported: the median epoch wall time of the
+    # others and the waits of all their steps. Cold: caches dropped before
+    # each epoch.
+    walls, waits, n, nbytes, wall1 = [], [], 0, 0, 0.0
+    for p in range(PASSES):
+        if cold:
+            drop(drops)
+        w_, wall_, n_, nb_ = one()
+        if p == 0:
+            wall1 = wall_
+            continue
+        walls.append(wall_)
+        waits += w_
+        n, nbytes = n_, nb_
+    wall = float(np.median(walls))
+    extra["walls_ms"] = [round(x * 1e3, 1) for x in walls]
     w = np.array(waits) * 1e3 if waits else np.zeros(1)
     print(json.dumps(dict(row=row, S=S, mode=mode, steps=len(waits), wait_med_ms=float(np.median(w)),
                           wait_p99_ms=float(np.percentile(w, 99)), wall_s=wall, first_wall_s=wall1, samples=n,
