@@ -2,7 +2,7 @@
 """Generate the mixed benchmark set of just bench-convert with numpy: the
 kind users have.
 
-    python3 docs/bench_gen_mixed.py OUT [CLIPS]
+    python3 docs/bench_gen_mixed.py OUT [CLIPS] [HUGE]
 
 Per clip c%05d, T uniform in [100, 200) frames:
   motion/{clip}.pkl   protocol-4 pickle {"exp": float32 [T, 50], "pose": float32 [T, 6]}
@@ -11,7 +11,9 @@ Per clip c%05d, T uniform in [100, 200) frames:
   emotion/{clip}.npy  float32 [T, 8]
 A quarter of each .npy modality's files are stored otherwise, cycling
 through big-endian, Fortran order and float64 (whisper: big-endian and
-Fortran only, to stay float16). Writes clips.txt last.
+Fortran only, to stay float16). With HUGE, clip c00000 has HUGE times
+the median length (150 frames): one huge clip among the others. Writes
+clips.txt last.
 """
 import os
 import pickle
@@ -21,6 +23,7 @@ import numpy as np
 
 out = sys.argv[1]
 n = int(sys.argv[2]) if len(sys.argv) > 2 else 400
+huge = int(sys.argv[3]) if len(sys.argv) > 3 else 0
 for d in ("motion", "whisper", "w2v", "emotion"):
     os.makedirs(os.path.join(out, d), exist_ok=True)
 rng = np.random.default_rng(0)
@@ -41,6 +44,8 @@ clips = []
 for i in range(n):
     c = "c%05d" % i
     t = int(rng.integers(100, 200))
+    if i == 0 and huge:
+        t = 150 * huge
     with open("%s/motion/%s.pkl" % (out, c), "wb") as g:
         pickle.dump({"exp": rng.standard_normal((t, 50), dtype=np.float32),
                      "pose": rng.standard_normal((t, 6), dtype=np.float32)}, g, protocol=4)

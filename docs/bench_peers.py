@@ -37,7 +37,9 @@ import numpy as np
 
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(here, "..", "python"))
+sys.path.insert(0, here)
 import clipshard  # noqa: E402
+from bench_train import drop  # noqa: E402  (the page cache of files and folders dropped)
 
 MODS = ("whisper", "w2v", "emotion", "motion")
 RATE = {"whisper": 2, "w2v": 1, "emotion": 1, "motion": 1}
@@ -155,19 +157,6 @@ def loop(it, conv, S):
         if S:
             time.sleep(S / 1000)
     return waits, time.perf_counter() - t0, np.concatenate(order) if order else np.zeros((0, 3), np.int64)
-
-
-def drop(paths):
-    os.sync()
-    for top in paths:
-        for d, _, names in os.walk(top):
-            for nm in names:
-                try:
-                    fd = os.open(os.path.join(d, nm), os.O_RDONLY)
-                except OSError:
-                    continue
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                os.close(fd)
 
 
 def read(tool, S, mode, data, B=256):

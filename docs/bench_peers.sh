@@ -17,13 +17,14 @@ fi
 PY="$V/bin/python"
 "$PY" -c 'import importlib.metadata as m, sys; print("python", sys.version.split()[0], *["%s %s" % (p, m.version(p)) for p in ("litdata", "mosaicml-streaming", "webdataset", "torch", "numpy")])'
 go build -o "$W/" ./cmd/clipshard
-M="$W/mixed"
-[ -f "$M/clips.txt" ] || "$PY" docs/bench_gen_mixed.py "$M" 400
+# The mixed set with one huge clip (20x the median length).
+M="$W/mixed-huge"
+[ -f "$M/clips.txt" ] || "$PY" docs/bench_gen_mixed.py "$M" 400 20
 mods=(-m 'motion=motion/{clip}.pkl:exp+pose' -m 'whisper@2=whisper/{clip}.npy' -m 'w2v=w2v/{clip}.npy' -m 'emotion=emotion/{clip}.npy')
 OUT="$W/peers.jsonl"
 ONLY=${BENCH_ONLY:-}
 [ -n "$ONLY" ] || : > "$OUT"
-P="$W/peers"; mkdir -p "$P"
+P="$W/peers-huge"; mkdir -p "$P"
 timed() {  # LABEL TOOL COMMAND...: wall and peak RSS (of the command and its children)
   local label=$1 tool=$2; shift 2
   sync
@@ -95,8 +96,8 @@ elif [ "$(id -u)" = 0 ] && [ -d /sys/fs/cgroup/memory ]; then
   cg=/sys/fs/cgroup/memory/clipshard-bench-peers; mkdir -p "$cg" && numfmt --from=iec "$CAP" > "$cg/memory.limit_in_bytes"
 fi
 if [ -n "$cg" ]; then
-  BM="$W/mixed-big"; BP="$W/peers-big"; mkdir -p "$BP"
-  [ -f "$BM/clips.txt" ] || "$PY" docs/bench_gen_mixed.py "$BM" 4000
+  BM="$W/mixed-big-huge"; BP="$W/peers-big-huge"; mkdir -p "$BP"
+  [ -f "$BM/clips.txt" ] || "$PY" docs/bench_gen_mixed.py "$BM" 4000 20
   [ -f "$BP/ds/dataset.json" ] || "$W/clipshard" convert --quiet --workers 2 --clips "$BM/clips.txt" --out "$BP/ds" "${mods[@]}"
   [ -f "$BP/ep/epochs.json" ] || "$W/clipshard" shuffle --quiet --workers 2 --dataset "$BP/ds" --out "$BP/ep" --window 15 --epochs 1 --seed 3
   for t in litdata mosaic webdataset; do

@@ -13,16 +13,17 @@ cd "$(dirname "$0")/.."
 . docs/bench_lib.sh
 "$PY" -c 'import numpy, torch' || { echo "bench-train needs numpy and torch in $PY (Debian: python3-numpy python3-torch)"; exit 1; }
 go build -o "$W/" ./cmd/convert ./cmd/shuffle
-M="$W/mixed"
-[ -f "$M/clips.txt" ] || "$PY" docs/bench_gen_mixed.py "$M" 400
+# The mixed set with one huge clip (20x the median length).
+M="$W/mixed-huge"
+[ -f "$M/clips.txt" ] || "$PY" docs/bench_gen_mixed.py "$M" 400 20
 mods=(-m 'motion=motion/{clip}.pkl:exp+pose' -m 'whisper@2=whisper/{clip}.npy' -m 'w2v=w2v/{clip}.npy' -m 'emotion=emotion/{clip}.npy')
-[ -f "$W/mixed-ds/dataset.json" ] || "$W/convert" --quiet --clips "$M/clips.txt" --out "$W/mixed-ds" "${mods[@]}" >/dev/null
-[ -f "$W/train-ep/epochs.json" ] || "$W/shuffle" --dataset "$W/mixed-ds" --out "$W/train-ep" --window 15 --epochs 1 --seed 3 >/dev/null
+[ -f "$W/mixed-huge-ds/dataset.json" ] || "$W/convert" --quiet --clips "$M/clips.txt" --out "$W/mixed-huge-ds" "${mods[@]}" >/dev/null
+[ -f "$W/train-huge-ep/epochs.json" ] || "$W/shuffle" --dataset "$W/mixed-huge-ds" --out "$W/train-huge-ep" --window 15 --epochs 1 --seed 3 >/dev/null
 OUT="$W/train.jsonl"
 [ -n "${BENCH_KEEP:-}" ] || : > "$OUT"
-echo "$("$PY" -c 'import numpy, torch, sys; print("python", sys.version.split()[0], "numpy", numpy.__version__, "torch", torch.__version__)'); $(nproc) cores; epoch $(du -sh --apparent-size "$W/train-ep/epoch-0000" | cut -f1), dataset $(du -sh --apparent-size "$W/mixed-ds" | cut -f1), sources $(du -sh --apparent-size "$M" | cut -f1)"
+echo "$("$PY" -c 'import numpy, torch, sys; print("python", sys.version.split()[0], "numpy", numpy.__version__, "torch", torch.__version__)'); $(nproc) cores; epoch $(du -sh --apparent-size "$W/train-huge-ep/epoch-0000" | cut -f1), dataset $(du -sh --apparent-size "$W/mixed-huge-ds" | cut -f1), sources $(du -sh --apparent-size "$M" | cut -f1)"
 one() {  # ROW S MODE [BATCHES] [SRC DS EP]
-  local src=${5:-$M} ds=${6:-$W/mixed-ds} ep=${7:-$W/train-ep}
+  local src=${5:-$M} ds=${6:-$W/mixed-huge-ds} ep=${7:-$W/train-huge-ep}
   "$PY" docs/bench_train.py one "$1" "$2" "$3" "$src" "$ds" "$ep" "${4:-all}" >> "$OUT" 2>"$W/train.err" ||
     { tail -3 "$W/train.err"; echo "{\"row\": \"$1\", \"S\": $2, \"mode\": \"$3\", \"killed\": \"exit $?\"}" >> "$OUT"; }
 }
@@ -55,7 +56,7 @@ if [ -n "$cg" ]; then
   for S in 0 20; do
     for row in loader-f16 loader-np reader-mmap reader-read preload naive-np; do
       n=all; [ "$row" = naive-np ] && n=6
-      BENCH_PREFETCH=1 sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$cg" "$PY" docs/bench_train.py one "$row" "$S" "cold, memory capped at $CAP" "$M" "$W/mixed-ds" "$W/train-ep" "$n" >> "$OUT" 2>"$W/train.err" ||
+      BENCH_PREFETCH=1 sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$cg" "$PY" docs/bench_train.py one "$row" "$S" "cold, memory capped at $CAP" "$M" "$W/mixed-huge-ds" "$W/train-huge-ep" "$n" >> "$OUT" 2>"$W/train.err" ||
         echo "{\"row\": \"$row\", \"S\": $S, \"mode\": \"cold, memory capped at $CAP\", \"killed\": \"out of memory\"}" >> "$OUT"
     done
   done
@@ -92,10 +93,10 @@ CFG
   for S in 0 20; do
     for row in cat loader-f16 loader reader-mmap reader-read epochds-w2; do
       mount_net
-      BENCH_DROP="$W/train-ep:$M:$W/mixed-ds" one "$row" "$S" "sshfs, cold" all "$N/mnt/mixed" "$N/mnt/mixed-ds" "$N/mnt/train-ep"
+      BENCH_DROP="$W/train-huge-ep:$M:$W/mixed-huge-ds" one "$row" "$S" "sshfs, cold" all "$N/mnt/mixed-huge" "$N/mnt/mixed-huge-ds" "$N/mnt/train-huge-ep"
     done
     mount_net
-    BENCH_DROP="$W/train-ep:$M:$W/mixed-ds" one naive-w2 "$S" "sshfs, cold" 6 "$N/mnt/mixed" "$N/mnt/mixed-ds" "$N/mnt/train-ep"
+    BENCH_DROP="$W/train-huge-ep:$M:$W/mixed-huge-ds" one naive-w2 "$S" "sshfs, cold" 6 "$N/mnt/mixed-huge" "$N/mnt/mixed-huge-ds" "$N/mnt/train-huge-ep"
   done
   fusermount -u "$N/mnt"
   kill "$(cat "$N/sshd.pid")"; trap - EXIT

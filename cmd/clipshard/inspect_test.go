@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/clipshard/clipshard/formats/npy"
 	"github.com/clipshard/clipshard/internal/clitest"
@@ -160,6 +161,22 @@ func TestInspectClip(t *testing.T) {
 	oneLine(t, r, 2, `clipshard inspect: --clip "nope": no such clip`)
 }
 
+// TestInspectWideRows (#28.4): rows so wide that --rows of them would
+// hold more than 4M values are sampled on fewer, and the figures say so.
+func TestInspectWideRows(t *testing.T) {
+	src := t.TempDir()
+	writeNPY(t, filepath.Join(src, "x", "c0.npy"), 100, 70000, func(r, c int) float32 { return float32(c % 7) })
+	os.WriteFile(filepath.Join(src, "clips.txt"), []byte("c0\n"), 0o644)
+	ds := filepath.Join(t.TempDir(), "ds")
+	if r := clip(t, "convert", "--quiet", "--clips", filepath.Join(src, "clips.txt"), "--out", ds, "-m", "x=x/{clip}.npy"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	m := inspectJSON(t, ds)["modalities"].([]any)[0].(map[string]any)
+	if got := m["sampled_rows"].(float64); got != float64((4<<20)/70000) {
+		t.Fatalf("sampled %v rows of 70000 values, want %d", got, (4<<20)/70000)
+	}
+}
+
 // TestInspectEpochs (#28.2): the shuffle quality per tenth shows a
 // degraded tail (the last tenth's samples made one clip's), and
 // --sample gives a sample's row of the samples file.
@@ -245,6 +262,17 @@ func TestInspectBadInput(t *testing.T) {
 	oneLine(t, r, 1, "clipshard inspect: ")
 	if !strings.Contains(r.Stderr, "index.npy") {
 		t.Fatalf("the FIFO is not named: %s", r.Stderr)
+	}
+	ids := filepath.Join(t.TempDir(), "ds")
+	clitest.CopyTree(t, ds, ids)
+	os.Remove(filepath.Join(ids, "clips.txt"))
+	if err := syscall.Mkfifo(filepath.Join(ids, "clips.txt"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r = clip(t, "inspect", ids)
+	oneLine(t, r, 1, "clipshard inspect: ")
+	if !strings.Contains(r.Stderr, "clips.txt") || r.Elapsed > 10*time.Second {
+		t.Fatalf("a FIFO clips.txt: %s (%v)", r.Stderr, r.Elapsed)
 	}
 	oneLine(t, clip(t, "inspect", "--sample", "0:1", ds), 2, "clipshard inspect: --sample is for an epochs folder")
 	oneLine(t, clip(t, "inspect", "--json", "--html", "x.html", ds), 2, "clipshard inspect: ")

@@ -98,8 +98,11 @@ class EpochReader:
     def __init__(self, edir: str, epoch: int, rank: Optional[int] = None, world_size: int = 1, batch_size: int = 256,
                  remainder: str = "drop", replay_seed: Optional[int] = None, virtual_epoch: Optional[int] = None,
                  mix_shards: int = 1, mix_seed: int = 0, mix_mem: Union[str, int, None] = None,
-                 read: bool = False, prefetch: Optional[int] = None) -> None:
-        man = load_epochs(edir)
+                 read: bool = False, prefetch: Optional[int] = None,
+                 _manifest: Optional[dict[str, Any]] = None) -> None:
+        # (_manifest: the epochs.json the caller loaded and checked, e.g.
+        # clipshard.Loader's, read once for all its epochs)
+        man = load_epochs(edir) if _manifest is None else _manifest
         entries = man.get("epochs")
         if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
             raise ValueError("%s: epochs.json: 'epochs' is not a list of epochs" % edir)

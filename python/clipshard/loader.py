@@ -190,7 +190,7 @@ class Loader:
     # -- epochs and state -------------------------------------------------
 
     def _reader(self, plan: Mapping[str, Any]) -> EpochReader:
-        return EpochReader(self.dir, **plan, **self._kw)
+        return EpochReader(self.dir, **plan, **self._kw, _manifest=self.manifest)
 
     @property
     def epoch(self) -> Optional[int]:

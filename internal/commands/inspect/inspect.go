@@ -67,7 +67,7 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 	clip := fs.String("clip", "", "a dataset's clip `ID`: its rows' statistics")
 	sample := fs.String("sample", "", "an epochs folder's sample `EPOCH:I`: its clip, window and values")
 	fps := fs.Float64("fps", 25, "clip frames per second, for hours")
-	rows := fs.Int("rows", 65536, "rows read per modality for the value histograms (evenly across the blob)")
+	rows := fs.Int("rows", 65536, "rows read per modality for the value histograms (evenly across the blob; fewer for rows so wide that they would hold more than 4M values)")
 	batch := fs.Int("batch", 256, "batch size of the shuffle-quality figures")
 	memFlag := fs.String("mem", "256MiB", "memory for an epoch's order (24 bytes a sample): a larger epoch is measured on a stretch of each tenth, a `SIZE` such as 1GiB")
 	if done, code := ui.Parse(fs, args, stdout, stderr, ui.Named(usage, "inspect", name), ui.Named(exitCodes, "inspect", name), true); done {
@@ -217,7 +217,7 @@ func inspectDataset(dir, clip string, fps float64, maxRows int) (*DatasetReport,
 		if err != nil {
 			return nil, err
 		}
-		if ids, err = manifests.ReadClipList(p); err != nil {
+		if ids, err = readIDs(p); err != nil {
 			return nil, err
 		}
 		if len(ids) != len(lengths) {
@@ -289,6 +289,24 @@ func inspectDataset(dir, clip string, fps float64, maxRows int) (*DatasetReport,
 		}
 	}
 	return r, nil
+}
+
+// maxIDs bounds a dataset's clips.txt (1 GiB: tens of millions of ids).
+const maxIDs = 1 << 30
+
+// readIDs reads the clip ids a dataset lists one a line (convert's
+// clips.txt), opened as a regular file only (a FIFO is named, not
+// waited on) and bounded in size.
+func readIDs(path string) ([]string, error) {
+	b, err := regfile.ReadFile(path, maxIDs)
+	if err != nil {
+		return nil, err
+	}
+	ids := strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
+	if len(b) == 0 {
+		ids = nil
+	}
+	return ids, nil
 }
 
 func lengthFigures(lengths []int64, id func(int) string) (Distribution, []ClipLength, []ClipLength) {
@@ -368,6 +386,9 @@ func decoder(descr string) (func(b []byte, j int) float64, int, error) {
 	return nil, 0, fmt.Errorf("dtype %s: not shown", descr)
 }
 
+// maxValues bounds the values a histogram holds (32 MiB of float64).
+const maxValues = 4 << 20
+
 // sampleValues reads up to maxRows rows of the blob, in 64 runs spread
 // evenly over it, and histograms their values (two passes over what was
 // read: range, then counts).
@@ -388,7 +409,9 @@ func sampleValues(blob string, m manifests.Modality, maxRows int) (int64, Histog
 	defer f.Close()
 	var vals []float64
 	var h Histogram
-	take := min(int64(maxRows), m.Rows)
+	// At most maxRows rows, and at most maxValues values (8 bytes each
+	// held): a blob of very wide rows is sampled on fewer of them.
+	take := min(int64(maxRows), m.Rows, max(1, maxValues/int64(max(1, per))))
 	runs := min(int64(64), max(1, take))
 	var read int64
 	for k := int64(0); k < runs && rowBytes > 0; k++ {
@@ -734,7 +757,7 @@ func sampleReport(dir string, man *manifests.Epochs, spec string) (*SampleReport
 		k := i - s.First
 		smp := got[k]
 		rep := &SampleReport{Epoch: e, Index: i, Clip: smp.Clip, Start: smp.Start, Valid: smp.Valid, Shard: s.Files["samples"]}
-		if ids, err := manifests.ReadClipList(filepath.Join(man.Dataset.Dir, "clips.txt")); err == nil && smp.Clip >= 0 && smp.Clip < int64(len(ids)) {
+		if ids, err := readIDs(filepath.Join(man.Dataset.Dir, "clips.txt")); err == nil && smp.Clip >= 0 && smp.Clip < int64(len(ids)) {
 			rep.ClipID = ids[smp.Clip]
 		}
 		for _, m := range man.Modalities {
