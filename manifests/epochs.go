@@ -19,10 +19,14 @@ import (
 
 // EpochsFormat is the value of epochs.json's "format" key, and
 // EpochsVersion its "version": 2 since an epoch is one global order that
-// any world size reads (version 1 had a folder per rank).
+// any world size reads (version 1 had a folder per rank); 3
+// (EpochsVersionMix) for epochs mixed from several sources, whose samples
+// files have a fourth column, the source. A --dataset run still writes
+// version 2.
 const (
-	EpochsFormat  = "clipshard.epochs"
-	EpochsVersion = 2
+	EpochsFormat     = "clipshard.epochs"
+	EpochsVersion    = 2
+	EpochsVersionMix = 3
 )
 
 // Names of the files in an epochs directory.
@@ -35,7 +39,9 @@ const (
 type Epochs struct {
 	Format       string          `json:"format"`
 	Version      int             `json:"version"`
-	Dataset      DatasetRef      `json:"dataset"`
+	Dataset      DatasetRef      `json:"dataset,omitzero"` // version 2
+	Sources      []SourceRef     `json:"sources,omitempty"` // version 3, in the order of the samples' source column
+	Mix          *MixWeights     `json:"mix,omitempty"`     // version 3
 	Seed         uint64          `json:"seed"`
 	Window       int             `json:"window"`
 	Sampling     string          `json:"sampling"`
@@ -55,6 +61,48 @@ type DatasetRef struct {
 	Dir         string `json:"dir"`
 	Fingerprint string `json:"fingerprint"`
 	SHA256      string `json:"manifest_sha256"` // of its dataset.json
+}
+
+// SourceRef is one source of a mixed run (version 3): its name, and the
+// dataset it is, as DatasetRef, with its clip count.
+type SourceRef struct {
+	Name        string `json:"name"`
+	Dir         string `json:"dir"`
+	Fingerprint string `json:"fingerprint"`
+	SHA256      string `json:"manifest_sha256"`
+	Clips       int64  `json:"clips"`
+}
+
+// SampleCols is the int64 columns of a samples file: clip, start, valid
+// (version 2), and source (version 3).
+func (m *Epochs) SampleCols() int {
+	if m.Version == EpochsVersionMix {
+		return 4
+	}
+	return 3
+}
+
+// SourceNames lists the sources' names (version 3), in order.
+func (m *Epochs) SourceNames() []string {
+	var out []string
+	for _, s := range m.Sources {
+		out = append(out, s.Name)
+	}
+	return out
+}
+
+// CheckSourceName refuses a source name that would not survive a file
+// name, a flag or a JSON key unchanged.
+func CheckSourceName(n string) error {
+	if n == "" || len(n) > 64 {
+		return fmt.Errorf("source name %q: want 1 to 64 characters", n)
+	}
+	for _, c := range n {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
+			return fmt.Errorf("source name %q: want letters, digits, _ - . only", n)
+		}
+	}
+	return nil
 }
 
 // EpochModality describes the shard files of one modality.
@@ -100,6 +148,10 @@ type EpochEntry struct {
 	Dir     string       `json:"dir"`
 	Samples int64        `json:"samples"` // over all ranks
 	Shards  []ShardEntry `json:"shards"`
+	// Version 3: the epoch's weight per source (natural: its own sample
+	// count) and the samples each source gave (adding up to Samples).
+	Weights map[string]json.Number `json:"weights,omitempty"`
+	Counts  map[string]int64       `json:"counts,omitempty"`
 }
 
 // ShardEntry is one shard file group.
@@ -147,8 +199,11 @@ func LoadEpochs(dir string) (*Epochs, error) {
 		return nil, fmt.Errorf("%w: %s: epochs of format version 1 (a folder per rank, cut for one world size); this clipshard reads version %d (one order per epoch that any world size reads): remove the folder, or choose another --out, and run shuffle again",
 			ErrManifest, p, EpochsVersion)
 	}
-	if m.Format != EpochsFormat || m.Version != EpochsVersion {
-		return nil, fmt.Errorf("%w: %s: format %q version %d, want %q version %d", ErrManifest, p, m.Format, m.Version, EpochsFormat, EpochsVersion)
+	if m.Format != EpochsFormat || (m.Version != EpochsVersion && m.Version != EpochsVersionMix) {
+		return nil, fmt.Errorf("%w: %s: format %q version %d, want %q version %d or %d", ErrManifest, p, m.Format, m.Version, EpochsFormat, EpochsVersion, EpochsVersionMix)
+	}
+	if err := m.checkSources(); err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrManifest, p, err)
 	}
 	paths := []string{m.Files.Shards, m.Files.Sums}
 	for _, e := range m.Epochs {
@@ -165,6 +220,54 @@ func LoadEpochs(dir string) (*Epochs, error) {
 		}
 	}
 	return &m, nil
+}
+
+// checkSources checks a version 3 manifest's sources and per-epoch
+// counts (and that version 2 has none).
+func (m *Epochs) checkSources() error {
+	if m.Version == EpochsVersion {
+		if len(m.Sources) > 0 || m.Mix != nil {
+			return fmt.Errorf("version 2 with sources (mixed epochs are version 3)")
+		}
+		return nil
+	}
+	if len(m.Sources) == 0 || m.Mix == nil || m.Dataset != (DatasetRef{}) {
+		return fmt.Errorf("version 3 needs sources and mix, and no dataset")
+	}
+	seen := map[string]bool{}
+	for _, s := range m.Sources {
+		if err := CheckSourceName(s.Name); err != nil {
+			return err
+		}
+		if seen[s.Name] {
+			return fmt.Errorf("source %s is listed twice", s.Name)
+		}
+		if s.Clips < 0 {
+			return fmt.Errorf("source %s: %d clips", s.Name, s.Clips)
+		}
+		seen[s.Name] = true
+	}
+	for _, e := range m.Epochs {
+		var sum int64
+		for n, c := range e.Counts {
+			if !seen[n] || c < 0 {
+				return fmt.Errorf("epoch %d: counts name %q (%d): not a source", e.Epoch, n, c)
+			}
+			sum += c
+		}
+		if len(e.Counts) != len(m.Sources) || sum != e.Samples {
+			return fmt.Errorf("epoch %d: the counts per source add up to %d over %d sources, the epoch has %d samples and %d sources", e.Epoch, sum, len(e.Counts), e.Samples, len(m.Sources))
+		}
+		if len(e.Weights) != len(m.Sources) {
+			return fmt.Errorf("epoch %d: %d weights for %d sources", e.Epoch, len(e.Weights), len(m.Sources))
+		}
+		for n := range e.Weights {
+			if !seen[n] {
+				return fmt.Errorf("epoch %d: a weight for %q, not a source", e.Epoch, n)
+			}
+		}
+	}
+	return nil
 }
 
 // LockPrefix starts the names of the per-epoch lock files in an epochs

@@ -67,7 +67,14 @@ func RNG(seed uint64, epoch int) *rand.Rand {
 //     - random: K times s := r.IntN(L-W+1); sample (i, s, W).
 //  3. r.Shuffle over the whole list (Fisher-Yates, math/rand/v2).
 func Samples(lengths []int64, s Sampling, seed uint64, epoch int) []Sample {
-	r := RNG(seed, epoch)
+	return samplesFrom(RNG(seed, epoch), lengths, s)
+}
+
+// newPCGRand is RNG with a stream of its own.
+func newPCGRand(seed, stream uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, stream)) }
+
+// samplesFrom is Samples' procedure, drawing from r.
+func samplesFrom(r *rand.Rand, lengths []int64, s Sampling) []Sample {
 	w := int64(s.Window)
 	var out []Sample
 	for i, l := range lengths {
@@ -98,7 +105,10 @@ func Samples(lengths []int64, s Sampling, seed uint64, epoch int) []Sample {
 // sampling makes its one draw per clip and keeps nothing. It costs
 // O(clips), whatever the number of samples.
 func CountSamples(lengths []int64, s Sampling, seed uint64, epoch int) int64 {
-	r := RNG(seed, epoch)
+	return countFrom(RNG(seed, epoch), lengths, s)
+}
+
+func countFrom(r *rand.Rand, lengths []int64, s Sampling) int64 {
 	w := int64(s.Window)
 	var n int64
 	for _, l := range lengths {

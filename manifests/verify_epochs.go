@@ -5,11 +5,13 @@ package manifests
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
+	"sort"
 	"strings"
 
 	"github.com/clipshard/clipshard/formats/array"
@@ -128,6 +130,9 @@ func VerifyEpochs(dir string, o VerifyOptions) (*Report, error) {
 		if next != e.Samples {
 			r.Add(Problem{File: e.Dir, What: fmt.Sprintf("the shards hold %d samples, epochs.json says %d", next, e.Samples)})
 		}
+		if man.Version == EpochsVersionMix {
+			checkMixEntry(man, e, r)
+		}
 	}
 	if o.Deep {
 		deepEpochs(dir, man, r)
@@ -161,69 +166,186 @@ func checkShardHeaders(dir string, man *Epochs, s ShardEntry, present map[string
 	for _, m := range man.Modalities {
 		check(m.Name, m.DType, append([]int{s.Samples}, m.SampleShape()...))
 	}
-	check("samples", "<i8", []int{s.Samples, 3})
+	check("samples", "<i8", []int{s.Samples, man.SampleCols()})
 }
 
-// deepEpochs re-derives every epoch's samples from the seed and checks
-// them, and every window, against the dataset.
-func deepEpochs(dir string, man *Epochs, r *Report) {
-	ds := man.Dataset.Dir
-	sum, err := HashFile(filepath.Join(ds, DatasetFile))
-	if err != nil || sum != man.Dataset.SHA256 {
-		r.Add(Problem{File: EpochsFile, What: fmt.Sprintf("dataset %s is gone or changed since shuffling (dataset.json sha256)", ds)})
+// checkMixEntry checks a mixed epoch's weights against the schedule in
+// epochs.json (natural weights are the sources' own counts, checked by
+// --deep) and its counts against its weights: the largest-remainder
+// split of its samples.
+func checkMixEntry(man *Epochs, e EpochEntry, r *Report) {
+	names := man.SourceNames()
+	w := make([]json.Number, len(names))
+	for i, n := range names {
+		w[i] = e.Weights[n]
+	}
+	if sched, ok := man.Mix.At(e.Epoch, names); !ok {
+		r.Add(Problem{File: EpochsFile, What: fmt.Sprintf("epoch %d: no range of mix.weights holds it", e.Epoch)})
+		return
+	} else if sched != nil && !slices.Equal(sched, w) {
+		r.Add(Problem{File: EpochsFile, What: fmt.Sprintf("epoch %d: weights %v, mix.weights says %v for it (sources %v)", e.Epoch, w, sched, names)})
 		return
 	}
-	d, err := LoadDataset(ds)
-	if err != nil {
-		r.Add(Problem{File: EpochsFile, What: err.Error()})
-		return
+	if man.Mix.EpochSamples != 0 && e.Samples != man.Mix.EpochSamples {
+		r.Add(Problem{File: EpochsFile, What: fmt.Sprintf("epoch %d: %d samples, mix.epoch_samples says %d", e.Epoch, e.Samples, man.Mix.EpochSamples)})
 	}
-	starts, lengths, err := ReadIndex(filepath.Join(ds, d.Files.Index))
+	want := MixCounts(make([]int64, len(names)), w, e.Samples)
+	for i, n := range names {
+		if e.Counts[n] != want[i] {
+			r.Add(Problem{File: EpochsFile, What: fmt.Sprintf("epoch %d: source %s gave %d samples; its weight %s of %d samples makes %d (counts %v, weights %v)",
+				e.Epoch, n, e.Counts[n], w[i], e.Samples, want[i], e.Counts, e.Weights)})
+			return
+		}
+	}
+}
+
+// deepSource is one dataset an epochs folder was cut from, opened for
+// --deep.
+type deepSource struct {
+	d       *Dataset
+	starts  []int64
+	lengths []int64
+	clipID  func(int64) string
+	blobs   []*os.File // per epochs.json modality
+	rowB    []int64
+}
+
+// openDeepSource loads and opens the dataset in dir for the modalities
+// of man, or reports why it cannot (named as what).
+func openDeepSource(dir, sha, what string, man *Epochs, r *Report) *deepSource {
+	sum, err := HashFile(filepath.Join(dir, DatasetFile))
+	if err != nil || sum != sha {
+		r.Add(Problem{File: EpochsFile, What: fmt.Sprintf("%s %s is gone or changed since shuffling (dataset.json sha256)", what, dir)})
+		return nil
+	}
+	d, err := LoadDataset(dir)
 	if err != nil {
 		r.Add(Problem{File: EpochsFile, What: err.Error()})
-		return
+		return nil
+	}
+	src := &deepSource{d: d}
+	src.starts, src.lengths, err = ReadIndex(filepath.Join(dir, d.Files.Index))
+	if err != nil {
+		r.Add(Problem{File: EpochsFile, What: err.Error()})
+		return nil
 	}
 	names := make([]string, len(d.Modalities))
 	for i, m := range d.Modalities {
 		names[i] = m.Name
 	}
-	clipID := func(i int64) string { return fmt.Sprint(i) }
-	if rows, err := ReadClips(filepath.Join(ds, d.Files.Clips), names); err == nil {
-		clipID = func(i int64) string {
+	src.clipID = func(i int64) string { return fmt.Sprint(i) }
+	if rows, err := ReadClips(filepath.Join(dir, d.Files.Clips), names); err == nil {
+		src.clipID = func(i int64) string {
 			if i >= 0 && i < int64(len(rows)) {
 				return rows[i].Clip
 			}
 			return fmt.Sprint(i)
 		}
 	}
-	blobs := make([]*os.File, len(man.Modalities))
-	rowBytes := make([]int64, len(man.Modalities))
-	for k, m := range man.Modalities {
+	for _, m := range man.Modalities {
 		dm := d.Modality(m.Name)
 		if dm == nil {
-			r.Add(Problem{File: EpochsFile, What: "modality " + m.Name + " is not in the dataset"})
-			return
+			r.Add(Problem{File: EpochsFile, What: fmt.Sprintf("modality %s is not in %s %s", m.Name, what, dir)})
+			src.close()
+			return nil
 		}
-		f, _, err := regfile.Open(filepath.Join(ds, dm.File))
+		f, _, err := regfile.Open(filepath.Join(dir, dm.File))
 		if err != nil {
 			r.Add(Problem{File: EpochsFile, What: err.Error()})
+			src.close()
+			return nil
+		}
+		src.blobs = append(src.blobs, f)
+		rb, _ := array.ByteSize(m.FrameShape, dtypeSize(m.DType))
+		src.rowB = append(src.rowB, rb)
+	}
+	return src
+}
+
+func (s *deepSource) close() {
+	for _, f := range s.blobs {
+		f.Close()
+	}
+}
+
+// deepEpochs re-derives every epoch's samples from the seed and checks
+// them, and every window, against the dataset (a mixed folder: against
+// each sample's own source, with the counts per source).
+func deepEpochs(dir string, man *Epochs, r *Report) {
+	var srcs []*deepSource
+	if man.Version == EpochsVersionMix {
+		for _, ref := range man.Sources {
+			src := openDeepSource(ref.Dir, ref.SHA256, "source "+ref.Name, man, r)
+			if src == nil {
+				return
+			}
+			defer src.close()
+			if src.d.Clips != ref.Clips {
+				r.Add(Problem{File: EpochsFile, What: fmt.Sprintf("source %s: %d clips, epochs.json says %d", ref.Name, src.d.Clips, ref.Clips)})
+				return
+			}
+			srcs = append(srcs, src)
+		}
+	} else {
+		src := openDeepSource(man.Dataset.Dir, man.Dataset.SHA256, "dataset", man, r)
+		if src == nil {
 			return
 		}
-		defer f.Close()
-		blobs[k] = f
-		rowBytes[k], _ = array.ByteSize(m.FrameShape, dtypeSize(m.DType))
+		defer src.close()
+		srcs = append(srcs, src)
 	}
+	clip0 := make([]int64, len(srcs)+1)
+	for i, src := range srcs {
+		clip0[i+1] = clip0[i] + int64(len(src.starts))
+	}
+	cols := man.SampleCols()
+	rec := 8 * cols
 	s := Sampling{Window: man.Window, Mode: man.Sampling, PerClip: man.PerClip, Short: man.Short}
 	for _, e := range man.Epochs {
-		all := Samples(lengths, s, man.Seed, e.Epoch)
+		var all []Sample
+		if man.Version == EpochsVersionMix {
+			mix := make([]MixSource, len(srcs))
+			for i, src := range srcs {
+				mix[i].Lengths = src.lengths
+			}
+			names := man.SourceNames()
+			w, ok := man.Mix.At(e.Epoch, names)
+			if !ok {
+				continue // reported by checkMixEntry
+			}
+			if w == nil { // natural: the sources' own counts are the weights
+				natural := MixNatural(mix, s, man.Seed, e.Epoch)
+				for i, n := range names {
+					if got := string(e.Weights[n]); got != fmt.Sprint(natural[i]) {
+						r.Add(Problem{File: EpochsFile, What: fmt.Sprintf("epoch %d: source %s's weight is %s, but it has %d samples of its own (mix.weights is natural)", e.Epoch, n, got, natural[i])})
+					}
+				}
+			}
+			var counts []int64
+			var empty int
+			all, counts, empty = MixEpoch(mix, s, man.Seed, e.Epoch, w, man.Mix.EpochSamples)
+			if empty >= 0 {
+				r.Add(Problem{File: EpochsFile, What: fmt.Sprintf("epoch %d: source %s is to give %d samples but has none", e.Epoch, names[empty], counts[empty])})
+				continue
+			}
+			for i, n := range names {
+				if e.Counts[n] != counts[i] {
+					r.Add(Problem{File: EpochsFile, What: fmt.Sprintf("epoch %d: source %s gave %d samples, the seed and weights make %d", e.Epoch, n, e.Counts[n], counts[i])})
+				}
+			}
+		} else {
+			all = Samples(srcs[0].lengths, s, man.Seed, e.Epoch)
+		}
 		if int64(len(all)) != e.Samples {
 			r.Add(Problem{File: e.Dir, What: fmt.Sprintf("seed %d gives %d samples, epochs.json says %d (another seed or sampling?)", man.Seed, len(all), e.Samples)})
 			continue
 		}
+		got := make([]int64, len(srcs)) // samples per source, from the samples files
+		before := len(r.Problems)
 		for _, sh := range e.Shards {
 			rel := sh.Files["samples"]
 			a, err := npy.ReadFile(filepath.Join(dir, filepath.FromSlash(rel)))
-			if err != nil || len(a.Data) != 24*sh.Samples {
+			if err != nil || len(a.Data) != rec*sh.Samples {
 				continue // reported by the structure checks
 			}
 			// Shard files are read window by window: a shard of a large
@@ -250,48 +372,74 @@ func deepEpochs(dir string, man *Epochs, r *Report) {
 				}
 			}
 			for i := 0; i < sh.Samples; i++ {
-				got := Sample{
-					Clip:  int64(binary.LittleEndian.Uint64(a.Data[24*i:])),
-					Start: int64(binary.LittleEndian.Uint64(a.Data[24*i+8:])),
-					Valid: int64(binary.LittleEndian.Uint64(a.Data[24*i+16:])),
+				field := func(c int) int64 { return int64(binary.LittleEndian.Uint64(a.Data[rec*i+8*c:])) }
+				smp := Sample{Clip: field(0), Start: field(1), Valid: field(2)}
+				srcN := int64(0)
+				if cols == 4 {
+					srcN = field(3)
 				}
 				at := sh.First + int64(i)
 				if sh.First < 0 || at >= int64(len(all)) {
 					r.Add(Problem{File: rel, What: fmt.Sprintf("shard claims sample %d, beyond the epoch's %d", at, len(all))})
 					break
 				}
-				if want := all[at]; got != want {
-					r.Add(Problem{File: rel, Clip: clipID(got.Clip), What: fmt.Sprintf("sample %d is (clip %d, start %d, valid %d); seed %d says (clip %d, start %d, valid %d)",
-						i, got.Clip, got.Start, got.Valid, man.Seed, want.Clip, want.Start, want.Valid)})
+				want := all[at]
+				wantSrc := sort.Search(len(srcs), func(k int) bool { return clip0[k+1] > want.Clip })
+				want.Clip -= clip0[wantSrc]
+				if smp != want || srcN != int64(wantSrc) {
+					what := fmt.Sprintf("sample %d is (clip %d, start %d, valid %d); seed %d says (clip %d, start %d, valid %d)",
+						i, smp.Clip, smp.Start, smp.Valid, man.Seed, want.Clip, want.Start, want.Valid)
+					if cols == 4 {
+						what = fmt.Sprintf("sample %d is (clip %d, start %d, valid %d, source %d); seed %d says (clip %d, start %d, valid %d, source %d %s)",
+							i, smp.Clip, smp.Start, smp.Valid, srcN, man.Seed, want.Clip, want.Start, want.Valid, wantSrc, man.Sources[wantSrc].Name)
+					}
+					id := fmt.Sprint(smp.Clip)
+					if srcN >= 0 && srcN < int64(len(srcs)) {
+						id = srcs[srcN].clipID(smp.Clip)
+					}
+					r.Add(Problem{File: rel, Clip: id, What: what})
 					break
 				}
+				got[wantSrc]++
+				src := srcs[wantSrc]
 				for k, m := range man.Modalities {
 					if wins[k] == nil {
 						continue
 					}
 					wb, _ := m.SampleBytes()
-					if got.Clip < 0 || got.Clip >= int64(len(starts)) {
+					if smp.Clip < 0 || smp.Clip >= int64(len(src.starts)) {
 						continue // the sample list check reports it
 					}
-					dm := d.Modality(m.Name)
-					first, rows := dm.ClipRows(int(got.Clip), starts[got.Clip]+got.Start, got.Valid)
-					n := rows * rowBytes[k]
+					dm := src.d.Modality(m.Name)
+					first, rows := dm.ClipRows(int(smp.Clip), src.starts[smp.Clip]+smp.Start, smp.Valid)
+					n := rows * src.rowB[k]
 					if n > wb || dm.PerClip != m.PerClip {
 						continue // the sample list check reports it
 					}
-					want := make([]byte, n)
-					blobs[k].ReadAt(want, dm.DataOffset+first*rowBytes[k])
+					wantB := make([]byte, n)
+					src.blobs[k].ReadAt(wantB, dm.DataOffset+first*src.rowB[k])
 					w := make([]byte, wb)
 					if _, err := wins[k].ReadAt(w, offs[k]+int64(i)*wb); err != nil {
 						r.Add(Problem{File: sh.Files[m.Name], What: fmt.Sprintf("sample %d: %v", i, err)})
 						continue
 					}
-					if !bytes.Equal(w[:n], want) || bytes.ContainsFunc(w[n:], func(r rune) bool { return r != 0 }) {
-						r.Add(Problem{File: sh.Files[m.Name], Clip: clipID(got.Clip), What: fmt.Sprintf("sample %d (clip %d, start %d) differs from the dataset", i, got.Clip, got.Start)})
+					if !bytes.Equal(w[:n], wantB) || bytes.ContainsFunc(w[n:], func(r rune) bool { return r != 0 }) {
+						what := fmt.Sprintf("sample %d (clip %d, start %d) differs from the dataset", i, smp.Clip, smp.Start)
+						if cols == 4 {
+							what = fmt.Sprintf("sample %d (source %s, clip %d, start %d) differs from its source", i, man.Sources[wantSrc].Name, smp.Clip, smp.Start)
+						}
+						r.Add(Problem{File: sh.Files[m.Name], Clip: src.clipID(smp.Clip), What: what})
 					}
 				}
 			}
 			closeAll()
+		}
+		if cols == 4 {
+			for i, n := range man.SourceNames() {
+				if got[i] != e.Counts[n] && len(r.Problems) == before {
+					r.Add(Problem{File: e.Dir, What: fmt.Sprintf("the samples files hold %d samples of source %s, epochs.json's counts %d", got[i], n, e.Counts[n])})
+				}
+			}
 		}
 	}
 }

@@ -29,7 +29,7 @@ import numpy as np
 
 from ._files import Npy, confined, read_json
 
-__all__ = ["EpochReader", "load_epochs"]
+__all__ = ["EpochReader", "load_epochs", "source_names"]
 
 STATE_FORMAT = "clipshard.reader"
 
@@ -49,9 +49,23 @@ def load_epochs(edir: str) -> dict[str, Any]:
     if man.get("version") == 1:
         raise ValueError("%s: epochs of format version 1 (a folder per rank); run shuffle again into a new folder "
                          "(version 2 is one order per epoch that any world size reads)" % edir)
-    if man.get("version") != 2:
-        raise ValueError("%s: epochs format version %r, this reader knows version 2" % (edir, man.get("version")))
+    if man.get("version") not in (2, 3):
+        raise ValueError("%s: epochs format version %r, this reader knows versions 2 and 3" % (edir, man.get("version")))
+    if man["version"] == 3:
+        src = man.get("sources")
+        names = [s.get("name") if isinstance(s, dict) else None for s in src] if isinstance(src, list) else None
+        if not names or any(not isinstance(n, str) or not n for n in names) or len(set(names)) != len(names):
+            raise ValueError("%s: epochs.json: version 3 without a list of named sources (%r)" % (edir, src))
     return man
+
+
+def source_names(man: Mapping[str, Any]) -> list[str]:
+    """The names of an epochs folder's sources, in the order of the
+    batches' "source" numbers: a mixed folder's (version 3) sources, or
+    the one dataset's folder name (version 2)."""
+    if man.get("version") == 3:
+        return [s["name"] for s in man["sources"]]
+    return [os.path.basename(os.path.normpath(str(man.get("dataset", {}).get("dir", "dataset"))))]
 
 
 def _worker() -> tuple[int, int]:
@@ -127,6 +141,11 @@ class EpochReader:
         self._expect = _expected(edir, man)
         self.modalities = [m["name"] for m in man["modalities"]]
         self.names = self.modalities + ["samples"]
+        # Mixed epochs (version 3): each batch also holds "source", the
+        # index into self.sources of each sample's dataset (the samples'
+        # fourth column, a view of it).
+        self.sources = source_names(man)
+        self.mixed = man.get("version") == 3
         shards = _check_shards(edir, man, entry, self.names)
         if replay_seed is not None:
             order = np.random.default_rng([replay_seed, self.virtual_epoch]).permutation(len(shards))
@@ -220,6 +239,8 @@ class EpochReader:
                         a = self.start + h * B * R + self.rank * B
                         self._advise(a, a + B)
                 batch = self._gather(lo, lo + B)
+                if self.mixed:
+                    batch["source"] = batch["samples"][:, 3]
                 self.consumed = self.start + (g + 1) * B * R
                 yield batch
         finally:
@@ -415,7 +436,8 @@ def _row_bytes(dtype, shape):
 
 def _expected(edir, man):
     """name -> (dtype, shape of one sample) of every shard file, from
-    epochs.json's modalities (and "samples": int64 [3])."""
+    epochs.json's modalities (and "samples": int64 [3], or [4] in a mixed
+    folder: clip, start, valid, source)."""
     mods = man.get("modalities")
     if not isinstance(mods, list) or not mods:
         raise ValueError("%s: epochs.json: no modalities" % edir)
@@ -430,7 +452,7 @@ def _expected(edir, man):
         if not isinstance(name, str) or name in out or name == "samples" or any(x < 0 for x in shape):
             raise ValueError("%s: epochs.json: modality %r" % (edir, m))
         out[name] = (dtype, shape)
-    out["samples"] = ("<i8", [3])
+    out["samples"] = ("<i8", [4 if man.get("version") == 3 else 3])
     return out
 
 

@@ -144,6 +144,8 @@ class Loader:
         first = self._reader(self._plans[0] if self._plans else dict(epoch=on_disk[0]))
         self.rank, self.world_size, self.batch_size, self.remainder = first.rank, first.world_size, first.batch_size, first.remainder
         self.names: list[str] = first.names
+        self.sources: list[str] = first.sources  # what a batch's "source" numbers name (mixed epochs)
+        self.mixed: bool = first.mixed
         self._src: dict[str, tuple[np.dtype, tuple[int, ...]]] = {
             n: (np.dtype(d), (self.batch_size,) + tuple(s)) for n, (d, s) in first._expect.items()}
         first.close()
@@ -294,7 +296,10 @@ class Loader:
                 if isinstance(item, _Failed):
                     raise item.error
                 self._handed = item
-                yield self._wrap(item.arrays)
+                arrays = item.arrays
+                if self.mixed and "source" not in arrays:
+                    arrays["source"] = arrays["samples"][:, 3]  # a view, as EpochReader's
+                yield self._wrap(arrays)
                 if item.last:
                     finished = True
         finally:

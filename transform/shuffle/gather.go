@@ -5,7 +5,6 @@ package shuffle
 
 import (
 	"context"
-	"path/filepath"
 	"runtime"
 
 	"github.com/clipshard/clipshard/formats/blob"
@@ -15,26 +14,25 @@ import (
 
 // gatherInMemory loads every blob; the workers fill their shards from it.
 func (j *job) gatherInMemory(ctx context.Context, s *sink) error {
-	blobs := make([][]byte, len(j.mods))
-	for k, m := range j.mods {
-		rows := j.ds.Modality(m.name).Rows
-		f, _, err := regfile.Open(filepath.Join(j.o.Dataset, m.file))
-		if err != nil {
-			return err
+	blobs := make([][][]byte, len(j.srcs)) // [source][modality]
+	for s, src := range j.srcs {
+		blobs[s] = make([][]byte, len(j.mods))
+		for k, m := range j.mods {
+			sf := src.files[k]
+			f, _, err := regfile.Open(sf.path)
+			if err != nil {
+				return err
+			}
+			// Mapped memory with huge pages where offered: a fresh heap buffer
+			// of the dataset's size costs a page fault (and zeroing) every 4 KiB.
+			blobs[s][k] = directio.MapBuf(int(sf.rows * m.rowBytes))
+			defer directio.Unmap(blobs[s][k])
+			_, err = f.ReadAt(blobs[s][k], sf.dataOffset)
+			f.Close()
+			if err != nil {
+				return readErr(f.Name(), sf.dataOffset, -1, err)
+			}
 		}
-		// Mapped memory with huge pages where offered: a fresh heap buffer
-		// of the dataset's size costs a page fault (and zeroing) every 4 KiB.
-		blobs[k] = directio.MapBuf(int(rows * m.rowBytes))
-		defer directio.Unmap(blobs[k])
-		_, err = f.ReadAt(blobs[k], m.dataOffset)
-		f.Close()
-		if err != nil {
-			return readErr(f.Name(), m.dataOffset, -1, err)
-		}
-	}
-	rows := func(k int, first, n int64) []byte {
-		rb := j.mods[k].rowBytes
-		return blobs[k][first*rb : (first+n)*rb]
 	}
 	s.work = func(u unit, c *cursor) error {
 		if err := c.open(u); err != nil {
@@ -47,8 +45,8 @@ func (j *job) gatherInMemory(ctx context.Context, s *sink) error {
 				return ctx.Err()
 			}
 			for k, m := range j.mods {
-				first, n := j.sampleRows(m, smp)
-				win[k] = rows(k, first, n)
+				src, first, n := j.sampleRows(k, smp)
+				win[k] = blobs[src][k][first*m.rowBytes : (first+n)*m.rowBytes]
 			}
 			if err := c.put(win); err != nil {
 				return err
@@ -83,7 +81,7 @@ func (j *job) workers() int {
 	}
 	// blob.Create: three chunks of up to ChunkSize, no larger than the data.
 	chunks := func(size int64) int64 { return 3 * min(blob.ChunkSize, size) }
-	per := chunks(int64(j.o.ShardSize) * 24)
+	per := chunks(int64(j.o.ShardSize) * j.sampleRec())
 	for _, m := range j.mods {
 		per += chunks(int64(j.o.ShardSize) * m.winBytes)
 	}

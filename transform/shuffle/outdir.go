@@ -25,9 +25,27 @@ var ErrConflict = fmt.Errorf("%w: conflicting run", ErrUsage)
 // optionsKey identifies the options that decide an epochs directory's
 // bytes: runs with the same key may share a directory (each with its own
 // epochs), runs with different keys may not.
+//
+// A mixed run's dataset is its sources (name:sha256, in order), and its
+// key ends with its weight schedule and epoch size.
 func optionsKey(m *manifests.Epochs) string {
-	return fmt.Sprintf("dataset=%s seed=%d window=%d sampling=%s per_clip=%d short=%s shard_samples=%d",
-		m.Dataset.SHA256, m.Seed, m.Window, m.Sampling, m.PerClip, m.Short, m.ShardSamples)
+	key := fmt.Sprintf("dataset=%s seed=%d window=%d sampling=%s per_clip=%d short=%s shard_samples=%d",
+		datasetKey(m), m.Seed, m.Window, m.Sampling, m.PerClip, m.Short, m.ShardSamples)
+	if m.Mix != nil {
+		key += " weights=" + m.Mix.Key()
+	}
+	return key
+}
+
+func datasetKey(m *manifests.Epochs) string {
+	if m.Version != manifests.EpochsVersionMix {
+		return m.Dataset.SHA256
+	}
+	var parts []string
+	for _, s := range m.Sources {
+		parts = append(parts, s.Name+":"+s.SHA256)
+	}
+	return strings.Join(parts, ",")
 }
 
 // keyDiff words how two options keys differ: "seed 8, this run's 7".
@@ -39,11 +57,18 @@ func keyDiff(theirs, ours string) string {
 			name, x, _ := strings.Cut(a[i], "=")
 			_, y, _ := strings.Cut(b[i], "=")
 			if name == "dataset" {
-				d = append(d, "another dataset")
+				d = append(d, "another dataset (or other sources)")
+				continue
+			}
+			if name == "weights" {
+				d = append(d, fmt.Sprintf("weights and --epoch-samples %s, this run's %s", x, y))
 				continue
 			}
 			d = append(d, fmt.Sprintf("%s %s, this run's %s", strings.ReplaceAll(name, "_", "-"), x, y))
 		}
+	}
+	if len(a) != len(b) {
+		d = append(d, "a mix of sources, or one --dataset")
 	}
 	if len(d) == 0 {
 		return theirs
@@ -53,9 +78,16 @@ func keyDiff(theirs, ours string) string {
 
 // sameOptions reports whether a and b were cut with the same sampling
 // options (whatever the dataset).
+//
+// For a mixed run the sources' names (not their builds) and the weights
+// count as options.
 func sameOptions(a, b *manifests.Epochs) bool {
-	return a.Seed == b.Seed && a.Window == b.Window && a.Sampling == b.Sampling && a.PerClip == b.PerClip &&
-		a.Short == b.Short && a.ShardSamples == b.ShardSamples
+	same := a.Seed == b.Seed && a.Window == b.Window && a.Sampling == b.Sampling && a.PerClip == b.PerClip &&
+		a.Short == b.Short && a.ShardSamples == b.ShardSamples && a.Version == b.Version
+	if !same || a.Version != manifests.EpochsVersionMix {
+		return same
+	}
+	return slices.Equal(a.SourceNames(), b.SourceNames()) && a.Mix.Key() == b.Mix.Key()
 }
 
 // openManifest loads o.Out's epochs.json if it describes the same dataset
@@ -66,17 +98,23 @@ func sameOptions(a, b *manifests.Epochs) bool {
 // that holds what shuffle did not write is refused.
 func openManifest(j *job) (*manifests.Epochs, error) {
 	o := j.o
-	dsSum, err := manifests.HashFile(filepath.Join(o.Dataset, manifests.DatasetFile))
-	if err != nil {
-		return nil, err
-	}
 	fresh := &manifests.Epochs{
 		Format: manifests.EpochsFormat, Version: manifests.EpochsVersion,
-		Dataset: manifests.DatasetRef{Dir: o.Dataset, Fingerprint: j.ds.Fingerprint, SHA256: dsSum},
 		Seed:    o.Seed, Window: o.Sampling.Window, Sampling: o.Sampling.Mode, PerClip: o.Sampling.PerClip,
 		Short: o.Sampling.Short, ShardSamples: o.ShardSize,
 		Files: manifests.EpochFiles{Shards: manifests.ShardsFile, Sums: manifests.SumsFile},
 		Tool:  o.Tool,
+	}
+	if j.mixed {
+		fresh.Version = manifests.EpochsVersionMix
+		for _, src := range j.srcs {
+			fresh.Sources = append(fresh.Sources, manifests.SourceRef{Name: src.name, Dir: src.dir, Fingerprint: src.ds.Fingerprint, SHA256: src.sha, Clips: src.ds.Clips})
+		}
+		mix := o.Mix
+		fresh.Mix = &mix
+	} else {
+		src := j.srcs[0]
+		fresh.Dataset = manifests.DatasetRef{Dir: src.dir, Fingerprint: src.ds.Fingerprint, SHA256: src.sha}
 	}
 	if o.Sampling.Mode != "random" {
 		fresh.PerClip = 0

@@ -223,7 +223,7 @@ func (j *job) external(ctx context.Context, s *sink) error {
 				}
 				for k, m := range j.mods {
 					at := p*nm + k
-					first, rows := j.sampleRows(m, smp)
+					_, first, rows := j.sampleRows(k, smp)
 					first -= ch.first[k]
 					n := rows * m.rowBytes
 					if n > 0 {

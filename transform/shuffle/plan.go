@@ -5,6 +5,7 @@
 package shuffle
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -25,26 +26,47 @@ import (
 
 type modInfo struct {
 	name       string
-	file       string
 	rate       int64 // rows per clip frame; 0 for a per-clip modality
 	perClip    bool  // one row per clip: a sample takes its clip's row
 	frameShape []int
 	dtype      array.DType
 	rowBytes   int64 // bytes per blob row
 	winBytes   int64 // bytes per sample: W*rate rows (one row if perClip)
+}
+
+// srcInfo is one source dataset (a plain run has one): its blobs, and
+// where its clips and frames lie in the job's global numbering (the
+// sources' clips one after the other, in order).
+type srcInfo struct {
+	name   string
+	dir    string
+	ds     *manifests.Dataset
+	sha    string // of its dataset.json
+	clip0  int64  // global number of its first clip
+	frame0 int64  // global number of its first frame
+	files  []srcFile
+}
+
+// srcFile is a source's blob of one modality (in the order of job.mods).
+type srcFile struct {
+	path       string
 	dataOffset int64
+	rows       int64
 }
 
 type epochPlan struct {
 	epoch   int
-	samples []manifests.Sample // shuffled
+	samples []manifests.Sample // shuffled; global clip numbers
 	base    int64              // global position of the first sample
+	counts  []int64            // samples per source (a mixed run)
+	weights []json.Number      // the epoch's weights (nil: natural)
 }
 
 type job struct {
 	o       Options
-	ds      *manifests.Dataset
-	starts  []int64
+	srcs    []srcInfo
+	mixed   bool    // several sources (or --source): epochs format version 3
+	starts  []int64 // per global clip, its first global frame
 	lengths []int64
 	mods    []modInfo
 	rec     int64  // bytes of one sample across modalities
@@ -59,9 +81,20 @@ type job struct {
 	ext      bool // the external (two-pass) path
 }
 
+// Source is one --source NAME=DIR of a mixed run.
+type Source struct{ Name, Dir string }
+
 func newJob(o Options) (*job, error) {
-	if o.Dataset == "" || o.Out == "" {
-		return nil, fmt.Errorf("%w: --dataset and --out are required", ErrUsage)
+	mixed := len(o.Sources) > 0
+	switch {
+	case o.Out == "":
+		return nil, fmt.Errorf("%w: --out is required", ErrUsage)
+	case mixed && o.Dataset != "":
+		return nil, fmt.Errorf("%w: give --dataset DIR or --source NAME=DIR ..., not both", ErrUsage)
+	case !mixed && o.Dataset == "":
+		return nil, fmt.Errorf("%w: --dataset DIR (or --source NAME=DIR ...) is required", ErrUsage)
+	case !mixed && (len(o.Mix.Ranges) > 0 || o.Mix.EpochSamples != 0):
+		return nil, fmt.Errorf("%w: --weights and --epoch-samples mix --source datasets; with one --dataset, give it as --source NAME=DIR", ErrUsage)
 	}
 	if err := o.Sampling.Check(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrUsage, err)
@@ -81,6 +114,9 @@ func newJob(o Options) (*job, error) {
 	if o.Workers < 0 || o.Workers > 256 {
 		return nil, fmt.Errorf("%w: --workers %d: want 1..256 (0: the CPUs)", ErrUsage, o.Workers)
 	}
+	if o.Mix.EpochSamples < 0 {
+		return nil, fmt.Errorf("%w: --epoch-samples %d: want >= 1 (0: the sources' own counts)", ErrUsage, o.Mix.EpochSamples)
+	}
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -88,62 +124,184 @@ func newJob(o Options) (*job, error) {
 	if o.Out, err = filepath.Abs(o.Out); err != nil {
 		return nil, err
 	}
-	if o.Dataset, err = filepath.Abs(o.Dataset); err != nil {
-		return nil, err
+	list := o.Sources
+	if !mixed {
+		list = []Source{{Dir: o.Dataset}}
 	}
-	ds, err := manifests.LoadDataset(o.Dataset)
-	if err != nil {
-		return nil, err
-	}
-	starts, lengths, err := manifests.ReadIndex(filepath.Join(o.Dataset, ds.Files.Index))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(starts)) != ds.Clips {
-		return nil, fmt.Errorf("%w: %s: index.npy has %d clips, dataset.json %d (run verify)", manifests.ErrManifest, o.Dataset, len(starts), ds.Clips)
-	}
-	var next int64
-	for i := range starts {
-		if starts[i] != next || lengths[i] < 0 {
-			return nil, fmt.Errorf("%w: %s: index.npy row %d: start %d length %d, want start %d (contiguous from 0; run verify)",
-				manifests.ErrManifest, o.Dataset, i, starts[i], lengths[i], next)
+	seen := map[string]bool{}
+	j := &job{o: o, mixed: mixed}
+	for _, src := range list {
+		if mixed {
+			if err := manifests.CheckSourceName(src.Name); err != nil {
+				return nil, fmt.Errorf("%w: --source %s=%s: %w", ErrUsage, src.Name, src.Dir, err)
+			}
+			if seen[src.Name] {
+				return nil, fmt.Errorf("%w: --source %s is given twice", ErrUsage, src.Name)
+			}
+			seen[src.Name] = true
 		}
-		next += lengths[i]
-	}
-	if next != ds.Frames {
-		return nil, fmt.Errorf("%w: %s: index.npy's lengths add up to %d frames, dataset.json says %d (run verify)", manifests.ErrManifest, o.Dataset, next, ds.Frames)
-	}
-	j := &job{o: o, ds: ds, starts: starts, lengths: lengths}
-	for _, m := range ds.Modalities {
-		if strings.EqualFold(m.Name, "samples") {
-			return nil, fmt.Errorf("%w: %s: modality %q collides with the shards' samples files; convert again with another name", manifests.ErrManifest, o.Dataset, m.Name)
-		}
-		dt, _, err := array.ParseDescr(m.DType)
+		dir, err := filepath.Abs(src.Dir)
 		if err != nil {
 			return nil, err
 		}
-		rb, err := array.ByteSize(m.FrameShape, dt.Size)
-		if err != nil {
+		if !mixed {
+			j.o.Dataset = dir
+		}
+		if err := j.addSource(src.Name, dir); err != nil {
 			return nil, err
 		}
-		mi := modInfo{name: m.Name, file: m.File, rate: int64(m.Rate), perClip: m.PerClip, frameShape: m.FrameShape, dtype: dt,
-			rowBytes: rb, winBytes: int64(o.Sampling.Window) * int64(m.Rate) * rb, dataOffset: m.DataOffset}
-		if m.PerClip {
-			mi.rate, mi.winBytes = 0, rb
+	}
+	if mixed {
+		if err := j.o.Mix.CheckRanges(); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrUsage, err)
 		}
-		if err := j.checkBlob(mi, m.Rows); err != nil {
-			return nil, err
+		names := j.sourceNames()
+		for e := o.EpochStart; e < o.EpochEnd; e++ {
+			if _, ok := j.o.Mix.At(e, names); !ok {
+				return nil, fmt.Errorf("%w: epoch %d has no weights: no --weights range holds it", ErrUsage, e)
+			}
 		}
-		j.mods = append(j.mods, mi)
-		j.rec += mi.winBytes
-		if int64(len(j.zeros)) < mi.winBytes {
-			j.zeros = make([]byte, mi.winBytes)
+	}
+	for _, m := range j.mods {
+		j.rec += m.winBytes
+		if int64(len(j.zeros)) < m.winBytes {
+			j.zeros = make([]byte, m.winBytes)
 		}
 	}
 	if j.man, err = openManifest(j); err != nil {
 		return nil, err
 	}
 	return j, nil
+}
+
+// sourceNames lists the sources' names, in order.
+func (j *job) sourceNames() []string {
+	var out []string
+	for _, s := range j.srcs {
+		out = append(out, s.name)
+	}
+	return out
+}
+
+// srcWords names source s for a message: "source wild (/data/wild)", or
+// the dataset's folder in a plain run.
+func (j *job) srcWords(s int) string {
+	if !j.mixed {
+		return j.srcs[s].dir
+	}
+	return fmt.Sprintf("source %s (%s)", j.srcs[s].name, j.srcs[s].dir)
+}
+
+// addSource loads the dataset in dir, checks its index and blobs, and
+// appends its clips to the job's; the first source's modalities are the
+// job's.
+func (j *job) addSource(name, dir string) error {
+	ds, err := manifests.LoadDataset(dir)
+	if err != nil {
+		return err
+	}
+	sha, err := manifests.HashFile(filepath.Join(dir, manifests.DatasetFile))
+	if err != nil {
+		return err
+	}
+	starts, lengths, err := manifests.ReadIndex(filepath.Join(dir, ds.Files.Index))
+	if err != nil {
+		return err
+	}
+	if int64(len(starts)) != ds.Clips {
+		return fmt.Errorf("%w: %s: index.npy has %d clips, dataset.json %d (run verify)", manifests.ErrManifest, dir, len(starts), ds.Clips)
+	}
+	var next int64
+	for i := range starts {
+		if starts[i] != next || lengths[i] < 0 {
+			return fmt.Errorf("%w: %s: index.npy row %d: start %d length %d, want start %d (contiguous from 0; run verify)",
+				manifests.ErrManifest, dir, i, starts[i], lengths[i], next)
+		}
+		next += lengths[i]
+	}
+	if next != ds.Frames {
+		return fmt.Errorf("%w: %s: index.npy's lengths add up to %d frames, dataset.json says %d (run verify)", manifests.ErrManifest, dir, next, ds.Frames)
+	}
+	src := srcInfo{name: name, dir: dir, ds: ds, sha: sha, clip0: int64(len(j.lengths))}
+	if len(j.srcs) > 0 {
+		last := &j.srcs[len(j.srcs)-1]
+		src.frame0 = last.frame0 + last.ds.Frames
+	}
+	var mods []modInfo
+	for _, m := range ds.Modalities {
+		if strings.EqualFold(m.Name, "samples") {
+			return fmt.Errorf("%w: %s: modality %q collides with the shards' samples files; convert again with another name", manifests.ErrManifest, dir, m.Name)
+		}
+		dt, _, err := array.ParseDescr(m.DType)
+		if err != nil {
+			return err
+		}
+		rb, err := array.ByteSize(m.FrameShape, dt.Size)
+		if err != nil {
+			return err
+		}
+		mi := modInfo{name: m.Name, rate: int64(m.Rate), perClip: m.PerClip, frameShape: m.FrameShape, dtype: dt,
+			rowBytes: rb, winBytes: int64(j.o.Sampling.Window) * int64(m.Rate) * rb}
+		if m.PerClip {
+			mi.rate, mi.winBytes = 0, rb
+		}
+		f := srcFile{path: filepath.Join(dir, m.File), dataOffset: m.DataOffset, rows: m.Rows}
+		if err := checkBlob(ds, starts, lengths, mi, f); err != nil {
+			return err
+		}
+		mods = append(mods, mi)
+		src.files = append(src.files, f)
+	}
+	if len(j.srcs) == 0 {
+		j.mods = mods
+	} else if err := j.compareMods(name, dir, mods); err != nil {
+		return err
+	}
+	for i := range starts {
+		j.starts = append(j.starts, src.frame0+starts[i])
+	}
+	j.lengths = append(j.lengths, lengths...)
+	j.srcs = append(j.srcs, src)
+	return nil
+}
+
+// compareMods refuses a source whose modality schema differs from the
+// first source's, naming the difference.
+func (j *job) compareMods(name, dir string, mods []modInfo) error {
+	first := j.srcs[0].name
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: source %s (%s): %s (the sources must share their modalities: names, per-clip, rates, frame shapes, dtypes)", ErrUsage, name, dir, fmt.Sprintf(format, args...))
+	}
+	names := func(ms []modInfo) string {
+		var n []string
+		for _, m := range ms {
+			n = append(n, m.name)
+		}
+		return strings.Join(n, ",")
+	}
+	if names(mods) != names(j.mods) {
+		return bad("has modalities %s, source %s has %s", names(mods), first, names(j.mods))
+	}
+	clipWord := func(b bool) string {
+		if b {
+			return "per-clip"
+		}
+		return "per-frame"
+	}
+	for k, m := range mods {
+		f := j.mods[k]
+		switch {
+		case m.perClip != f.perClip:
+			return bad("modality %s is %s, source %s's %s", m.name, clipWord(m.perClip), first, clipWord(f.perClip))
+		case m.rate != f.rate:
+			return bad("modality %s has rate %d, source %s's %d", m.name, m.rate, first, f.rate)
+		case !slices.Equal(m.frameShape, f.frameShape):
+			return bad("modality %s has frame shape %s, source %s's %s", m.name, array.FormatShape(m.frameShape), first, array.FormatShape(f.frameShape))
+		case m.dtype.Descr() != f.dtype.Descr():
+			return bad("modality %s has dtype %s, source %s's %s", m.name, m.dtype.Descr(), first, f.dtype.Descr())
+		}
+	}
+	return nil
 }
 
 // checkBlob refuses a blob shorter than the manifest says (a damaged or
@@ -153,19 +311,19 @@ func newJob(o Options) (*job, error) {
 // It also refuses a blob that disagrees with dataset.json and index.npy in
 // any number the shuffle relies on (rows, header, size): every window is
 // cut from the rows those numbers locate.
-func (j *job) checkBlob(m modInfo, rows int64) error {
-	path := filepath.Join(j.o.Dataset, m.file)
+func checkBlob(ds *manifests.Dataset, starts, lengths []int64, m modInfo, sf srcFile) error {
+	path, rows := sf.path, sf.rows
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s: %s (run verify)", manifests.ErrManifest, path, fmt.Sprintf(format, args...))
 	}
 	if m.rowBytes <= 0 {
 		return bad("modality %q: frame shape %v holds no values", m.name, m.frameShape)
 	}
-	if want := j.ds.Frames * m.rate; !m.perClip && rows != want {
-		return bad("dataset.json says %d rows, but %d frames at rate %d make %d", rows, j.ds.Frames, m.rate, want)
+	if want := ds.Frames * m.rate; !m.perClip && rows != want {
+		return bad("dataset.json says %d rows, but %d frames at rate %d make %d", rows, ds.Frames, m.rate, want)
 	}
-	if m.perClip && rows != j.ds.Clips {
-		return bad("dataset.json says %d rows for per-clip modality %q, but there are %d clips", rows, m.name, j.ds.Clips)
+	if m.perClip && rows != ds.Clips {
+		return bad("dataset.json says %d rows for per-clip modality %q, but there are %d clips", rows, m.name, ds.Clips)
 	}
 	f, fi, err := regfile.Open(path)
 	if err != nil {
@@ -173,7 +331,7 @@ func (j *job) checkBlob(m modInfo, rows int64) error {
 	}
 	h, herr := npy.ReadHeader(f, fi.Size())
 	f.Close()
-	need := m.dataOffset + rows*m.rowBytes
+	need := sf.dataOffset + rows*m.rowBytes
 	if herr != nil && fi.Size() >= need {
 		return bad("%v", herr)
 	}
@@ -182,8 +340,8 @@ func (j *job) checkBlob(m modInfo, rows int64) error {
 		switch {
 		case h.Descr != m.dtype.Descr() || h.Fortran || !slices.Equal(h.Shape, wantShape):
 			return bad("the header says %s %s, dataset.json %s %s", h.Descr, array.FormatShape(h.Shape), m.dtype.Descr(), array.FormatShape(wantShape))
-		case h.DataOffset != m.dataOffset:
-			return bad("data at byte %d, dataset.json says %d", h.DataOffset, m.dataOffset)
+		case h.DataOffset != sf.dataOffset:
+			return bad("data at byte %d, dataset.json says %d", h.DataOffset, sf.dataOffset)
 		case fi.Size() > need:
 			return bad("%d bytes, dataset.json needs %d: %d bytes too many", fi.Size(), need, fi.Size()-need)
 		}
@@ -191,23 +349,39 @@ func (j *job) checkBlob(m modInfo, rows int64) error {
 	if fi.Size() >= need {
 		return nil
 	}
-	have := max(0, (fi.Size()-m.dataOffset)/m.rowBytes) // whole rows present
-	c := sort.Search(len(j.starts), func(c int) bool { return (j.starts[c]+j.lengths[c])*m.rate > have })
+	have := max(0, (fi.Size()-sf.dataOffset)/m.rowBytes) // whole rows present
+	c := sort.Search(len(starts), func(c int) bool { return (starts[c]+lengths[c])*m.rate > have })
 	if m.perClip {
 		c = int(have)
 	}
-	first, _ := j.sampleRows(m, manifests.Sample{Clip: int64(min(c, len(j.starts)-1))})
+	c = min(c, len(starts)-1)
+	first := starts[max(c, 0)] * m.rate
+	if m.perClip {
+		first = int64(c)
+	}
 	return fmt.Errorf("%w: %s: %d bytes, dataset.json needs %d: the rows of clip %d on (from byte %d) are missing (run verify)",
-		manifests.ErrManifest, path, fi.Size(), need, c, m.dataOffset+first*m.rowBytes)
+		manifests.ErrManifest, path, fi.Size(), need, c, sf.dataOffset+first*m.rowBytes)
 }
 
-// sampleRows returns the rows of m's blob that sample smp takes: its
-// window's valid rows, or, for a per-clip modality, its clip's row.
-func (j *job) sampleRows(m modInfo, smp manifests.Sample) (first, n int64) {
-	if m.perClip {
-		return smp.Clip, 1
+// srcOf returns the source of global clip c.
+func (j *job) srcOf(c int64) int {
+	if len(j.srcs) == 1 {
+		return 0
 	}
-	return (j.starts[smp.Clip] + smp.Start) * m.rate, smp.Valid * m.rate
+	return sort.Search(len(j.srcs), func(s int) bool { return j.srcs[s].clip0 > c }) - 1
+}
+
+// sampleRows returns the source of sample smp and the rows of that
+// source's blob of modality k that it takes: its window's valid rows, or,
+// for a per-clip modality, its clip's row.
+func (j *job) sampleRows(k int, smp manifests.Sample) (src int, first, n int64) {
+	src = j.srcOf(smp.Clip)
+	s := &j.srcs[src]
+	m := &j.mods[k]
+	if m.perClip {
+		return src, smp.Clip - s.clip0, 1
+	}
+	return src, (j.starts[smp.Clip] - s.frame0 + smp.Start) * m.rate, smp.Valid * m.rate
 }
 
 // readErr words a failed read of a blob from byte off on, where clip
@@ -243,7 +417,7 @@ func (j *job) toDo() (todo, skipped []int) {
 func (j *job) whole(x manifests.EpochEntry) bool {
 	for _, sh := range x.Shards {
 		for what, rel := range sh.Files {
-			want := int64(npy.DataAlign) + int64(sh.Samples)*24
+			want := int64(npy.DataAlign) + int64(sh.Samples)*j.sampleRec()
 			if what != "samples" {
 				var m *manifests.EpochModality
 				for i := range j.man.Modalities {
@@ -292,12 +466,68 @@ func (j *job) plan(epochs []int) {
 	j.epochs = nil
 	var base int64
 	for _, e := range epochs {
-		all := manifests.Samples(j.lengths, j.o.Sampling, j.o.Seed, e)
-		ep := epochPlan{epoch: e, samples: all, base: base}
+		ep := epochPlan{epoch: e, base: base}
+		if j.mixed {
+			ep.weights, _ = j.o.Mix.At(e, j.sourceNames())
+			ep.samples, ep.counts, _ = manifests.MixEpoch(j.mixSources(), j.o.Sampling, j.o.Seed, e, ep.weights, j.o.Mix.EpochSamples)
+		} else {
+			ep.samples = manifests.Samples(j.lengths, j.o.Sampling, j.o.Seed, e)
+		}
 		base += int64(len(ep.samples))
 		j.epochs = append(j.epochs, ep)
 	}
 	j.total = base
+}
+
+// epochMix is the weights and counts per source that a mixed epoch's
+// entry records (natural weights: each source's own count of the epoch).
+func (j *job) epochMix(ep *epochPlan) (map[string]json.Number, map[string]int64) {
+	w, c := map[string]json.Number{}, map[string]int64{}
+	var natural []int64
+	if ep.weights == nil {
+		natural = manifests.MixNatural(j.mixSources(), j.o.Sampling, j.o.Seed, ep.epoch)
+	}
+	for s, src := range j.srcs {
+		c[src.name] = ep.counts[s]
+		if ep.weights != nil {
+			w[src.name] = ep.weights[s]
+		} else {
+			w[src.name] = json.Number(fmt.Sprint(natural[s]))
+		}
+	}
+	return w, c
+}
+
+// mixSources is the sources' clip lengths.
+func (j *job) mixSources() []manifests.MixSource {
+	out := make([]manifests.MixSource, len(j.srcs))
+	for s, src := range j.srcs {
+		out[s].Lengths = j.lengths[src.clip0 : src.clip0+src.ds.Clips]
+	}
+	return out
+}
+
+// count returns the samples epoch e will have (without making the list),
+// or refuses a mixed epoch in which a source with a share has no samples.
+func (j *job) count(e int) (int64, error) {
+	if !j.mixed {
+		return manifests.CountSamples(j.lengths, j.o.Sampling, j.o.Seed, e), nil
+	}
+	natural := manifests.MixNatural(j.mixSources(), j.o.Sampling, j.o.Seed, e)
+	n := j.o.Mix.EpochSamples
+	if n == 0 {
+		for _, c := range natural {
+			n += c
+		}
+	}
+	w, _ := j.o.Mix.At(e, j.sourceNames())
+	for s, c := range manifests.MixCounts(natural, w, n) {
+		if c > 0 && natural[s] == 0 {
+			return 0, fmt.Errorf("%w: epoch %d: %s is to give %d samples, but has none (every clip shorter than --window %d, or no clips); give it weight 0 there, or lower --window",
+				ErrEmpty, e, j.srcWords(s), c, j.o.Sampling.Window)
+		}
+	}
+	return n, nil
 }
 
 // position maps a global output position to its epoch plan and index.
@@ -311,7 +541,11 @@ func (j *job) position(pos int64) (*epochPlan, int) {
 // samples and the entries of its shards (in the plan and the manifest).
 func (j *job) epochMeta(n int64) int64 {
 	shards := 1 + n/int64(j.o.ShardSize)
-	return n*sampleMeta + shards*int64(shardMeta+64*len(j.mods))
+	meta := n*sampleMeta + shards*int64(shardMeta+64*len(j.mods))
+	if j.mixed {
+		meta += n * 24 // the sources' own lists, before they are merged
+	}
+	return meta
 }
 
 // metaSlack is how far one epoch's plan may go past a quarter of --mem.
@@ -354,7 +588,7 @@ const diskBlock = 4096
 
 // epochBytes is what the shards of an epoch of n samples take on disk.
 func (j *job) epochBytes(n int64) int64 {
-	return n*(j.rec+24) + j.epochFiles(n)*npy.DataAlign
+	return n*(j.rec+j.sampleRec()) + j.epochFiles(n)*npy.DataAlign
 }
 
 // checkSpace refuses to start when the filesystem of out lacks the room

@@ -26,6 +26,51 @@ type Quality struct {
 	// Spearman's rank correlation of position and clip order (about 0 for
 	// a uniform shuffle, 1 in clip order).
 	Spearman float64 `json:"spearman"`
+	// Sources (a mixed epoch): each source's share per whole batch.
+	Sources []SourceShare `json:"sources,omitempty"`
+}
+
+// SourceShare is one source's share of the batches of a mixed epoch.
+type SourceShare struct {
+	Name      string  `json:"name"`
+	Share     float64 `json:"share"`      // of the epoch: its count over the epoch's samples
+	MeanShare float64 `json:"mean_share"` // over the whole batches
+	// WorstDeviation is the largest |samples of it in a batch - Share *
+	// Batch| over the whole batches, in samples.
+	WorstDeviation float64 `json:"worst_deviation"`
+}
+
+// measureSources adds each source's share per whole batch to q; srcOf
+// gives a sample's source.
+func measureSources(q *Quality, s []manifests.Sample, batch int, names []string, counts []int64, srcOf func(int64) int) {
+	n := len(s)
+	for i, name := range names {
+		sh := SourceShare{Name: name}
+		if n > 0 {
+			sh.Share = float64(counts[i]) / float64(n)
+		}
+		q.Sources = append(q.Sources, sh)
+	}
+	whole := n / max(1, batch)
+	if whole == 0 || batch < 1 {
+		return
+	}
+	per := make([]int, len(names))
+	sum := make([]float64, len(names))
+	for b := 0; b < whole; b++ {
+		clear(per)
+		for _, smp := range s[b*batch : (b+1)*batch] {
+			per[srcOf(smp.Clip)]++
+		}
+		for i := range names {
+			sum[i] += float64(per[i])
+			d := math.Abs(float64(per[i]) - q.Sources[i].Share*float64(batch))
+			q.Sources[i].WorstDeviation = max(q.Sources[i].WorstDeviation, d)
+		}
+	}
+	for i := range names {
+		q.Sources[i].MeanShare = sum[i] / float64(whole*batch)
+	}
 }
 
 // Measure measures the order s with batches of batch samples.

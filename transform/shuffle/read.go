@@ -6,7 +6,6 @@ package shuffle
 import (
 	"cmp"
 	"os"
-	"path/filepath"
 	"sort"
 
 	"github.com/clipshard/clipshard/formats/regfile"
@@ -21,10 +20,11 @@ func (j *job) passOneOrder(a, b int64) int {
 	return cmp.Or(cmp.Compare(sa.Clip, sb.Clip), cmp.Compare(sa.Start, sb.Start), cmp.Compare(a, b))
 }
 
-// chunk is a run of the dataset's frames, read from every modality's
-// blob: the samples that start in frames [g0, g1) (global frame numbers,
-// as in index.npy) are cut from it. rows[k] holds blob k's rows from row
-// first[k] = g0*rate on, through frame g1 plus a window (or the end).
+// chunk is a run of the frames of one source, read from every modality's
+// blob: the samples that start in frames [g0, g1) (global frame numbers:
+// the sources' frames one after the other) are cut from it. rows[k] holds
+// the source's blob k's rows from row first[k] (numbered within the
+// source) on, through frame g1 plus a window (or the source's end).
 type chunk struct {
 	g0, g1 int64
 	first  []int64
@@ -36,29 +36,37 @@ type chunk struct {
 // release hands the chunk's buffers back to the reader.
 func (c *chunk) release() { c.free <- c }
 
-// readChunks reads the dataset's frames in order, in runs of about limit
-// bytes over all modalities (a clip larger than that is read in pieces),
-// from a goroutine that runs up to three runs ahead of the receiver, which
-// releases each run when done with it; stop ends the goroutine. Reads are
-// sequential: each run starts where the last one's frames end, and also
-// reads the window after them again (those rows were just read, and are
-// in the page cache), so that every sample that starts in a run lies
-// whole in it. The buffers are bounded by limit plus a window, whatever
-// the size of a clip.
+// readChunks reads the sources' frames in order, each source's blobs
+// front to back, in runs of about limit bytes over all modalities (a clip
+// larger than that is read in pieces), from a goroutine that runs up to
+// three runs ahead of the receiver, which releases each run when done
+// with it; stop ends the goroutine. Reads are sequential: each run starts
+// where the last one's frames end, and also reads the window after them
+// again (those rows were just read, and are in the page cache), so that
+// every sample that starts in a run lies whole in it. The buffers are
+// bounded by limit plus a window, whatever the size of a clip.
 func (j *job) readChunks(limit int64) (<-chan *chunk, func(), error) {
-	var files []*os.File
+	// Every blob is opened (and checked a regular file) before the read
+	// starts; each source's are closed once it is read.
+	files := make([][]*os.File, len(j.srcs))
 	closeFiles := func() {
-		for _, f := range files {
-			f.Close()
+		for _, fs := range files {
+			for _, f := range fs {
+				if f != nil {
+					f.Close()
+				}
+			}
 		}
 	}
-	for _, m := range j.mods {
-		f, _, err := regfile.Open(filepath.Join(j.o.Dataset, m.file))
-		if err != nil {
-			closeFiles()
-			return nil, nil, err
+	for s, src := range j.srcs {
+		for _, sf := range src.files {
+			f, _, err := regfile.Open(sf.path)
+			if err != nil {
+				closeFiles()
+				return nil, nil, err
+			}
+			files[s] = append(files[s], f)
 		}
-		files = append(files, f)
 	}
 	const sets = 4
 	out := make(chan *chunk, sets)
@@ -76,64 +84,71 @@ func (j *job) readChunks(limit int64) (<-chan *chunk, func(), error) {
 			clipBytes += m.rowBytes
 		}
 	}
-	total := j.ds.Frames
 	w := int64(j.o.Sampling.Window)
 	step := max(1, limit/max(1, frameBytes)) // frames a run starts
-	clipAt := func(g int64) int {            // the clip frame g belongs to
+	clipAt := func(g int64) int {            // the (global) clip frame g belongs to
 		return sort.Search(len(j.starts), func(c int) bool { return j.starts[c]+j.lengths[c] > g })
 	}
 	go func() {
 		defer close(finished)
 		defer close(out)
 		defer closeFiles()
-		for g0, g1 := int64(0), int64(0); g0 < total; g0 = g1 {
-			g1 = min(total, g0+step)
-			if clipBytes > 0 {
-				// Short clips with large per-clip values: the run also
-				// ends where its clips' values would pass the limit.
-				c := clipAt(g0) + int(max(1, limit/clipBytes))
-				if c < len(j.starts) && j.starts[c] < g1 {
-					g1 = max(g0+1, j.starts[c])
-				}
-			}
-			end := min(total, g1+w)
-			var ch *chunk
-			select {
-			case ch = <-free:
-			case <-quit:
-				return
-			}
-			ch.g0, ch.g1 = g0, g1
-			for k, m := range j.mods {
-				first := g0 * m.rate
-				n := (end - g0) * m.rate * m.rowBytes
-				if m.perClip {
-					// The rows of the clips the run's samples start in.
-					first = int64(clipAt(g0))
-					n = (int64(clipAt(g1-1)) + 1 - first) * m.rowBytes
-				}
-				ch.first[k] = first
-				if int64(cap(ch.rows[k])) < n {
-					c := n
-					if !m.perClip {
-						c = max(n, (step+w)*m.rate*m.rowBytes)
+		for s, src := range j.srcs {
+			total := src.frame0 + src.ds.Frames // one past the source's last frame
+			for g0, g1 := src.frame0, src.frame0; g0 < total; g0 = g1 {
+				g1 = min(total, g0+step)
+				if clipBytes > 0 {
+					// Short clips with large per-clip values: the run also
+					// ends where its clips' values would pass the limit.
+					c := clipAt(g0) + int(max(1, limit/clipBytes))
+					if c < len(j.starts) && j.starts[c] < g1 {
+						g1 = max(g0+1, j.starts[c])
 					}
-					ch.rows[k] = make([]byte, n, c)
 				}
-				ch.rows[k] = ch.rows[k][:n]
-				if _, err := files[k].ReadAt(ch.rows[k], m.dataOffset+first*m.rowBytes); err != nil {
-					ch.err = readErr(files[k].Name(), m.dataOffset+first*m.rowBytes, clipAt(g0), err)
-					break
+				end := min(total, g1+w)
+				var ch *chunk
+				select {
+				case ch = <-free:
+				case <-quit:
+					return
+				}
+				ch.g0, ch.g1 = g0, g1
+				for k, m := range j.mods {
+					sf := src.files[k]
+					first := (g0 - src.frame0) * m.rate
+					n := (end - g0) * m.rate * m.rowBytes
+					if m.perClip {
+						// The rows of the clips the run's samples start in.
+						first = int64(clipAt(g0)) - src.clip0
+						n = (int64(clipAt(g1-1)) - src.clip0 + 1 - first) * m.rowBytes
+					}
+					ch.first[k] = first
+					if int64(cap(ch.rows[k])) < n {
+						c := n
+						if !m.perClip {
+							c = max(n, (step+w)*m.rate*m.rowBytes)
+						}
+						ch.rows[k] = make([]byte, n, c)
+					}
+					ch.rows[k] = ch.rows[k][:n]
+					if _, err := files[s][k].ReadAt(ch.rows[k], sf.dataOffset+first*m.rowBytes); err != nil {
+						ch.err = readErr(sf.path, sf.dataOffset+first*m.rowBytes, clipAt(g0)-int(src.clip0), err)
+						break
+					}
+				}
+				select {
+				case out <- ch:
+				case <-quit:
+					return
+				}
+				if ch.err != nil {
+					return
 				}
 			}
-			select {
-			case out <- ch:
-			case <-quit:
-				return
+			for _, f := range files[s] {
+				f.Close()
 			}
-			if ch.err != nil {
-				return
-			}
+			files[s] = nil
 		}
 	}()
 	stop := func() {

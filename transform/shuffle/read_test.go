@@ -24,14 +24,16 @@ func TestReadChunksPerClip(t *testing.T) {
 	}
 	os.WriteFile(filepath.Join(dir, "f.npy"), frames, 0o644)
 	os.WriteFile(filepath.Join(dir, "p.npy"), values, 0o644)
-	j := &job{o: Options{Dataset: dir, Sampling: manifests.Sampling{Window: 3}}, ds: &manifests.Dataset{Frames: clips * length}}
+	j := &job{o: Options{Dataset: dir, Sampling: manifests.Sampling{Window: 3}}}
+	j.srcs = []srcInfo{{dir: dir, ds: &manifests.Dataset{Frames: clips * length, Clips: clips},
+		files: []srcFile{{path: filepath.Join(dir, "f.npy")}, {path: filepath.Join(dir, "p.npy")}}}}
 	for c := range clips {
 		j.starts = append(j.starts, int64(c*length))
 		j.lengths = append(j.lengths, length)
 	}
 	j.mods = []modInfo{
-		{name: "f", file: "f.npy", rate: 1, rowBytes: 8, winBytes: 24},
-		{name: "p", file: "p.npy", perClip: true, rowBytes: clipRow, winBytes: clipRow},
+		{name: "f", rate: 1, rowBytes: 8, winBytes: 24},
+		{name: "p", perClip: true, rowBytes: clipRow, winBytes: clipRow},
 	}
 	chunks, stop, err := j.readChunks(limit)
 	if err != nil {

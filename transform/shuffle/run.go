@@ -23,6 +23,10 @@ var ErrUsage = errors.New("shuffle: usage")
 // Options configure Run.
 type Options struct {
 	Dataset    string // dataset directory (convert --out)
+	// Sources, instead of Dataset, mixes several datasets into each
+	// epoch by Mix (epochs format version 3).
+	Sources    []Source
+	Mix        manifests.MixWeights
 	Out        string // epochs directory
 	EpochStart int    // first epoch
 	EpochEnd   int    // one past the last epoch
@@ -102,7 +106,10 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	var counts []epochCount
 	var files int64 // shard files to write
 	for _, e := range todo {
-		n := manifests.CountSamples(j.lengths, j.o.Sampling, j.o.Seed, e)
+		n, err := j.count(e)
+		if err != nil {
+			return nil, err
+		}
 		if n == 0 && !j.o.AllowEmpty {
 			return nil, j.emptyErr(e)
 		}
@@ -116,8 +123,10 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		res.Planned += j.epochBytes(n)
 		files += j.epochFiles(n)
 	}
-	for _, m := range j.mods {
-		res.DataBytes += j.ds.Modality(m.name).Rows * m.rowBytes
+	for _, src := range j.srcs {
+		for k, m := range j.mods {
+			res.DataBytes += src.files[k].rows * m.rowBytes
+		}
 	}
 	var totalSamples int64
 	for _, c := range counts {
@@ -189,7 +198,11 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 				res.Quality = map[int]Quality{}
 			}
 			for _, ep := range j.epochs {
-				res.Quality[ep.epoch] = Measure(ep.samples, j.o.QualityBatch)
+				q := Measure(ep.samples, j.o.QualityBatch)
+				if j.mixed {
+					measureSources(&q, ep.samples, j.o.QualityBatch, j.sourceNames(), ep.counts, j.srcOf)
+				}
+				res.Quality[ep.epoch] = q
 			}
 		}
 		s := newSink(j, j.workers())

@@ -169,6 +169,9 @@ func (s *sink) startUpTo(e int) error {
 			return err
 		}
 		st.entry = &manifests.EpochEntry{Epoch: ep.epoch, Dir: manifests.EpochDir(ep.epoch), Samples: int64(len(ep.samples)), Shards: []manifests.ShardEntry{}}
+		if s.j.mixed {
+			st.entry.Weights, st.entry.Counts = s.j.epochMix(ep)
+		}
 		for ; s.entered < len(s.shards) && s.shards[s.entered].ep == i; s.entered++ {
 			u := s.shards[s.entered]
 			entry := manifests.ShardEntry{Shard: u.shard, First: u.lo - ep.base, Samples: int(u.hi - u.lo),

@@ -185,16 +185,32 @@ func (c *cursor) put(win [][]byte) error {
 	return nil
 }
 
-// samplesRows appends the samples.npy rows (clip, start, valid) of output
-// positions [lo, hi) of ep to dst.
+// samplesRows appends the samples.npy rows (clip, start, valid; and, in
+// a mixed run, source, with clip numbered within it) of output positions
+// [lo, hi) of ep to dst.
 func (j *job) samplesRows(ep *epochPlan, lo, hi int64, dst []byte) []byte {
 	for _, smp := range ep.samples[lo-ep.base : hi-ep.base] {
-		dst = binary.LittleEndian.AppendUint64(dst, uint64(smp.Clip))
+		s := j.srcOf(smp.Clip)
+		dst = binary.LittleEndian.AppendUint64(dst, uint64(smp.Clip-j.srcs[s].clip0))
 		dst = binary.LittleEndian.AppendUint64(dst, uint64(smp.Start))
 		dst = binary.LittleEndian.AppendUint64(dst, uint64(smp.Valid))
+		if j.mixed {
+			dst = binary.LittleEndian.AppendUint64(dst, uint64(s))
+		}
 	}
 	return dst
 }
+
+// sampleCols is the int64 columns of a samples file, and sampleRec its
+// bytes a sample.
+func (j *job) sampleCols() int {
+	if j.mixed {
+		return 4
+	}
+	return 3
+}
+
+func (j *job) sampleRec() int64 { return int64(8 * j.sampleCols()) }
 
 // buffer is the worker's memory for n bytes (kept for the next call: the
 // external path reads a pile at a time into it).
@@ -260,7 +276,7 @@ func (c *cursor) close() error {
 func (c *cursor) report(u unit, sums [][2]string) error {
 	j := c.s.j
 	n := int(u.hi - u.lo)
-	sm, err := newPageShard(j.shardPath(u, "samples"), j.shardRel(u, "samples"), array.DType{Kind: array.Int, Size: 8}, []int{n, 3})
+	sm, err := newPageShard(j.shardPath(u, "samples"), j.shardRel(u, "samples"), array.DType{Kind: array.Int, Size: 8}, []int{n, j.sampleCols()})
 	if err != nil {
 		return err
 	}
@@ -271,7 +287,7 @@ func (c *cursor) report(u unit, sums [][2]string) error {
 		return err
 	}
 	c.s.results <- shardResult{ep: u.ep, idx: u.idx, sums: append(sums, [2]string{sm.name(), sum}), samples: int64(n),
-		bytes: int64(n)*(j.rec+24) + int64(len(j.mods)+1)*npy.DataAlign} // as epochBytes counts them
+		bytes: int64(n)*(j.rec+j.sampleRec()) + int64(len(j.mods)+1)*npy.DataAlign} // as epochBytes counts them
 	return nil
 }
 

@@ -17,11 +17,14 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/clipshard/clipshard/formats/regfile"
 	"github.com/clipshard/clipshard/internal/ui"
+	"github.com/clipshard/clipshard/manifests"
 	"github.com/clipshard/clipshard/transform/shuffle"
 )
 
 const usage = `usage: shuffle --dataset DIR --out EDIR --window W (--epochs N | --epoch-range A:B) [flags]
+       shuffle --source NAME=DIR --source NAME=DIR ... [--weights [A:B@]NAME=W,...] --out EDIR ...
        shuffle --out EDIR --drop A:B
 
 Materialise, for each epoch, the windows a trainer would sample from the
@@ -36,6 +39,20 @@ Each epoch is committed atomically; a re-run skips finished epochs.
 Example:
   shuffle --dataset /tmp/clipshard-demo --out /tmp/clipshard-demo-epochs \
     --window 15 --epochs 2 --shard-samples 16 --seed 7
+
+Several datasets (--source, each NAME=DIR, sharing their modalities) mix
+into each epoch: source s gives round(w_s * N) of the epoch's N samples
+(--epoch-samples; default the sources' own counts added up), exactly, by
+largest remainder; a source asked for more than it has is drawn again
+(fresh offsets), one asked for fewer is subsampled; every stretch of the
+order holds each source in its share. --weights may change per epoch
+range (a curriculum): --weights 0:10@studio=1,wild=3 --weights 10:@studio=1,wild=1,
+or --weights @FILE with one such value per line. Without --weights each
+source gives its own samples. The samples files then have a fourth
+column, the source (epochs format version 3).
+
+  shuffle --source studio=/data/studio --source wild=/data/wild \
+    --weights studio=0.3,wild=0.7 --out /data/epochs --window 15 --epochs 4
 
 Storage: N epochs take N times the dataset. Produce epoch e+1 while epoch e
 trains and drop e-1 (--epoch-range E:E+1, then --drop E-1:E: the manifests
@@ -64,7 +81,18 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 		worldSize       int
 		quiet, jsonOut  bool
 		seed            uint64
+		sources         []string
+		weights         []string
 	)
+	fs.Func("source", "a dataset to mix in, `NAME=DIR` (repeat; instead of --dataset)", func(v string) error {
+		sources = append(sources, v)
+		return nil
+	})
+	fs.Func("weights", "the sources' weights, `[A:B@]NAME=W,...` for epochs A..B-1 (A: on; repeat for a curriculum), or @FILE", func(v string) error {
+		weights = append(weights, v)
+		return nil
+	})
+	fs.Int64Var(&o.Mix.EpochSamples, "epoch-samples", 0, "samples of each mixed epoch (default: the sources' own counts added up)")
 	fs.StringVar(&o.Dataset, "dataset", "", "dataset directory written by convert")
 	fs.StringVar(&o.Out, "out", "", "epochs directory to write")
 	fs.IntVar(&epochs, "epochs", 0, "write epochs 0..N-1")
@@ -89,6 +117,10 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 		return code
 	}
 	o.Seed = seed
+	if err := parseMix(&o, sources, weights); err != nil {
+		fmt.Fprintln(stderr, name+":", err)
+		return 2
+	}
 	if worldSize != 0 {
 		fmt.Fprintln(stderr, name+": --world-size is gone: an epoch is now one global order that any world size reads; give world_size to the reader (clipshard.EpochReader, see README)")
 		return 2
@@ -164,9 +196,13 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 		return ui.ExitCode(stderr, name, err, shuffle.ErrUsage)
 	}
 	if jsonOut {
-		b := ui.JSON(map[string]any{"dir": res.Dir, "up_to_date": res.UpToDate, "epochs_written": res.Done,
+		out := map[string]any{"dir": res.Dir, "up_to_date": res.UpToDate, "epochs_written": res.Done,
 			"epochs_skipped": res.Skipped, "external": res.External, "bytes": res.Bytes, "quality": res.Quality,
-			"planned_bytes": res.Planned, "seconds": res.Elapsed.Seconds()})
+			"planned_bytes": res.Planned, "seconds": res.Elapsed.Seconds()}
+		if c := sourceCounts(res); c != nil {
+			out["source_counts"] = c
+		}
+		b := ui.JSON(out)
 		stdout.Write(b)
 		return 0
 	}
@@ -182,10 +218,87 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 	if len(res.Skipped) > 0 {
 		fmt.Fprintf(stdout, "  already done: epochs %v\n", res.Skipped)
 	}
+	if res.Manifest != nil && res.Manifest.Version == manifests.EpochsVersionMix {
+		for _, e := range res.Done {
+			x := res.Manifest.Entry(e)
+			if x == nil {
+				continue
+			}
+			var parts []string
+			for _, src := range res.Manifest.Sources {
+				if len(res.Manifest.Mix.Ranges) == 0 { // natural: each its own samples
+					parts = append(parts, fmt.Sprintf("%s %d", src.Name, x.Counts[src.Name]))
+				} else {
+					parts = append(parts, fmt.Sprintf("%s %d (weight %s)", src.Name, x.Counts[src.Name], x.Weights[src.Name]))
+				}
+			}
+			fmt.Fprintf(stdout, "  epoch %d: %s\n", e, strings.Join(parts, ", "))
+		}
+	}
 	if res.Replaced > 0 {
 		fmt.Fprintf(stdout, "  replaced %d stale epochs (the dataset changed since they were cut, or --force)\n", res.Replaced)
 	}
 	return 0
+}
+
+// parseMix fills o's sources and weights from the --source and --weights
+// values (a --weights @FILE holds one value a line; # starts a comment).
+func parseMix(o *shuffle.Options, sources, weights []string) error {
+	var names []string
+	for _, v := range sources {
+		n, dir, ok := strings.Cut(v, "=")
+		if !ok || n == "" || dir == "" {
+			return fmt.Errorf("--source %q: want NAME=DIR", v)
+		}
+		o.Sources = append(o.Sources, shuffle.Source{Name: n, Dir: dir})
+		names = append(names, n)
+	}
+	var specs []string
+	for _, v := range weights {
+		if path, ok := strings.CutPrefix(v, "@"); ok {
+			b, err := regfile.ReadFile(path, 1<<20)
+			if err != nil {
+				return fmt.Errorf("--weights %s: %w", v, err)
+			}
+			for _, line := range strings.Split(string(b), "\n") {
+				line, _, _ = strings.Cut(line, "#")
+				if line = strings.TrimSpace(line); line != "" {
+					specs = append(specs, line)
+				}
+			}
+			continue
+		}
+		specs = append(specs, v)
+	}
+	if len(specs) > 0 && len(sources) == 0 {
+		return fmt.Errorf("--weights weighs --source datasets; give each as --source NAME=DIR")
+	}
+	for _, sp := range specs {
+		r, err := manifests.ParseWeights(sp, names)
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(sp, "@") && len(specs) > 1 {
+			return fmt.Errorf("--weights %q: with several --weights, each needs its epochs (A:B@...)", sp)
+		}
+		o.Mix.Ranges = append(o.Mix.Ranges, r)
+	}
+	if len(weights) > 0 && len(specs) == 0 {
+		return fmt.Errorf("--weights %s: no weights in it", strings.Join(weights, " "))
+	}
+	return nil
+}
+
+// sourceCounts is each written epoch's samples per source (a mixed run).
+func sourceCounts(res *shuffle.Result) map[string]map[string]int64 {
+	if res.Manifest == nil || res.Manifest.Version != manifests.EpochsVersionMix {
+		return nil
+	}
+	out := map[string]map[string]int64{}
+	for _, x := range res.Manifest.Epochs {
+		out[fmt.Sprint(x.Epoch)] = x.Counts
+	}
+	return out
 }
 
 // parseRange parses A:B for the flag named.
