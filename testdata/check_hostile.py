@@ -2,12 +2,13 @@
 """The readers distrust the folders they read (issue #24, point 4; and the
 no-silent-fallback cases of point 3).
 
-    python3 testdata/check_hostile.py EPOCHS_DIR DATASET_DIR
+    python3 testdata/check_hostile.py EPOCHS_DIR DATASET_DIR [MIXED_EPOCHS_DIR]
 
 Each hostile folder is a copy of the given ones with one thing broken; the
 reader (EpochReader: construct, then read every batch) or Dataset must
 raise ValueError naming the file within 1 second (a hang or another
-exception fails). Prints "ok: hostile N cases" or raises.
+exception fails). MIXED_EPOCHS_DIR (shuffle --source ...) adds the cases of
+the samples' source column. Prints "ok: hostile N cases" or raises.
 """
 import json
 import os
@@ -196,6 +197,51 @@ def by_loader(prefetch):
 
 for READ in (by_reader, by_loader(0), by_loader(3)):
     epochs_folder_cases()
+
+
+def mixed_cases(medir):
+    mman = json.load(open(os.path.join(medir, "epochs.json")))
+    e0 = mman["epochs"][0]
+    sh0 = sorted(e0["shards"], key=lambda s: s["shard"])[0]
+    n = len(mman["sources"])
+
+    def read(d):
+        for b in READ_M(d, e0["epoch"]):
+            pass
+
+    for bad in (n, -1):
+        d = copy(medir)
+        p = os.path.join(d, sh0["files"]["samples"])
+        a = np.load(p)
+        a[len(a) // 2, 3] = bad
+        save_npy(p, a)
+        expect("a sample of source %d of %d" % (bad, n), lambda: read(d), ["source %d" % bad, "%d sources" % n])
+
+    d = copy(medir)
+    p = os.path.join(d, sh0["files"]["samples"])
+    save_npy(p, np.load(p)[:, :3].copy())  # a version-2 samples file in a mixed folder
+    expect("a samples file of 3 columns in a mixed folder", lambda: read(d), [p])
+
+    for what, edit in (("no sources", lambda m: m.pop("sources")),
+                       ("two sources of one name", lambda m: m["sources"].append(dict(m["sources"][0]))),
+                       ("a source without a name", lambda m: m["sources"][0].pop("name"))):
+        d = copy(medir)
+        rewrite_manifest(d, "epochs.json", edit)
+        expect("version 3 with " + what, lambda: read(d), ["epochs.json", "named sources"])
+
+
+if len(sys.argv) > 3:
+    def _m_reader(d, e):
+        return EpochReader(d, e, batch_size=5)
+
+    def _m_loader(prefetch):
+        def read(d, e):
+            with Loader(d, e, batch_size=5, prefetch=prefetch) as ld:
+                yield from ld
+        return read
+
+    for READ_M in (_m_reader, _m_loader(0), _m_loader(3)):
+        mixed_cases(sys.argv[3])
 
 # -- no silent fallback --------------------------------------------------
 

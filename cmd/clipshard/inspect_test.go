@@ -353,3 +353,50 @@ func TestInspectHTML(t *testing.T) {
 		}
 	}
 }
+
+// TestInspectMixed (#28's source shares, with #25): a folder mixed from
+// two sources shows each source's samples, weight and share per batch
+// (the figures against the samples files' source column), and --sample
+// names the sample's source and its clip id there.
+func TestInspectMixed(t *testing.T) {
+	ds, _ := demo(t)
+	// A second source: the demo dataset once more, under another name.
+	ep := filepath.Join(t.TempDir(), "mixed")
+	if r := clip(t, "shuffle", "--quiet", "--source", "x="+ds, "--source", "y="+ds, "--weights", "x=1,y=3", "--epoch-samples", "1000",
+		"--out", ep, "--window", "1", "--epochs", "1", "--shard-samples", "64"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	man, err := manifests.LoadEpochs(ep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fromFiles [2]float64
+	for _, s := range man.Epochs[0].Shards {
+		b, _ := os.ReadFile(filepath.Join(ep, s.Files["samples"]))
+		h, _ := npy.ParseHeader(b, int64(len(b)))
+		for i := 0; i < s.Samples; i++ {
+			fromFiles[binary.LittleEndian.Uint64(b[h.DataOffset+int64(i)*32+24:])]++
+		}
+	}
+	v := inspectJSON(t, "--batch", "100", ep)
+	e0 := v["epochs"].([]any)[0].(map[string]any)
+	counts := e0["source_counts"].(map[string]any)
+	if counts["x"].(float64) != 250 || counts["y"].(float64) != 750 || fromFiles != [2]float64{250, 750} {
+		t.Fatalf("counts %v, samples files %v", counts, fromFiles)
+	}
+	for i, s := range e0["quality"].(map[string]any)["sources"].([]any) {
+		s := s.(map[string]any)
+		if s["share"].(float64) != fromFiles[i]/1000 || math.Abs(s["mean_share"].(float64)-s["share"].(float64)) > 0.01 || s["worst_deviation"].(float64) > 2 {
+			t.Fatalf("source %d: %v", i, s)
+		}
+	}
+	r := clip(t, "inspect", ep, "--sample", "0:5")
+	if r.Code != 0 || !strings.Contains(r.Stdout, "source y: 750 samples (weight 3), 75.0% of the epoch") || !strings.Contains(r.Stdout, "of sources x="+ds) ||
+		!strings.Contains(r.Stdout, "sample 0:5: source ") {
+		t.Fatalf("text: %d %s %s", r.Code, r.Stdout, r.Stderr)
+	}
+	sm := inspectJSON(t, "--sample", "0:5", ep)["sample"].(map[string]any)
+	if src := sm["source"]; (src != "x" && src != "y") || !strings.HasPrefix(sm["clip"].(string), "clip") {
+		t.Fatalf("sample: %v", sm)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -175,7 +176,7 @@ func TestQualityJSON(t *testing.T) {
 r = clipshard.EpochReader(sys.argv[2], int(sys.argv[3]), batch_size=1)
 print(json.dumps(clipshard.quality.measure(np.concatenate([b["samples"] for b in r]), 8)))`, filepath.Join("..", "..", "python"), out, e)
 		var py shuffle.Quality
-		if err := json.Unmarshal(got, &py); err != nil || py != q {
+		if err := json.Unmarshal(got, &py); err != nil || !reflect.DeepEqual(py, q) {
 			t.Errorf("epoch %s: Go %+v, Python %+v (%v)", e, q, py, err)
 		}
 	}
@@ -241,14 +242,21 @@ func checkThreeEpochs(t *testing.T, script, ok string) string {
 // /dev/zero, oversized manifests, shards with other counts, dtypes or
 // sizes than epochs.json says, paths outside the folder, impossible
 // sample counts; and options that cannot take effect
-// (testdata/check_hostile.py; before, the first case hung).
+// (testdata/check_hostile.py; before, the first case hung). In a mixed
+// folder (#25): a source number that names no source, a samples file
+// without the source column, sources missing or named twice.
 func TestReaderDistrustsFiles(t *testing.T) {
 	ds := demoDataset(t)
 	out := filepath.Join(t.TempDir(), "ep")
 	if r := shuffleRun(t, nil, base(ds, out, "--epochs", "1", "--shard-samples", "8")...); r.Code != 0 {
 		t.Fatal(r.Stderr)
 	}
-	got := numpytest.Run(t, filepath.Join("..", "..", "testdata", "check_hostile.py"), out, ds)
+	mixed := filepath.Join(t.TempDir(), "mixed")
+	d := mixDatasets(t)
+	if r := shuffleRun(t, nil, "--source", "a="+d["a"], "--source", "b="+d["b"], "--window", "15", "--epochs", "1", "--shard-samples", "8", "--out", mixed); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	got := numpytest.Run(t, filepath.Join("..", "..", "testdata", "check_hostile.py"), out, ds, mixed)
 	if !strings.Contains(string(got), "ok: hostile") {
 		t.Fatalf("check_hostile: %s", got)
 	}

@@ -240,7 +240,7 @@ class EpochReader:
                         self._advise(a, a + B)
                 batch = self._gather(lo, lo + B)
                 if self.mixed:
-                    batch["source"] = batch["samples"][:, 3]
+                    batch["source"] = _sources(batch["samples"], len(self.sources), self, lo)
                 self.consumed = self.start + (g + 1) * B * R
                 yield batch
         finally:
@@ -428,6 +428,17 @@ class _ReadArray:
                 raise ValueError("%s: shorter than its header says (changed since it was checked?)" % f.path)
             got += n
         return out
+
+
+def _sources(samples, n, reader, lo):
+    """The samples' source column (a view), refused if a number names no
+    source: a samples file the shuffle did not write."""
+    src = samples[:, 3]
+    if len(src) and (int(src.min()) < 0 or int(src.max()) >= n):
+        k = reader._segments(lo, lo + 1)[0][0]
+        raise ValueError("%s: a sample of the batch at %d names source %d; epochs.json lists %d sources"
+                         % (reader._path(k, "samples"), lo, int(src.max() if src.max() >= n else src.min()), n))
+    return src
 
 
 def _row_bytes(dtype, shape):

@@ -298,7 +298,12 @@ class Loader:
                 self._handed = item
                 arrays = item.arrays
                 if self.mixed and "source" not in arrays:
-                    arrays["source"] = arrays["samples"][:, 3]  # a view, as EpochReader's
+                    src = arrays["samples"][:, 3]  # a view, as EpochReader's
+                    if len(src) and (int(src.min()) < 0 or int(src.max()) >= len(self.sources)):
+                        raise ValueError("%s: epoch %r: a sample names source %d; epochs.json lists %d sources"
+                                         % (self.dir, self.epochs[item.pos] if item.pos < len(self.epochs) else None,
+                                            int(src.max() if src.max() >= len(self.sources) else src.min()), len(self.sources)))
+                    arrays["source"] = src
                 yield self._wrap(arrays)
                 if item.last:
                     finished = True

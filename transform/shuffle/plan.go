@@ -523,8 +523,8 @@ func (j *job) count(e int) (int64, error) {
 	w, _ := j.o.Mix.At(e, j.sourceNames())
 	for s, c := range manifests.MixCounts(natural, w, n) {
 		if c > 0 && natural[s] == 0 {
-			return 0, fmt.Errorf("%w: epoch %d: %s is to give %d samples, but has none (every clip shorter than --window %d, or no clips); give it weight 0 there, or lower --window",
-				ErrEmpty, e, j.srcWords(s), c, j.o.Sampling.Window)
+			return 0, fmt.Errorf("%w: epoch %d: %s is to give %d of the epoch's %d samples, but has none (every clip shorter than --window %d, or no clips); give it weight 0 there, or lower --window",
+				ErrUsage, e, j.srcWords(s), c, n, j.o.Sampling.Window)
 		}
 	}
 	return n, nil

@@ -40,9 +40,9 @@ type SourceShare struct {
 	WorstDeviation float64 `json:"worst_deviation"`
 }
 
-// measureSources adds each source's share per whole batch to q; srcOf
+// MeasureSources adds each source's share per whole batch to q; srcOf
 // gives a sample's source.
-func measureSources(q *Quality, s []manifests.Sample, batch int, names []string, counts []int64, srcOf func(int64) int) {
+func MeasureSources(q *Quality, s []manifests.Sample, batch int, names []string, counts []int64, srcOf func(int64) int) {
 	n := len(s)
 	for i, name := range names {
 		sh := SourceShare{Name: name}

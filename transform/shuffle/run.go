@@ -200,7 +200,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			for _, ep := range j.epochs {
 				q := Measure(ep.samples, j.o.QualityBatch)
 				if j.mixed {
-					measureSources(&q, ep.samples, j.o.QualityBatch, j.sourceNames(), ep.counts, j.srcOf)
+					MeasureSources(&q, ep.samples, j.o.QualityBatch, j.sourceNames(), ep.counts, j.srcOf)
 				}
 				res.Quality[ep.epoch] = q
 			}

@@ -565,7 +565,9 @@ func featureStats(path, name, descr string, frame []int, offset, first, n int64)
 type EpochsReport struct {
 	Kind    string         `json:"kind"` // "epochs"
 	Dir     string         `json:"dir"`
-	Dataset string         `json:"dataset"`
+	Dataset string         `json:"dataset,omitempty"`
+	// Sources of a mixed folder (epochs format version 3).
+	Sources []manifests.SourceRef `json:"sources,omitempty"`
 	Seed    uint64         `json:"seed"`
 	Window  int            `json:"window"`
 	Batch   int            `json:"batch"`
@@ -586,12 +588,17 @@ type EpochReport struct {
 	// (all of them, unless the epoch's order is larger than --mem).
 	Measured int64             `json:"measured_samples"`
 	Tenths   []shuffle.Quality `json:"quality_by_tenth"`
+	// Mixed epochs: the samples and weight of each source (the shares per
+	// batch are in Quality.Sources, and per tenth in Tenths).
+	Counts  map[string]int64  `json:"source_counts,omitempty"`
+	Weights map[string]string `json:"source_weights,omitempty"`
 }
 
 // SampleReport is one sample of an epoch.
 type SampleReport struct {
 	Epoch      int             `json:"epoch"`
 	Index      int64           `json:"index"`
+	Source     string          `json:"source,omitempty"` // a mixed folder's: the sample's source
 	Clip       int64           `json:"clip_row"`
 	ClipID     string          `json:"clip"`
 	Start      int64           `json:"start"`
@@ -605,14 +612,24 @@ func inspectEpochs(dir, sample string, batch int, mem int64) (*EpochsReport, err
 	if err != nil {
 		return nil, err
 	}
-	r := &EpochsReport{Kind: "epochs", Dir: dir, Dataset: man.Dataset.Dir, Seed: man.Seed, Window: man.Window, Batch: batch,
+	r := &EpochsReport{Kind: "epochs", Dir: dir, Dataset: man.Dataset.Dir, Sources: man.Sources, Seed: man.Seed, Window: man.Window, Batch: batch,
 		Shapes: map[string]any{}}
+	cols := man.SampleCols()
+	names := man.SourceNames()
 	for _, m := range man.Modalities {
 		r.Names = append(r.Names, m.Name)
 		r.Shapes[m.Name] = m.SampleShape()
 	}
 	for _, e := range man.Epochs {
 		er := EpochReport{Epoch: e.Epoch, Samples: e.Samples, Shards: len(e.Shards)}
+		var counts []int64
+		if cols == 4 {
+			er.Counts, er.Weights = e.Counts, map[string]string{}
+			for _, n := range names {
+				er.Weights[n] = string(e.Weights[n])
+				counts = append(counts, e.Counts[n])
+			}
+		}
 		shards := slices.Clone(e.Shards)
 		sort.Slice(shards, func(a, b int) bool { return shards[a].Shard < shards[b].Shard })
 		var held int64
@@ -634,10 +651,10 @@ func inspectEpochs(dir, sample string, batch int, mem int64) (*EpochsReport, err
 		if held != e.Samples {
 			return nil, fmt.Errorf("%s: epoch %d: the shards hold %d samples, epochs.json says %d", dir, e.Epoch, held, e.Samples)
 		}
-		// Within --mem (24 bytes a sample): the whole order, or, for a
+		// Within --mem (24 bytes a sample, 32 mixed): the whole order, or, for a
 		// larger epoch, a stretch of each tenth from its start (the
 		// figures say how many samples they measured).
-		budget := max(int64(10*batch), mem/24)
+		budget := max(int64(10*batch), mem/int64(8*cols))
 		per := e.Samples
 		if e.Samples > budget {
 			per = budget / 10
@@ -646,14 +663,21 @@ func inspectEpochs(dir, sample string, batch int, mem int64) (*EpochsReport, err
 		for t := int64(0); t < 10; t++ {
 			lo := e.Samples * t / 10
 			hi := min(e.Samples*(t+1)/10, lo+per)
-			got, err := readRange(dir, shards, lo, hi)
+			got, err := readRange(dir, shards, lo, hi, cols, len(names))
 			if err != nil {
 				return nil, err
 			}
-			er.Tenths = append(er.Tenths, shuffle.Measure(got, min(batch, max(1, len(got)))))
+			q := shuffle.Measure(got, min(batch, max(1, len(got))))
+			if cols == 4 {
+				shuffle.MeasureSources(&q, got, min(batch, max(1, len(got))), names, scaled(counts, e.Samples, int64(len(got))), sourceOf)
+			}
+			er.Tenths = append(er.Tenths, q)
 			order = append(order, got...)
 		}
 		er.Quality = shuffle.Measure(order, batch)
+		if cols == 4 {
+			shuffle.MeasureSources(&er.Quality, order, batch, names, scaled(counts, e.Samples, int64(len(order))), sourceOf)
+		}
 		er.Measured = int64(len(order))
 		r.Epochs = append(r.Epochs, er)
 	}
@@ -665,16 +689,36 @@ func inspectEpochs(dir, sample string, batch int, mem int64) (*EpochsReport, err
 	return r, nil
 }
 
+// sourceShift puts a mixed sample's source above its clip number in
+// Sample.Clip (clips of different sources are different clips to the
+// quality figures); sourceOf takes it back out.
+const sourceShift = 40
+
+func sourceOf(c int64) int { return int(c >> sourceShift) }
+
+// scaled is the counts of an epoch of n samples, scaled to m of them (the
+// shares a measured stretch is held to).
+func scaled(counts []int64, n, m int64) []int64 {
+	out := make([]int64, len(counts))
+	for i, c := range counts {
+		if n > 0 {
+			out[i] = c * m / n
+		}
+	}
+	return out
+}
+
 // readRange reads samples [lo, hi) of an epoch from its shards' samples
-// files.
-func readRange(dir string, shards []manifests.ShardEntry, lo, hi int64) ([]manifests.Sample, error) {
+// files (of cols columns; a mixed folder's source, below sources, in
+// Clip's bits from sourceShift up).
+func readRange(dir string, shards []manifests.ShardEntry, lo, hi int64, cols, sources int) ([]manifests.Sample, error) {
 	var out []manifests.Sample
 	for _, s := range shards {
 		a, b := max(lo, s.First), min(hi, s.First+int64(s.Samples))
 		if a >= b {
 			continue
 		}
-		got, err := readSamples(dir, s)
+		got, err := readSamples(dir, s, cols, sources)
 		if err != nil {
 			return nil, err
 		}
@@ -683,13 +727,13 @@ func readRange(dir string, shards []manifests.ShardEntry, lo, hi int64) ([]manif
 	return out, nil
 }
 
-// readSamples reads a shard's samples file (int64 [S, 3]).
-func readSamples(dir string, s manifests.ShardEntry) ([]manifests.Sample, error) {
+// readSamples reads a shard's samples file (int64 [S, cols]).
+func readSamples(dir string, s manifests.ShardEntry, cols, sources int) ([]manifests.Sample, error) {
 	p, err := manifests.Join(dir, s.Files["samples"])
 	if err != nil {
 		return nil, err
 	}
-	off, err := shardData(p, "<i8", []int{s.Samples, 3})
+	off, err := shardData(p, "<i8", []int{s.Samples, cols})
 	if err != nil {
 		return nil, err
 	}
@@ -698,14 +742,22 @@ func readSamples(dir string, s manifests.ShardEntry) ([]manifests.Sample, error)
 		return nil, err
 	}
 	defer f.Close()
-	buf := make([]byte, s.Samples*24)
+	rec := 8 * cols
+	buf := make([]byte, s.Samples*rec)
 	if _, err := f.ReadAt(buf, off); err != nil {
 		return nil, fmt.Errorf("%s: %w", p, err)
 	}
 	out := make([]manifests.Sample, s.Samples)
+	field := func(i, c int) int64 { return int64(binary.LittleEndian.Uint64(buf[i*rec+8*c:])) }
 	for i := range out {
-		out[i] = manifests.Sample{Clip: int64(binary.LittleEndian.Uint64(buf[i*24:])), Start: int64(binary.LittleEndian.Uint64(buf[i*24+8:])),
-			Valid: int64(binary.LittleEndian.Uint64(buf[i*24+16:]))}
+		out[i] = manifests.Sample{Clip: field(i, 0), Start: field(i, 1), Valid: field(i, 2)}
+		if cols == 4 {
+			src := field(i, 3)
+			if src < 0 || src >= int64(sources) || out[i].Clip < 0 || out[i].Clip >= 1<<sourceShift {
+				return nil, fmt.Errorf("%s: sample %d: clip %d of source %d; epochs.json lists %d sources", p, i, out[i].Clip, src, sources)
+			}
+			out[i].Clip |= src << sourceShift
+		}
 	}
 	return out, nil
 }
@@ -750,15 +802,21 @@ func sampleReport(dir string, man *manifests.Epochs, spec string) (*SampleReport
 		if i < s.First || i >= s.First+int64(s.Samples) {
 			continue
 		}
-		got, err := readSamples(dir, s)
+		got, err := readSamples(dir, s, man.SampleCols(), len(man.Sources))
 		if err != nil {
 			return nil, err
 		}
 		k := i - s.First
 		smp := got[k]
+		dsDir := man.Dataset.Dir
 		rep := &SampleReport{Epoch: e, Index: i, Clip: smp.Clip, Start: smp.Start, Valid: smp.Valid, Shard: s.Files["samples"]}
-		if ids, err := readIDs(filepath.Join(man.Dataset.Dir, "clips.txt")); err == nil && smp.Clip >= 0 && smp.Clip < int64(len(ids)) {
-			rep.ClipID = ids[smp.Clip]
+		if man.SampleCols() == 4 {
+			src := man.Sources[sourceOf(smp.Clip)]
+			rep.Clip &= 1<<sourceShift - 1
+			rep.Source, dsDir = src.Name, src.Dir
+		}
+		if ids, err := readIDs(filepath.Join(dsDir, "clips.txt")); err == nil && rep.Clip >= 0 && rep.Clip < int64(len(ids)) {
+			rep.ClipID = ids[rep.Clip]
 		}
 		for _, m := range man.Modalities {
 			p, err := manifests.Join(dir, s.Files[m.Name])

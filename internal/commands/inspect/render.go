@@ -42,11 +42,23 @@ func printText(w io.Writer, rep any) {
 			}
 		}
 	case *EpochsReport:
-		fmt.Fprintf(w, "epochs %s: of %s, seed %d, window %d, %d epochs\n", r.Dir, r.Dataset, r.Seed, r.Window, len(r.Epochs))
+		of := r.Dataset
+		if len(r.Sources) > 0 {
+			var s []string
+			for _, src := range r.Sources {
+				s = append(s, src.Name+"="+src.Dir)
+			}
+			of = "sources " + strings.Join(s, ", ")
+		}
+		fmt.Fprintf(w, "epochs %s: of %s, seed %d, window %d, %d epochs\n", r.Dir, of, r.Seed, r.Window, len(r.Epochs))
 		for _, e := range r.Epochs {
 			q := e.Quality
 			fmt.Fprintf(w, "  epoch %d: %d samples in %d shards, %s; batches of %d: %.1f distinct clips (min %d), same-clip neighbours %.3f, spearman %.3f\n",
 				e.Epoch, e.Samples, e.Shards, ui.Bytes(e.Bytes), r.Batch, q.DistinctClipsMean, q.DistinctClipsMin, q.SameClipNeighbours, q.Spearman)
+			for _, s := range q.Sources {
+				fmt.Fprintf(w, "    source %s: %d samples (weight %s), %.1f%% of the epoch; per batch %.1f%% on average, at worst %.1f samples off its share\n",
+					s.Name, e.Counts[s.Name], e.Weights[s.Name], 100*s.Share, 100*s.MeanShare, s.WorstDeviation)
+			}
 			var d, n []string
 			for _, t := range e.Tenths {
 				d = append(d, fmt.Sprintf("%.0f", t.DistinctClipsMean))
@@ -58,7 +70,11 @@ func printText(w io.Writer, rep any) {
 			}
 		}
 		if s := r.Sample; s != nil {
-			fmt.Fprintf(w, "sample %d:%d: clip row %d %s, start %d, valid %d (%s)\n", s.Epoch, s.Index, s.Clip, s.ClipID, s.Start, s.Valid, s.Shard)
+			src := ""
+			if s.Source != "" {
+				src = "source " + s.Source + ", "
+			}
+			fmt.Fprintf(w, "sample %d:%d: %sclip row %d %s, start %d, valid %d (%s)\n", s.Epoch, s.Index, src, s.Clip, s.ClipID, s.Start, s.Valid, s.Shard)
 			for _, f := range s.Modalities {
 				printFeatures(w, f)
 			}
