@@ -61,6 +61,10 @@ bench-merge:
 bench-train:
     docs/bench_train.sh
 
+# Shuffle time and peak RSS of a 3-source mix against one dataset of the same bytes, in memory and external (docs/BENCHMARKS.md).
+bench-mix:
+    docs/bench_mix.sh
+
 # clipshard against LitData, Mosaic Streaming and WebDataset: prepare, read, resume, shuffle quality (docs/BENCHMARKS.md).
 bench-peers:
     docs/bench_peers.sh

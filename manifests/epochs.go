@@ -39,7 +39,7 @@ const (
 type Epochs struct {
 	Format       string          `json:"format"`
 	Version      int             `json:"version"`
-	Dataset      DatasetRef      `json:"dataset,omitzero"` // version 2
+	Dataset      DatasetRef      `json:"dataset,omitzero"`  // version 2
 	Sources      []SourceRef     `json:"sources,omitempty"` // version 3, in the order of the samples' source column
 	Mix          *MixWeights     `json:"mix,omitempty"`     // version 3
 	Seed         uint64          `json:"seed"`

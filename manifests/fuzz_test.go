@@ -1,6 +1,8 @@
 package manifests_test
 
 import (
+	"encoding/json"
+	"math/big"
 	"os"
 	"path/filepath"
 	"testing"
@@ -64,6 +66,73 @@ func FuzzReadSums(f *testing.F) {
 			if manifests.CheckRelPath(name) != nil {
 				t.Fatalf("accepted %q", name)
 			}
+		}
+	})
+}
+
+// FuzzLoadEpochs: any epochs.json (version 2 or 3) either loads, with
+// every path inside the directory and, for version 3, named sources whose
+// counts add up to each epoch's samples, or fails; never a panic. A
+// loaded one's mixed epochs can be checked (verify's checks) without one.
+func FuzzLoadEpochs(f *testing.F) {
+	f.Add([]byte(`{"format":"clipshard.epochs","version":2,"dataset":{"dir":"/d"},"files":{"shards":"shards.parquet","sha256sums":"SHA256SUMS"},"epochs":[{"epoch":0,"dir":"epoch-0000","samples":1,"shards":[{"shard":0,"first":0,"samples":1,"files":{"samples":"epoch-0000/s.npy"}}]}]}`))
+	f.Add([]byte(`{"format":"clipshard.epochs","version":3,"sources":[{"name":"a","dir":"/a","clips":2},{"name":"b","dir":"/b","clips":1}],"mix":{"epoch_samples":3,"weights":[{"from":0,"weights":{"a":1,"b":2}}]},"files":{"shards":"shards.parquet","sha256sums":"SHA256SUMS"},"epochs":[{"epoch":0,"dir":"epoch-0000","samples":3,"weights":{"a":1,"b":2},"counts":{"a":1,"b":2},"shards":[]}]}`))
+	f.Add([]byte(`{"format":"clipshard.epochs","version":3,"sources":[{"name":"a"},{"name":"a"}],"mix":{}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		dir := writeTemp(t, "epochs.json", data)
+		m, err := manifests.LoadEpochs(dir)
+		if err != nil {
+			return
+		}
+		if m.Version == manifests.EpochsVersionMix {
+			names := m.SourceNames()
+			for _, e := range m.Epochs {
+				var sum int64
+				for _, n := range names {
+					sum += e.Counts[n]
+				}
+				if sum != e.Samples {
+					t.Fatalf("epoch %d: counts %v add up to %d, samples %d", e.Epoch, e.Counts, sum, e.Samples)
+				}
+				m.Mix.At(e.Epoch, names)
+			}
+			m.Mix.Key()
+		}
+		// verify's structure pass over a folder holding only this manifest.
+		if _, err := manifests.VerifyEpochs(dir, manifests.VerifyOptions{}); err != nil {
+			t.Fatalf("loaded, but verify cannot use it: %v", err)
+		}
+	})
+}
+
+// FuzzWeights: a --weights value either parses, with every source given a
+// decimal weight, or is refused; the counts of a parsed one add up to the
+// epoch's samples, each within one sample of its exact share.
+func FuzzWeights(f *testing.F) {
+	f.Add("a=0.3,b=0.7", int64(1000))
+	f.Add("0:4@a=1,b=0", int64(7))
+	f.Add("3:@a=1e-3,b=2.5E+2", int64(999_999_999))
+	f.Add("a=00.5,b=1", int64(3))
+	f.Fuzz(func(t *testing.T, spec string, n int64) {
+		r, err := manifests.ParseWeights(spec, []string{"a", "b"})
+		if err != nil {
+			return
+		}
+		n = max(0, n%(1<<40))
+		w := []json.Number{r.Weights["a"], r.Weights["b"]}
+		if _, err := json.Marshal(r); err != nil {
+			t.Fatalf("%q parsed, but does not make JSON: %v", spec, err)
+		}
+		c := manifests.MixCounts([]int64{0, 0}, w, n)
+		if c[0]+c[1] != n || c[0] < 0 || c[1] < 0 {
+			t.Fatalf("%q, %d samples: counts %v", spec, n, c)
+		}
+		wa, _ := new(big.Rat).SetString(string(w[0]))
+		wb, _ := new(big.Rat).SetString(string(w[1]))
+		share := new(big.Rat).Quo(new(big.Rat).Mul(wa, new(big.Rat).SetInt64(n)), new(big.Rat).Add(wa, wb))
+		d := new(big.Rat).Sub(share, new(big.Rat).SetInt64(c[0]))
+		if d.Abs(d).Cmp(big.NewRat(1, 1)) >= 0 {
+			t.Fatalf("%q, %d samples: a gets %d, its share is %s", spec, n, c[0], share.FloatString(3))
 		}
 	})
 }

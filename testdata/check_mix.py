@@ -15,7 +15,8 @@ SHARE_PCT (99) percent of the batches; sources really mix (no batch of a
 mixed epoch is all one source when two have shares above a tenth). Then
 clipshard.EpochReader and clipshard.Loader (world sizes 1 and 3) give
 batches whose "source" equals the samples' fourth column, and
-reader.sources the names; torch's EpochDataset too, if torch imports.
+reader.sources the names; torch's EpochDataset and Loader too, if torch
+imports.
 Prints "ok: mix ..." or raises.
 """
 import json
@@ -125,9 +126,17 @@ try:
 except ImportError:
     torch = None
 if torch is not None:
+    from clipshard.torch import Loader as TorchLoader
     e = man["epochs"][0]["epoch"]
     ds = EpochDataset(edir, epoch=e, batch_size=32)
     for b in ds:
         assert torch.equal(b["source"], b["samples"][:, 3])
+    with TorchLoader(edir, epochs=[e], batch_size=32, dtype=torch.float32) as ld:
+        assert ld.sources == names
+        seen = []
+        for b in ld:
+            assert torch.equal(b["source"], b["samples"][:, 3]) and b["source"].dtype == torch.int64
+            seen.append(b["source"].clone())
+        assert sum(int((torch.cat(seen) == i).sum()) for i in range(len(names))) == len(torch.cat(seen))
 print("ok: mix %d epochs, %d batches of %d within +-%d of the shares (worst deviation per epoch %s), sources %s%s"
       % (len(man["epochs"]), shares_checked, BATCH, TOL, worst, names, ", torch" if torch is not None else ""))

@@ -100,7 +100,7 @@ func openManifest(j *job) (*manifests.Epochs, error) {
 	o := j.o
 	fresh := &manifests.Epochs{
 		Format: manifests.EpochsFormat, Version: manifests.EpochsVersion,
-		Seed:    o.Seed, Window: o.Sampling.Window, Sampling: o.Sampling.Mode, PerClip: o.Sampling.PerClip,
+		Seed: o.Seed, Window: o.Sampling.Window, Sampling: o.Sampling.Mode, PerClip: o.Sampling.PerClip,
 		Short: o.Sampling.Short, ShardSamples: o.ShardSize,
 		Files: manifests.EpochFiles{Shards: manifests.ShardsFile, Sums: manifests.SumsFile},
 		Tool:  o.Tool,

@@ -349,6 +349,9 @@ func checkBlob(ds *manifests.Dataset, starts, lengths []int64, m modInfo, sf src
 	if fi.Size() >= need {
 		return nil
 	}
+	if len(starts) == 0 {
+		return bad("%d bytes, dataset.json needs %d", fi.Size(), need)
+	}
 	have := max(0, (fi.Size()-sf.dataOffset)/m.rowBytes) // whole rows present
 	c := sort.Search(len(starts), func(c int) bool { return (starts[c]+lengths[c])*m.rate > have })
 	if m.perClip {

@@ -22,7 +22,7 @@ var ErrUsage = errors.New("shuffle: usage")
 
 // Options configure Run.
 type Options struct {
-	Dataset    string // dataset directory (convert --out)
+	Dataset string // dataset directory (convert --out)
 	// Sources, instead of Dataset, mixes several datasets into each
 	// epoch by Mix (epochs format version 3).
 	Sources    []Source

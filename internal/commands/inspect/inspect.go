@@ -563,18 +563,18 @@ func featureStats(path, name, descr string, frame []int, offset, first, n int64)
 
 // EpochsReport is what inspect shows of an epochs folder.
 type EpochsReport struct {
-	Kind    string         `json:"kind"` // "epochs"
-	Dir     string         `json:"dir"`
-	Dataset string         `json:"dataset,omitempty"`
+	Kind    string `json:"kind"` // "epochs"
+	Dir     string `json:"dir"`
+	Dataset string `json:"dataset,omitempty"`
 	// Sources of a mixed folder (epochs format version 3).
 	Sources []manifests.SourceRef `json:"sources,omitempty"`
-	Seed    uint64         `json:"seed"`
-	Window  int            `json:"window"`
-	Batch   int            `json:"batch"`
-	Epochs  []EpochReport  `json:"epochs"`
-	Sample  *SampleReport  `json:"sample,omitempty"`
-	Names   []string       `json:"modalities"`
-	Shapes  map[string]any `json:"sample_shapes"`
+	Seed    uint64                `json:"seed"`
+	Window  int                   `json:"window"`
+	Batch   int                   `json:"batch"`
+	Epochs  []EpochReport         `json:"epochs"`
+	Sample  *SampleReport         `json:"sample,omitempty"`
+	Names   []string              `json:"modalities"`
+	Shapes  map[string]any        `json:"sample_shapes"`
 }
 
 // EpochReport is one epoch's figures, and its shuffle quality per tenth.
