@@ -84,7 +84,10 @@ class EpochReader:
     one entry per modality ([B, W*rate, *frame_shape] float16; a per-clip
     modality, convert's NAME@clip=, gives each sample its clip's value:
     [B, *frame_shape]) and "samples" (int64 [B, 3]: clip row, start
-    frame, valid frames).
+    frame, valid frames). Epochs mixed from several datasets (shuffle
+    --source, format version 3) have a fourth samples column, and
+    "source" (int64 [B], a view of it): each sample's index into
+    reader.sources, the sources' names (clip rows are its source's).
 
     rank, world_size: this process's place in the job (any world size: the
         epoch does not depend on it).
