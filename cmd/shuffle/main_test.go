@@ -356,21 +356,7 @@ func TestRerunAndEpochRanges(t *testing.T) {
 	// Two array tasks writing different epochs into one directory at once
 	// end with the same bytes as one run.
 	shared := filepath.Join(t.TempDir(), "shared")
-	var wg sync.WaitGroup
-	results := make([]clitest.Result, 2)
-	for i, rg := range []string{"0:2", "2:3"} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			results[i] = shuffleRun(t, nil, base(ds, shared, "--epoch-range", rg, "--mem", "64KiB")...)
-		}()
-	}
-	wg.Wait()
-	for _, r := range results {
-		if r.Code != 0 {
-			t.Fatalf("concurrent task: %d %s", r.Code, r.Stderr)
-		}
-	}
+	concurrentTasks(t, func(rg string) []string { return base(ds, shared, "--epoch-range", rg, "--mem", "64KiB") }, "0:2", "2:3")
 	sameTree(t, tree(t, whole), tree(t, shared), "--epochs 3 vs two concurrent tasks")
 	// Other options into the same directory are refused without --force.
 	r = shuffleRun(t, nil, base(ds, whole, "--epochs", "3", "--seed", "8")...)
@@ -410,6 +396,27 @@ func TestRerunAndEpochRanges(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(stale, "epoch-0000")); err == nil {
 		t.Fatal("stale epoch 0 is still there")
+	}
+}
+
+// concurrentTasks runs shuffle with args(range) for each epoch range at
+// once, as array tasks into one folder, and fails unless all succeed.
+func concurrentTasks(t *testing.T, args func(rg string) []string, ranges ...string) {
+	t.Helper()
+	var wg sync.WaitGroup
+	results := make([]clitest.Result, len(ranges))
+	for i, rg := range ranges {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = shuffleRun(t, nil, args(rg)...)
+		}()
+	}
+	wg.Wait()
+	for _, r := range results {
+		if r.Code != 0 {
+			t.Fatalf("concurrent task: %d %s", r.Code, r.Stderr)
+		}
 	}
 }
 

@@ -392,21 +392,7 @@ func TestMixKillAndResume(t *testing.T) {
 		}
 	}
 	shared := filepath.Join(t.TempDir(), "shared")
-	var wg sync.WaitGroup
-	results := make([]clitest.Result, 2)
-	for i, rg := range []string{"0:2", "2:4"} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			results[i] = shuffleRun(t, nil, mixArgs(t, shared, "--epoch-range", rg, "--mem", "64KiB")...)
-		}()
-	}
-	wg.Wait()
-	for _, r := range results {
-		if r.Code != 0 {
-			t.Fatalf("concurrent task: %d %s", r.Code, r.Stderr)
-		}
-	}
+	concurrentTasks(t, func(rg string) []string { return mixArgs(t, shared, "--epoch-range", rg, "--mem", "64KiB") }, "0:2", "2:4")
 	sameTree(t, want, tree(t, shared), "--epochs 4 vs two concurrent tasks")
 }
 
