@@ -400,3 +400,38 @@ func TestInspectMixed(t *testing.T) {
 		t.Fatalf("sample: %v", sm)
 	}
 }
+
+// TestInspectHTMLKilled: a kill -9 of inspect --html while it writes the
+// page (at each fault point of the write) leaves the folder as it was:
+// the user's files and the previous page, and no temporary file (the page
+// is written unnamed, O_TMPFILE, and linked only once whole).
+func TestInspectHTMLKilled(t *testing.T) {
+	ds, _ := demo(t)
+	folder := t.TempDir()
+	os.WriteFile(filepath.Join(folder, "notes.txt"), []byte("the user's"), 0o644)
+	page := filepath.Join(folder, "report.html")
+	os.WriteFile(page, []byte("the previous page"), 0o644)
+	for point := 1; point <= 2; point++ { // atomicfile.half, atomicfile.written
+		r := clitest.Run(t, bin, []string{fmt.Sprintf("CLIPSHARD_KILL_POINT=%d", point)}, "inspect", "--html", page, ds)
+		if r.Code != -1 {
+			t.Fatalf("point %d: not killed: %d %s", point, r.Code, r.Stderr)
+		}
+		entries, _ := os.ReadDir(folder)
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		if b, _ := os.ReadFile(page); len(names) != 2 || string(b) != "the previous page" {
+			t.Fatalf("killed at point %d: the folder holds %v, the page %.40q", point, names, b)
+		}
+	}
+	if r := clip(t, "inspect", "--html", page, ds); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	if b, _ := os.ReadFile(page); !strings.HasPrefix(string(b), "<!DOCTYPE html>") {
+		t.Fatalf("page: %.60q", b)
+	}
+	if st, _ := os.Stat(page); st.Mode().Perm() != 0o644 {
+		t.Fatalf("page mode %v", st.Mode())
+	}
+}

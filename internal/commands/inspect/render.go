@@ -168,7 +168,7 @@ func writeHTML(path string, rep any) error {
 	if fi, err := os.Stat(filepath.Dir(path)); err != nil || !fi.IsDir() {
 		return fmt.Errorf("--html %s: no folder %s to write it in", path, filepath.Dir(path))
 	}
-	return atomicfile.WriteFile(path, []byte(b.String()))
+	return atomicfile.WriteFileUnnamed(path, []byte(b.String()))
 }
 
 const (
