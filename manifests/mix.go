@@ -340,28 +340,48 @@ func MixNatural(sources []MixSource, sm Sampling, seed uint64, epoch int) []int6
 	return out
 }
 
-// MixEpoch returns an epoch's samples of a mixed run (global clip
-// numbers), the counts per source, and the source whose samples run out
-// (-1 if none): a source with a share but no samples at all.
-func MixEpoch(sources []MixSource, sm Sampling, seed uint64, epoch int, weights []json.Number, epochSamples int64) ([]Sample, []int64, int) {
-	natural := MixNatural(sources, sm, seed, epoch)
+// MixedEpoch is an epoch of a mixed run: its samples (global clip
+// numbers), and per source its count, its own (natural) count, and the
+// weight epochs.json records (the schedule's; natural: its own count).
+// Empty is the source that has a share but no samples (-1 if none); the
+// samples are nil then.
+type MixedEpoch struct {
+	Samples []Sample
+	Counts  []int64
+	Natural []int64
+	Weights []json.Number
+	Empty   int
+}
+
+// MixEpoch derives epoch epoch of a mixed run with the schedule's
+// weights (nil: natural) and epochSamples (0: the natural counts added
+// up).
+func MixEpoch(sources []MixSource, sm Sampling, seed uint64, epoch int, weights []json.Number, epochSamples int64) MixedEpoch {
+	m := MixedEpoch{Natural: MixNatural(sources, sm, seed, epoch), Weights: weights, Empty: -1}
 	n := epochSamples
 	if n == 0 {
-		for _, c := range natural {
+		for _, c := range m.Natural {
 			n += c
 		}
 	}
-	counts := MixCounts(natural, weights, n)
+	if weights == nil {
+		for _, c := range m.Natural {
+			m.Weights = append(m.Weights, json.Number(fmt.Sprint(c)))
+		}
+	}
+	m.Counts = MixCounts(m.Natural, weights, n)
 	lists := make([][]Sample, len(sources))
 	clip0 := make([]int64, len(sources))
 	var c0 int64
 	for s, src := range sources {
 		clip0[s] = c0
 		c0 += int64(len(src.Lengths))
-		if counts[s] > 0 && natural[s] == 0 {
-			return nil, counts, s
+		if m.Counts[s] > 0 && m.Natural[s] == 0 {
+			m.Empty = s
+			return m
 		}
-		lists[s] = SourceSamples(src.Lengths, sm, seed, s, epoch, counts[s])
+		lists[s] = SourceSamples(src.Lengths, sm, seed, s, epoch, m.Counts[s])
 	}
-	return MergeSources(lists, clip0, seed, epoch), counts, -1
+	m.Samples = MergeSources(lists, clip0, seed, epoch)
+	return m
 }

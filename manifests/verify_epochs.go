@@ -313,26 +313,20 @@ func deepEpochs(dir string, man *Epochs, r *Report) {
 			if !ok {
 				continue // reported by checkMixEntry
 			}
-			if w == nil { // natural: the sources' own counts are the weights
-				natural := MixNatural(mix, s, man.Seed, e.Epoch)
-				for i, n := range names {
-					if got := string(e.Weights[n]); got != fmt.Sprint(natural[i]) {
-						r.Add(Problem{File: EpochsFile, What: fmt.Sprintf("epoch %d: source %s's weight is %s, but it has %d samples of its own (mix.weights is natural)", e.Epoch, n, got, natural[i])})
-					}
-				}
-			}
-			var counts []int64
-			var empty int
-			all, counts, empty = MixEpoch(mix, s, man.Seed, e.Epoch, w, man.Mix.EpochSamples)
-			if empty >= 0 {
-				r.Add(Problem{File: EpochsFile, What: fmt.Sprintf("epoch %d: source %s is to give %d samples but has none", e.Epoch, names[empty], counts[empty])})
+			m := MixEpoch(mix, s, man.Seed, e.Epoch, w, man.Mix.EpochSamples)
+			if m.Empty >= 0 {
+				r.Add(Problem{File: EpochsFile, What: fmt.Sprintf("epoch %d: source %s is to give %d samples but has none", e.Epoch, names[m.Empty], m.Counts[m.Empty])})
 				continue
 			}
 			for i, n := range names {
-				if e.Counts[n] != counts[i] {
-					r.Add(Problem{File: EpochsFile, What: fmt.Sprintf("epoch %d: source %s gave %d samples, the seed and weights make %d", e.Epoch, n, e.Counts[n], counts[i])})
+				switch {
+				case w == nil && e.Weights[n] != m.Weights[i]: // natural: the sources' own counts are the weights
+					r.Add(Problem{File: EpochsFile, What: fmt.Sprintf("epoch %d: source %s's weight is %s, but it has %s samples of its own (mix.weights is natural)", e.Epoch, n, e.Weights[n], m.Weights[i])})
+				case e.Counts[n] != m.Counts[i]:
+					r.Add(Problem{File: EpochsFile, What: fmt.Sprintf("epoch %d: source %s gave %d samples, the seed and weights make %d", e.Epoch, n, e.Counts[n], m.Counts[i])})
 				}
 			}
+			all = m.Samples
 		} else {
 			all = Samples(srcs[0].lengths, s, man.Seed, e.Epoch)
 		}

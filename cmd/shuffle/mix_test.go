@@ -12,6 +12,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/clipshard/clipshard/formats/npy"
 	"github.com/clipshard/clipshard/internal/clitest"
@@ -323,12 +326,64 @@ func TestMixRefused(t *testing.T) {
 			t.Fatalf("%v: wrote %s", c.args, out)
 		}
 	}
+	// Inputs that are not what they claim: a FIFO as the weights file, a
+	// source whose blob is a FIFO (named at once, not waited on), an
+	// --out holding the user's files. One line naming the file, nothing
+	// written.
+	fifo := filepath.Join(t.TempDir(), "weights")
+	if err := unix.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bad := filepath.Join(t.TempDir(), "b")
+	copyTree(t, d["b"], bad)
+	os.Remove(filepath.Join(bad, "motion.npy"))
+	unix.Mkfifo(filepath.Join(bad, "motion.npy"), 0o644)
+	users := filepath.Join(t.TempDir(), "mine")
+	os.MkdirAll(users, 0o755)
+	os.WriteFile(filepath.Join(users, "notes.txt"), []byte("the user's"), 0o644)
+	for _, c := range []struct {
+		args []string
+		code int
+		want []string
+	}{
+		{append(two, "--epochs", "1", "--weights", "@"+fifo), 2, []string{fifo, "FIFO"}},
+		{[]string{"--source", "a=" + d["a"], "--source", "b=" + bad, "--window", "3", "--out", out, "--epochs", "1"}, 1, []string{filepath.Join(bad, "motion.npy"), "FIFO"}},
+		{[]string{"--source", "a=" + d["a"], "--source", "b=" + d["b"], "--window", "3", "--out", users, "--epochs", "1"}, 2, []string{"notes.txt"}},
+	} {
+		done := make(chan clitest.Result, 1)
+		go func() { done <- shuffleRun(t, nil, c.args...) }()
+		var r clitest.Result
+		select {
+		case r = <-done:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%v: hung", c.args)
+		}
+		if r.Code != c.code || strings.Count(r.Stderr, "\n") != 1 {
+			t.Errorf("%v: exit %d %q; want %d on one line", c.args, r.Code, r.Stderr, c.code)
+		}
+		for _, w := range c.want {
+			if !strings.Contains(r.Stderr, w) {
+				t.Errorf("%v: %q lacks %q", c.args, r.Stderr, w)
+			}
+		}
+		if _, err := os.Stat(out); err == nil {
+			t.Fatalf("%v: wrote %s", c.args, out)
+		}
+	}
+	if got := listTree(t, users); len(got) != 2 || !strings.HasSuffix(got[1], "/notes.txt") {
+		t.Fatalf("--out holding the user's files: now %v", got)
+	}
 	// Into a folder of other weights, or other sources: refused like
 	// other options (--force replaces).
 	if r := shuffleRun(t, nil, append(two, "--epochs", "1", "--weights", "a=1,b=1")...); r.Code != 0 {
 		t.Fatal(r.Stderr)
 	}
 	before := tree(t, out)
+	// The same run again: up to date, nothing touched.
+	if r := shuffleRun(t, nil, append(two, "--epochs", "1", "--weights", "a=1,b=1")...); r.Code != 0 || !strings.Contains(r.Stdout, "up to date") {
+		t.Fatalf("the same run again: %d %q %q", r.Code, r.Stdout, r.Stderr)
+	}
+	sameTree(t, before, tree(t, out), "after the same run again")
 	for _, c := range []struct {
 		args []string
 		want string
@@ -373,19 +428,11 @@ func TestMixKillAndResume(t *testing.T) {
 			points = append(points, fmt.Sprint(1+rng.IntN(n)))
 		}
 		for _, after := range points {
-			env := []string{"CLIPSHARD_KILL_AFTER_SAMPLES=" + after}
-			if after == "read" {
-				if mem == "1GiB" {
-					continue
-				}
-				env = []string{"CLIPSHARD_KILL_AFTER_SAMPLES=1", "CLIPSHARD_KILL_PHASE=read"}
-			}
 			out := filepath.Join(t.TempDir(), "ep")
-			r := shuffleRun(t, env, mixArgs(t, out, "--epochs", "4", "--mem", mem)...)
-			if r.Code != -1 {
-				t.Fatalf("mem %s after %s: not killed: exit %d %s", mem, after, r.Code, r.Stderr)
+			if !killRun(t, mem, after, mixArgs(t, out, "--epochs", "4", "--mem", mem)) {
+				continue
 			}
-			if r = shuffleRun(t, nil, mixArgs(t, out, "--epochs", "4", "--mem", mem)...); r.Code != 0 {
+			if r := shuffleRun(t, nil, mixArgs(t, out, "--epochs", "4", "--mem", mem)...); r.Code != 0 {
 				t.Fatalf("resume: %d %s", r.Code, r.Stderr)
 			}
 			sameTree(t, want, tree(t, out), "resumed with --mem "+mem+" after "+after)

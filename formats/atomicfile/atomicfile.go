@@ -5,6 +5,7 @@ package atomicfile
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 
@@ -101,13 +102,20 @@ func WriteFile(path string, data []byte) error {
 		return err
 	}
 	defer f.Abort()
-	half := len(data) / 2
-	if _, err := f.Write(data[:half]); err != nil {
-		return err
-	}
-	faults.Point("atomicfile.half")
-	if _, err := f.Write(data[half:]); err != nil {
+	if err := writeHalves(f, data); err != nil {
 		return err
 	}
 	return f.Commit()
+}
+
+// writeHalves writes data in two halves, with the fault point a crash
+// test kills at between them (a file half written).
+func writeHalves(w io.Writer, data []byte) error {
+	half := len(data) / 2
+	if _, err := w.Write(data[:half]); err != nil {
+		return err
+	}
+	faults.Point("atomicfile.half")
+	_, err := w.Write(data[half:])
+	return err
 }

@@ -33,12 +33,7 @@ func WriteFileUnnamed(path string, data []byte) error {
 	}
 	f := os.NewFile(uintptr(fd), path)
 	defer f.Close()
-	half := len(data) / 2
-	if _, err := f.Write(data[:half]); err != nil {
-		return err
-	}
-	faults.Point("atomicfile.half")
-	if _, err := f.Write(data[half:]); err != nil {
+	if err := writeHalves(f, data); err != nil {
 		return err
 	}
 	if err := f.Chmod(0o644); err != nil { // the umask applies to O_TMPFILE too

@@ -243,7 +243,8 @@ class EpochReader:
                         self._advise(a, a + B)
                 batch = self._gather(lo, lo + B)
                 if self.mixed:
-                    batch["source"] = _sources(batch["samples"], len(self.sources), self, lo)
+                    batch["source"] = _sources(batch["samples"], len(self.sources),
+                                               lambda: "%s (the batch at %d)" % (self._path(self._segments(lo, lo + 1)[0][0], "samples"), lo))
                 self.consumed = self.start + (g + 1) * B * R
                 yield batch
         finally:
@@ -433,14 +434,15 @@ class _ReadArray:
         return out
 
 
-def _sources(samples, n, reader, lo):
-    """The samples' source column (a view), refused if a number names no
-    source: a samples file the shuffle did not write."""
+def _sources(samples: Any, n: int, where: Any) -> Any:
+    """The samples' source column (a view, of a numpy array or a torch
+    tensor), refused if a number names none of the n sources: a samples
+    file the shuffle did not write. where() words the file or epoch."""
     src = samples[:, 3]
-    if len(src) and (int(src.min()) < 0 or int(src.max()) >= n):
-        k = reader._segments(lo, lo + 1)[0][0]
-        raise ValueError("%s: a sample of the batch at %d names source %d; epochs.json lists %d sources"
-                         % (reader._path(k, "samples"), lo, int(src.max() if src.max() >= n else src.min()), n))
+    if len(src):
+        lo, hi = int(src.min()), int(src.max())
+        if lo < 0 or hi >= n:
+            raise ValueError("%s: a sample names source %d; epochs.json lists %d sources" % (where(), lo if lo < 0 else hi, n))
     return src
 
 

@@ -18,7 +18,7 @@ from typing import Any, Generator, Iterable, Iterator, Mapping, Optional, Union
 
 import numpy as np
 
-from .epochs import STATE_FORMAT as READER_STATE, EpochReader, load_epochs
+from .epochs import _sources, STATE_FORMAT as READER_STATE, EpochReader, load_epochs
 
 __all__ = ["Loader"]
 
@@ -298,12 +298,8 @@ class Loader:
                 self._handed = item
                 arrays = item.arrays
                 if self.mixed and "source" not in arrays:
-                    src = arrays["samples"][:, 3]  # a view, as EpochReader's
-                    if len(src) and (int(src.min()) < 0 or int(src.max()) >= len(self.sources)):
-                        raise ValueError("%s: epoch %r: a sample names source %d; epochs.json lists %d sources"
-                                         % (self.dir, self.epochs[item.pos] if item.pos < len(self.epochs) else None,
-                                            int(src.max() if src.max() >= len(self.sources) else src.min()), len(self.sources)))
-                    arrays["source"] = src
+                    arrays["source"] = _sources(arrays["samples"], len(self.sources),
+                                                lambda: "%s: epoch %r" % (self.dir, self.epochs[item.pos]))
                 yield self._wrap(arrays)
                 if item.last:
                     finished = True

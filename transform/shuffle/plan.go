@@ -59,7 +59,7 @@ type epochPlan struct {
 	samples []manifests.Sample // shuffled; global clip numbers
 	base    int64              // global position of the first sample
 	counts  []int64            // samples per source (a mixed run)
-	weights []json.Number      // the epoch's weights (nil: natural)
+	weights []json.Number      // the epoch's weights, as recorded (natural: the sources' own counts)
 }
 
 type job struct {
@@ -471,8 +471,9 @@ func (j *job) plan(epochs []int) {
 	for _, e := range epochs {
 		ep := epochPlan{epoch: e, base: base}
 		if j.mixed {
-			ep.weights, _ = j.o.Mix.At(e, j.sourceNames())
-			ep.samples, ep.counts, _ = manifests.MixEpoch(j.mixSources(), j.o.Sampling, j.o.Seed, e, ep.weights, j.o.Mix.EpochSamples)
+			w, _ := j.o.Mix.At(e, j.sourceNames())
+			m := manifests.MixEpoch(j.mixSources(), j.o.Sampling, j.o.Seed, e, w, j.o.Mix.EpochSamples)
+			ep.samples, ep.counts, ep.weights = m.Samples, m.Counts, m.Weights
 		} else {
 			ep.samples = manifests.Samples(j.lengths, j.o.Sampling, j.o.Seed, e)
 		}
@@ -483,20 +484,11 @@ func (j *job) plan(epochs []int) {
 }
 
 // epochMix is the weights and counts per source that a mixed epoch's
-// entry records (natural weights: each source's own count of the epoch).
+// entry records.
 func (j *job) epochMix(ep *epochPlan) (map[string]json.Number, map[string]int64) {
 	w, c := map[string]json.Number{}, map[string]int64{}
-	var natural []int64
-	if ep.weights == nil {
-		natural = manifests.MixNatural(j.mixSources(), j.o.Sampling, j.o.Seed, ep.epoch)
-	}
 	for s, src := range j.srcs {
-		c[src.name] = ep.counts[s]
-		if ep.weights != nil {
-			w[src.name] = ep.weights[s]
-		} else {
-			w[src.name] = json.Number(fmt.Sprint(natural[s]))
-		}
+		c[src.name], w[src.name] = ep.counts[s], ep.weights[s]
 	}
 	return w, c
 }
