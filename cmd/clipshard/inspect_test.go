@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -410,7 +411,10 @@ func TestInspectHTMLKilled(t *testing.T) {
 	folder := t.TempDir()
 	os.WriteFile(filepath.Join(folder, "notes.txt"), []byte("the user's"), 0o644)
 	page := filepath.Join(folder, "report.html")
-	os.WriteFile(page, []byte("the previous page"), 0o644)
+	if r := clip(t, "inspect", "--html", page, filepath.Join(ds, "..", "ep")); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	prev, _ := os.ReadFile(page)
 	for point := 1; point <= 2; point++ { // atomicfile.half, atomicfile.written
 		r := clitest.Run(t, bin, []string{fmt.Sprintf("CLIPSHARD_KILL_POINT=%d", point)}, "inspect", "--html", page, ds)
 		if r.Code != -1 {
@@ -421,7 +425,7 @@ func TestInspectHTMLKilled(t *testing.T) {
 		for _, e := range entries {
 			names = append(names, e.Name())
 		}
-		if b, _ := os.ReadFile(page); len(names) != 2 || string(b) != "the previous page" {
+		if b, _ := os.ReadFile(page); len(names) != 2 || !bytes.Equal(b, prev) {
 			t.Fatalf("killed at point %d: the folder holds %v, the page %.40q", point, names, b)
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"strings"
 
 	"github.com/clipshard/clipshard/formats/array"
+	"github.com/clipshard/clipshard/formats/atomicfile"
 	"github.com/clipshard/clipshard/formats/npy"
 	"github.com/clipshard/clipshard/formats/regfile"
 	"github.com/clipshard/clipshard/internal/ui"
@@ -25,7 +26,7 @@ import (
 	"github.com/clipshard/clipshard/transform/shuffle"
 )
 
-const usage = `usage: inspect [--json | --html FILE] [--clip ID] [--sample EPOCH:I] [--fps F] [--rows N] [--batch B] [--mem SIZE] DIR
+const usage = `usage: inspect [--json | --html FILE [--force]] [--clip ID] [--sample EPOCH:I] [--fps F] [--rows N] [--batch B] [--mem SIZE] DIR
 
 Show what DIR holds: a dataset written by convert (its dataset.json) or an
 epochs folder written by shuffle (its epochs.json).
@@ -44,7 +45,10 @@ epochs folder written by shuffle (its epochs.json).
   --sample EPOCH:I  sample I of an epoch: its clip, start, valid frames and
            each modality's value statistics
 --json prints the figures as JSON; --html FILE writes one self-contained
-page (inline SVG, no scripts, no network) with the plots.
+page (inline SVG, no scripts, no network) with the plots. FILE must not
+exist, or be a page inspect wrote before (it is replaced); any other
+file is refused, exit 2, and --force replaces only a regular file. A
+path inside a dataset or an epochs folder is always refused.
 
 Example:
   inspect /tmp/ds
@@ -63,7 +67,8 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 	defer ui.Recover(stderr, name, &code)
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	jsonOut := fs.Bool("json", false, "print the figures as JSON")
-	html := fs.String("html", "", "write a self-contained HTML page of plots to `FILE`")
+	html := fs.String("html", "", "write a self-contained HTML page of plots to `FILE`: a new path, or a page inspect wrote before (anything else is refused)")
+	force := fs.Bool("force", false, "with --html: replace FILE even if it is not a page inspect wrote (a regular file outside any dataset or epochs folder; never a device, FIFO, directory or symlink)")
 	clip := fs.String("clip", "", "a dataset's clip `ID`: its rows' statistics")
 	sample := fs.String("sample", "", "an epochs folder's sample `EPOCH:I`: its clip, window and values")
 	fps := fs.Float64("fps", 25, "clip frames per second, for hours")
@@ -83,6 +88,14 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 		return 2
 	}
 	dir := fs.Arg(0)
+	if *force && *html == "" {
+		return usageErr(stderr, name, "--force is for --html")
+	}
+	if *html != "" {
+		if err := checkHTML(*html, *force); err != nil {
+			return usageErr(stderr, name, "%s", err)
+		}
+	}
 	var rep any
 	switch {
 	case exists(filepath.Join(dir, "dataset.json")):
@@ -112,7 +125,10 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 		stdout.Write(ui.JSON(rep))
 		fmt.Fprintln(stdout)
 	case *html != "":
-		if err := writeHTML(*html, rep); err != nil {
+		if err := writeHTML(*html, rep, *force); err != nil {
+			if errors.Is(err, atomicfile.ErrRefused) {
+				return usageErr(stderr, name, "%s", err)
+			}
 			ui.Fail(stderr, name, err)
 			return 1
 		}

@@ -1,9 +1,12 @@
 package inspectcmd
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
 	"html"
 	"io"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
@@ -11,6 +14,7 @@ import (
 
 	"github.com/clipshard/clipshard/formats/atomicfile"
 	"github.com/clipshard/clipshard/internal/ui"
+	"github.com/clipshard/clipshard/manifests"
 )
 
 // -- text -----------------------------------------------------------------
@@ -116,7 +120,7 @@ func printFeatures(w io.Writer, f FeatureReport) {
 // -- HTML -----------------------------------------------------------------
 
 // writeHTML writes one self-contained page: inline SVG plots, no scripts.
-func writeHTML(path string, rep any) error {
+func writeHTML(path string, rep any, force bool) error {
 	var b strings.Builder
 	title := "clipshard inspect"
 	var plots []string
@@ -154,7 +158,7 @@ func writeHTML(path string, rep any) error {
 				"The share of consecutive samples from the same clip, per tenth of the epoch."))
 		}
 	}
-	fmt.Fprintf(&b, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>%s</title>\n", html.EscapeString(title))
+	fmt.Fprintf(&b, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">%s<title>%s</title>\n", pageMark, html.EscapeString(title))
 	b.WriteString("<style>body{font:14px sans-serif;margin:2em;color:#222}figure{display:inline-block;margin:1em}figcaption{max-width:520px}pre{background:#f6f6f6;padding:1em}</style></head><body>\n")
 	fmt.Fprintf(&b, "<h1>%s</h1>\n<pre>", html.EscapeString(title))
 	var text strings.Builder
@@ -168,7 +172,62 @@ func writeHTML(path string, rep any) error {
 	if fi, err := os.Stat(filepath.Dir(path)); err != nil || !fi.IsDir() {
 		return fmt.Errorf("--html %s: no folder %s to write it in", path, filepath.Dir(path))
 	}
-	return atomicfile.WriteFileUnnamed(path, []byte(b.String()))
+	if err := outsideOutputs(path); err != nil {
+		return err
+	}
+	return atomicfile.WriteUserFile(path, []byte(b.String()), mayReplace(force))
+}
+
+// checkHTML refuses, before anything is computed, a --html path that
+// writeHTML would refuse.
+func checkHTML(path string, force bool) error {
+	if err := outsideOutputs(path); err != nil {
+		return err
+	}
+	return atomicfile.CheckUserFile(path, mayReplace(force))
+}
+
+// mayReplace accepts an existing regular file that is a page inspect
+// wrote, or any regular file with --force.
+func mayReplace(force bool) func(f *os.File, fi fs.FileInfo) error {
+	return func(f *os.File, fi fs.FileInfo) error {
+		if force {
+			return nil
+		}
+		head := make([]byte, 512)
+		n, _ := io.ReadFull(f, head)
+		if isPage(head[:n]) {
+			return nil
+		}
+		return errors.New("exists and is not a page clipshard inspect wrote: give a new path, or --force to replace this file")
+	}
+}
+
+// pageMark is in the head of every page inspect writes, and is how
+// --html knows a file it may replace.
+const pageMark = `<meta name="generator" content="clipshard inspect">`
+
+// isPage reports whether head (a file's first bytes) is a page inspect
+// wrote: this version's mark, or the head of the pages before it.
+func isPage(head []byte) bool {
+	old := "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>clipshard "
+	return bytes.Contains(head, []byte(pageMark)) || bytes.HasPrefix(head, []byte(old))
+}
+
+// outsideOutputs refuses a path inside a dataset or an epochs folder
+// (its folder, or its folder's parent, holds dataset.json or
+// epochs.json): a page there would be a file verify does not know, or
+// would replace a manifest.
+func outsideOutputs(path string) error {
+	dir := filepath.Dir(path)
+	for _, d := range []string{dir, filepath.Dir(dir)} {
+		for _, m := range []string{manifests.DatasetFile, manifests.EpochsFile} {
+			if _, err := os.Lstat(filepath.Join(d, m)); err == nil {
+				return fmt.Errorf("%w: --html %s: inside %s, which holds %s (a clipshard output folder): write the page elsewhere", atomicfile.ErrRefused, path, d, m)
+			}
+		}
+	}
+	return nil
 }
 
 const (

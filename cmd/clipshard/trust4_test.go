@@ -1,0 +1,138 @@
+package main
+
+import (
+	"bytes"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/clipshard/clipshard/internal/clitest"
+)
+
+// fileState is what a refused write must leave as it was: the kind of
+// file, its identity and its bytes.
+type fileState struct {
+	mode os.FileMode
+	ino  uint64
+	data []byte
+	link string
+}
+
+func stateOf(t *testing.T, p string) fileState {
+	t.Helper()
+	fi, err := os.Lstat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := fileState{mode: fi.Mode(), ino: fi.Sys().(*syscall.Stat_t).Ino}
+	switch {
+	case fi.Mode()&os.ModeSymlink != 0:
+		s.link, _ = os.Readlink(p)
+	case fi.Mode().IsRegular():
+		s.data, _ = os.ReadFile(p)
+	}
+	return s
+}
+
+// TestInspectHTMLRefuses (round 4, point 1): --html writes only a path
+// that does not exist, or replaces a page inspect wrote; a device, a
+// FIFO, a socket, a directory, a symlink, a manifest, a file inside a
+// dataset or an epochs folder and any other file are refused, exit 2, one
+// line, and left exactly as they were; --force replaces only a regular
+// file outside clipshard's folders. (Before: the page was renamed over
+// whatever FILE was, /dev/null included.)
+func TestInspectHTMLRefuses(t *testing.T) {
+	ds, ep := demo(t)
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sub := filepath.Join(dir, "sub")
+	os.Mkdir(sub, 0o755)
+	user := filepath.Join(dir, "notes.html")
+	os.WriteFile(user, []byte("<html>the user's own page</html>\n"), 0o644)
+	page := filepath.Join(dir, "page.html")
+	if r := clip(t, "inspect", "--html", page, ds); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	linkToPage := filepath.Join(dir, "link.html")
+	os.Symlink(page, linkToPage)
+	linkToNothing := filepath.Join(dir, "dangling.html")
+	os.Symlink(filepath.Join(dir, "nothing"), linkToNothing)
+	sock := filepath.Join(dir, "sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	refused := []string{fifo, sub, user, linkToPage, linkToNothing, sock,
+		filepath.Join(ds, "dataset.json"), filepath.Join(ds, "new.html"), filepath.Join(ep, "epochs.json"),
+		filepath.Join(ep, "epoch-0000", "shard-00000.samples.npy"), filepath.Join(ep, "epoch-0000", "new.html")}
+	if os.Geteuid() == 0 { // a character device of our own, the same as /dev/null
+		dev := filepath.Join(dir, "null")
+		if err := syscall.Mknod(dev, syscall.S_IFCHR|0o666, 1<<8|3); err != nil {
+			t.Fatal(err)
+		}
+		refused = append(refused, dev)
+	} else {
+		t.Log("not root: the character-device case needs mknod (run as root)")
+	}
+	forceRefused := map[string]bool{user: false}
+	for _, p := range refused {
+		var before fileState
+		_, err := os.Lstat(p)
+		exists := err == nil
+		if exists {
+			before = stateOf(t, p)
+		}
+		for _, args := range [][]string{{"inspect", "--html", p, ds}, {"inspect", "--html", p, "--force", ds}} {
+			r := clip(t, args...)
+			if ok, isUser := forceRefused[p]; isUser && !ok && len(args) == 5 {
+				continue // --force replaces the user's regular file: checked below
+			}
+			oneLine(t, r, 2, "clipshard inspect: ")
+			if !strings.Contains(r.Stderr, p) {
+				t.Fatalf("%s: the refusal does not name it: %s", p, r.Stderr)
+			}
+			if !exists {
+				if _, err := os.Lstat(p); err == nil {
+					t.Fatalf("%s: written", p)
+				}
+				continue
+			}
+			if after := stateOf(t, p); after.mode != before.mode || after.ino != before.ino || !bytes.Equal(after.data, before.data) || after.link != before.link {
+				t.Fatalf("%v: %s changed: %+v -> %+v", args, p, before.mode, after.mode)
+			}
+		}
+	}
+	// The dataset is still intact (its manifest was not replaced).
+	if r := clip(t, "verify", ds); r.Code != 0 {
+		t.Fatal(r.Stdout, r.Stderr)
+	}
+	// An earlier page is replaced; so is the user's file with --force.
+	for _, p := range []string{page, user} {
+		args := []string{"inspect", "--html", p, ep}
+		if p == user {
+			args = []string{"inspect", "--html", p, "--force", ep}
+		}
+		if r := clip(t, args...); r.Code != 0 {
+			t.Fatalf("%v: %s", args, r.Stderr)
+		}
+		if b, _ := os.ReadFile(p); !bytes.Contains(b, []byte("clipshard epochs")) {
+			t.Fatalf("%s: not replaced by the epochs page", p)
+		}
+	}
+	oneLine(t, clip(t, "inspect", "--force", ds), 2, "clipshard inspect: --force is for --html")
+	// Nothing was left beside them.
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), ".clipshard") {
+			t.Fatalf("left %s", e.Name())
+		}
+	}
+	_ = clitest.Result{}
+}
