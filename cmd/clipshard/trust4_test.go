@@ -2,6 +2,9 @@ package main
 
 import (
 	"bytes"
+	"fmt"
+	"math"
+	"os/exec"
 	"net"
 	"os"
 	"path/filepath"
@@ -135,4 +138,81 @@ func TestInspectHTMLRefuses(t *testing.T) {
 		}
 	}
 	_ = clitest.Result{}
+}
+
+// nonfinite is a dataset (and an epochs folder cut from it) whose clip c1
+// has an all-NaN feature 0 and an all-+Inf feature 1, and clip c2 is all
+// -Inf.
+func nonfinite(t *testing.T) (ds, ep string) {
+	t.Helper()
+	src := t.TempDir()
+	for i, rows := range []int{10, 20, 30} {
+		writeNPY(t, filepath.Join(src, "x", fmt.Sprintf("c%d.npy", i)), rows, 3, func(r, c int) float32 {
+			switch {
+			case i == 1 && c == 0:
+				return float32(math.NaN())
+			case i == 1 && c == 1 || i == 2:
+				return float32(math.Inf(1 - 2*(i-1)))
+			}
+			return float32(r*4 + c)
+		})
+	}
+	os.WriteFile(filepath.Join(src, "clips.txt"), []byte("c0\nc1\nc2\n"), 0o644)
+	ds = filepath.Join(t.TempDir(), "ds")
+	if r := clip(t, "convert", "--quiet", "--allow-nonfinite", "--clips", filepath.Join(src, "clips.txt"), "--out", ds, "-m", "x=x/{clip}.npy"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	ep = filepath.Join(t.TempDir(), "ep")
+	if r := clip(t, "shuffle", "--quiet", "--dataset", ds, "--out", ep, "--window", "5", "--epochs", "1"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	return ds, ep
+}
+
+// TestInspectNonFiniteJSON (round 4, points 3 and 12): --json of a clip
+// or a sample holding NaN and Inf is valid JSON, non-finite figures null
+// beside their counts (it printed an empty line, exit 0); the text shows
+// an all-Inf feature's min and max as inf (not NaN); a failed write of
+// the output exits non-zero; --fps NaN or Inf is refused.
+func TestInspectNonFiniteJSON(t *testing.T) {
+	ds, ep := nonfinite(t)
+	v := inspectJSON(t, "--clip", "c1", ds)
+	f := v["clip"].(map[string]any)["modalities"].([]any)[0].(map[string]any)
+	if f["nan"].(float64) != 20 || f["inf"].(float64) != 20 {
+		t.Fatalf("c1 counts: %v", f)
+	}
+	for _, k := range []string{"mean", "std", "min", "max"} {
+		if got := f[k].([]any); got[0] != nil || got[1] != nil || got[2] == nil {
+			t.Fatalf("c1 %s: %v, want null, null, a number", k, got)
+		}
+	}
+	v = inspectJSON(t, "--clip", "c2", ds)
+	f = v["clip"].(map[string]any)["modalities"].([]any)[0].(map[string]any)
+	if f["inf"].(float64) != 90 || f["min"].([]any)[0] != nil {
+		t.Fatalf("c2: %v", f)
+	}
+	for i := 0; i < 3; i++ { // whichever clips the samples are of
+		inspectJSON(t, "--sample", fmt.Sprintf("0:%d", i), ep)
+	}
+	r := clip(t, "inspect", "--clip", "c2", ds)
+	if r.Code != 0 || !strings.Contains(r.Stdout, "min -Inf max -Inf") {
+		t.Fatalf("text of an all -Inf clip: %d %s %s", r.Code, r.Stdout, r.Stderr)
+	}
+	full, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
+	if err != nil {
+		t.Skip("no /dev/full")
+	}
+	defer full.Close()
+	for _, args := range [][]string{{"inspect", "--json", ds}, {"inspect", ds}, {"inspect", "--json", ep}} {
+		cmd := exec.Command(bin, args...)
+		cmd.Stdout = full
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		if err := cmd.Run(); err == nil || !strings.Contains(stderr.String(), "no space left") {
+			t.Fatalf("%v > /dev/full: %v %s", args, err, stderr.String())
+		}
+	}
+	for _, fps := range []string{"NaN", "Inf", "-1", "0"} {
+		oneLine(t, clip(t, "inspect", "--fps", fps, ds), 2, "clipshard inspect: ")
+	}
 }

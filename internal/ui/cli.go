@@ -3,6 +3,7 @@
 package ui
 
 import (
+	"math"
 	"context"
 	"encoding/json"
 	"errors"
@@ -198,14 +199,63 @@ func Count(n int64, thing string) string {
 }
 
 // JSON encodes v for a --json summary: indented, "<f2" kept as it is (no
-// HTML escaping), with a final newline.
-func JSON(v any) []byte {
+// HTML escaping), with a final newline. A value JSON cannot hold (a NaN
+// or Inf float64: report such figures as Float) is an error, never an
+// empty or partial output.
+func JSON(v any) ([]byte, error) {
 	var b strings.Builder
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
 	enc.SetIndent("", "  ")
-	enc.Encode(v)
-	return []byte(b.String())
+	if err := enc.Encode(v); err != nil {
+		return nil, fmt.Errorf("--json: %w", err)
+	}
+	return []byte(b.String()), nil
+}
+
+// WriteJSON writes v as JSON to w; an encoding or write error is
+// returned (the command exits non-zero).
+func WriteJSON(w io.Writer, v any) error {
+	b, err := JSON(v)
+	if err != nil {
+		return err
+	}
+	if _, err := w.Write(b); err != nil {
+		return fmt.Errorf("writing the output: %w", err)
+	}
+	return nil
+}
+
+// Float is a float64 figure that may be NaN or ±Inf (the mean of no
+// values, the max of infinite ones): JSON has no such numbers, so they
+// are null there (the counts beside them say how many values were NaN or
+// infinite); a finite value is encoded as a float64 is.
+type Float float64
+
+// MarshalJSON encodes a non-finite f as null.
+func (f Float) MarshalJSON() ([]byte, error) {
+	if math.IsNaN(float64(f)) || math.IsInf(float64(f), 0) {
+		return []byte("null"), nil
+	}
+	return json.Marshal(float64(f))
+}
+
+// ErrWriter passes writes to W and keeps the first error: a printer that
+// writes many lines checks Err once at the end.
+type ErrWriter struct {
+	W   io.Writer
+	Err error
+}
+
+func (e *ErrWriter) Write(p []byte) (int, error) {
+	if e.Err != nil {
+		return 0, e.Err
+	}
+	n, err := e.W.Write(p)
+	if err != nil {
+		e.Err = err
+	}
+	return n, err
 }
 
 // Named is a command's help text for the name it was called by ("convert",

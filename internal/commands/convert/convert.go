@@ -306,8 +306,9 @@ func summary(w io.Writer, r *convert.Result, asJSON bool) {
 		if r.ReuseRefused != "" {
 			out["reuse_refused"] = r.ReuseRefused
 		}
-		b := ui.JSON(out)
-		w.Write(b)
+		if err := ui.WriteJSON(w, out); err != nil {
+			fmt.Fprintf(os.Stderr, "clipshard convert: %v\n", err)
+		}
 		return
 	}
 	if r.UpToDate {

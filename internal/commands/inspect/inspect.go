@@ -78,8 +78,8 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 	if done, code := ui.Parse(fs, args, stdout, stderr, ui.Named(usage, "inspect", name), ui.Named(exitCodes, "inspect", name), true); done {
 		return code
 	}
-	if fs.NArg() != 1 || *rows < 1 || *fps <= 0 || *batch < 1 || (*jsonOut && *html != "") {
-		fmt.Fprintf(stderr, "%s: want one DIR (and --rows >= 1, --fps > 0, --batch >= 1, not both --json and --html; see --help)\n", name)
+	if fs.NArg() != 1 || *rows < 1 || !(*fps > 0) || math.IsInf(*fps, 0) || *batch < 1 || (*jsonOut && *html != "") {
+		fmt.Fprintf(stderr, "%s: want one DIR (and --rows >= 1, a finite --fps > 0, --batch >= 1, not both --json and --html; see --help)\n", name)
 		return 2
 	}
 	mem, err := ui.ParseSize(*memFlag)
@@ -122,8 +122,10 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 	}
 	switch {
 	case *jsonOut:
-		stdout.Write(ui.JSON(rep))
-		fmt.Fprintln(stdout)
+		if err := ui.WriteJSON(stdout, rep); err != nil {
+			ui.Fail(stderr, name, err)
+			return 1
+		}
 	case *html != "":
 		if err := writeHTML(*html, rep, *force); err != nil {
 			if errors.Is(err, atomicfile.ErrRefused) {
@@ -134,7 +136,12 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 		}
 		fmt.Fprintf(stdout, "wrote %s\n", *html)
 	default:
-		printText(stdout, rep)
+		w := &ui.ErrWriter{W: stdout}
+		printText(w, rep)
+		if w.Err != nil {
+			ui.Fail(stderr, name, fmt.Errorf("writing the output: %w", w.Err))
+			return 1
+		}
 	}
 	return 0
 }
@@ -485,10 +492,13 @@ type ClipReport struct {
 type FeatureReport struct {
 	Name string    `json:"name"`
 	Rows int64     `json:"rows"`
-	Mean []float64 `json:"mean"`
-	Std  []float64 `json:"std"`
-	Min  []float64 `json:"min"`
-	Max  []float64 `json:"max"`
+	// Mean and Std are of the finite values; Min and Max of the values
+	// that are not NaN (an all-Inf feature's are ±Inf). A figure of no
+	// values is NaN: null in JSON, like ±Inf (nan and inf count them).
+	Mean []ui.Float `json:"mean"`
+	Std  []ui.Float `json:"std"`
+	Min  []ui.Float `json:"min"`
+	Max  []ui.Float `json:"max"`
 	// NaN counts and the first NaN positions as [row, feature].
 	NaN      int64      `json:"nan"`
 	NaNAt    [][2]int64 `json:"nan_at"`
@@ -528,11 +538,13 @@ func featureStats(path, name, descr string, frame []int, offset, first, n int64)
 		return nil, err
 	}
 	defer f.Close()
-	r := &FeatureReport{Name: name, Rows: n, Mean: make([]float64, per), Std: make([]float64, per), Min: make([]float64, per),
-		Max: make([]float64, per), NaNAt: [][2]int64{}}
-	for j := range r.Min {
-		r.Min[j], r.Max[j] = math.Inf(1), math.Inf(-1)
+	r := &FeatureReport{Name: name, Rows: n, Mean: make([]ui.Float, per), Std: make([]ui.Float, per), Min: make([]ui.Float, per),
+		Max: make([]ui.Float, per), NaNAt: [][2]int64{}}
+	mean, lo, hi := make([]float64, per), make([]float64, per), make([]float64, per)
+	for j := range lo {
+		lo[j], hi[j] = math.Inf(1), math.Inf(-1)
 	}
+	seen := make([]bool, per) // a value that is not NaN
 	count := make([]float64, per)
 	sq := make([]float64, per)
 	rowBytes := int64(per * size)
@@ -555,22 +567,29 @@ func featureStats(path, name, descr string, frame []int, offset, first, n int64)
 					continue
 				case math.IsInf(v, 0):
 					r.Infinite++
+					seen[j] = true
+					lo[j], hi[j] = min(lo[j], v), max(hi[j], v)
 					continue
 				}
+				seen[j] = true
 				count[j]++
-				r.Mean[j] += v
+				mean[j] += v
 				sq[j] += v * v
-				r.Min[j], r.Max[j] = min(r.Min[j], v), max(r.Max[j], v)
+				lo[j], hi[j] = min(lo[j], v), max(hi[j], v)
 			}
 		}
 	}
-	for j := range r.Mean {
+	for j := range mean {
+		r.Mean[j], r.Std[j], r.Min[j], r.Max[j] = ui.Float(math.NaN()), ui.Float(math.NaN()), ui.Float(math.NaN()), ui.Float(math.NaN())
+		if seen[j] {
+			r.Min[j], r.Max[j] = ui.Float(lo[j]), ui.Float(hi[j])
+		}
 		if count[j] == 0 {
-			r.Mean[j], r.Std[j], r.Min[j], r.Max[j] = math.NaN(), math.NaN(), math.NaN(), math.NaN()
 			continue
 		}
-		r.Mean[j] /= count[j]
-		r.Std[j] = math.Sqrt(max(0, sq[j]/count[j]-r.Mean[j]*r.Mean[j]))
+		m := mean[j] / count[j]
+		r.Mean[j] = ui.Float(m)
+		r.Std[j] = ui.Float(math.Sqrt(max(0, sq[j]/count[j]-m*m)))
 	}
 	return r, nil
 }

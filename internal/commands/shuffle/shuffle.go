@@ -202,8 +202,10 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 		if c := sourceCounts(res); c != nil {
 			out["source_counts"] = c
 		}
-		b := ui.JSON(out)
-		stdout.Write(b)
+		if err := ui.WriteJSON(stdout, out); err != nil {
+			fmt.Fprintf(stderr, "%s: %v\n", name, err)
+			return 1
+		}
 		return 0
 	}
 	if res.UpToDate {
@@ -337,8 +339,10 @@ func runDrop(name string, fs *flag.FlagSet, out, drop string, jsonOut bool, stdo
 		if dropped == nil {
 			dropped = []int{}
 		}
-		b := ui.JSON(map[string]any{"dir": out, "dropped": dropped})
-		stdout.Write(b)
+		if err := ui.WriteJSON(stdout, map[string]any{"dir": out, "dropped": dropped}); err != nil {
+			fmt.Fprintf(stderr, "%s: %v\n", name, err)
+			return 1
+		}
 		return 0
 	}
 	if len(dropped) == 0 {

@@ -113,8 +113,10 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 		if r.Problems == nil {
 			r.Problems = []manifests.Problem{}
 		}
-		b := ui.JSON(r)
-		stdout.Write(b)
+		if err := ui.WriteJSON(stdout, r); err != nil {
+			fmt.Fprintf(stderr, "%s: %v\n", name, err)
+			return 2
+		}
 	} else {
 		for _, p := range r.Problems {
 			fmt.Fprintln(stdout, ui.OneLine(p.String()))
