@@ -205,6 +205,9 @@ func LoadEpochs(dir string) (*Epochs, error) {
 	if err := m.checkSources(); err != nil {
 		return nil, fmt.Errorf("%w: %s: %w", ErrManifest, p, err)
 	}
+	if err := checkWeightTypes(b); err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrManifest, p, err)
+	}
 	paths := []string{m.Files.Shards, m.Files.Sums}
 	for _, e := range m.Epochs {
 		paths = append(paths, e.Dir)
@@ -220,6 +223,48 @@ func LoadEpochs(dir string) (*Epochs, error) {
 		}
 	}
 	return &m, nil
+}
+
+// checkWeightTypes refuses a weight that is not a JSON number (json.Number
+// would take the string "1" as the number 1): the weights of mix.weights
+// and of each epoch.
+func checkWeightTypes(b []byte) error {
+	type ws = map[string]json.RawMessage
+	var raw struct {
+		Mix *struct {
+			Ranges []struct {
+				Weights ws `json:"weights"`
+			} `json:"weights"`
+		} `json:"mix"`
+		Epochs []struct {
+			Epoch   json.RawMessage `json:"epoch"`
+			Weights ws              `json:"weights"`
+		} `json:"epochs"`
+	}
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return err
+	}
+	check := func(where string, w ws) error {
+		for n, v := range w {
+			if len(v) == 0 || v[0] == '"' {
+				return fmt.Errorf("%s: the weight of %s is %s, not a JSON number", where, n, v)
+			}
+		}
+		return nil
+	}
+	if raw.Mix != nil {
+		for i, r := range raw.Mix.Ranges {
+			if err := check(fmt.Sprintf("mix.weights[%d]", i), r.Weights); err != nil {
+				return err
+			}
+		}
+	}
+	for _, e := range raw.Epochs {
+		if err := check("epoch "+string(e.Epoch), e.Weights); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // checkSources checks a version 3 manifest's sources and per-epoch
@@ -261,11 +306,36 @@ func (m *Epochs) checkSources() error {
 		if len(e.Weights) != len(m.Sources) {
 			return fmt.Errorf("epoch %d: %d weights for %d sources", e.Epoch, len(e.Weights), len(m.Sources))
 		}
-		for n := range e.Weights {
+		for n, w := range e.Weights {
 			if !seen[n] {
 				return fmt.Errorf("epoch %d: a weight for %q, not a source", e.Epoch, n)
 			}
+			if err := CheckWeight(w); err != nil {
+				return fmt.Errorf("epoch %d: weight %s=%.80s: %w", e.Epoch, n, w, err)
+			}
 		}
+	}
+	for i, r := range m.Mix.Ranges {
+		if r.From < 0 || (r.To != 0 && r.To <= r.From) {
+			return fmt.Errorf("mix.weights[%d]: epochs %d:%d", i, r.From, r.To)
+		}
+		if len(r.Weights) != len(m.Sources) {
+			return fmt.Errorf("mix.weights[%d]: %d weights for %d sources", i, len(r.Weights), len(m.Sources))
+		}
+		for n, w := range r.Weights {
+			if !seen[n] {
+				return fmt.Errorf("mix.weights[%d]: a weight for %q, not a source", i, n)
+			}
+			if err := CheckWeight(w); err != nil {
+				return fmt.Errorf("mix.weights[%d]: weight %s=%.80s: %w", i, n, w, err)
+			}
+		}
+	}
+	if err := m.Mix.CheckRanges(); err != nil {
+		return err
+	}
+	if m.Mix.EpochSamples < 0 || m.Mix.EpochSamples > 1<<40 {
+		return fmt.Errorf("mix.epoch_samples %d: want 0..2^40", m.Mix.EpochSamples)
 	}
 	return nil
 }

@@ -61,7 +61,9 @@ func (w *MixWeights) At(e int, names []string) ([]json.Number, bool) {
 	return nil, false
 }
 
-// Key words the schedule for an options key: one token, no spaces.
+// Key words the schedule for an options key: one token, no spaces. Each
+// weight is written by its exact value (1, 1.0 and 10e-1 are one weight),
+// so that runs giving the same schedule in other words agree.
 func (w *MixWeights) Key() string {
 	if len(w.Ranges) == 0 {
 		return fmt.Sprintf("natural/%d", w.EpochSamples)
@@ -79,7 +81,7 @@ func (w *MixWeights) Key() string {
 			if i > 0 {
 				b.WriteByte(',')
 			}
-			fmt.Fprintf(&b, "%s=%s", k, r.Weights[k])
+			fmt.Fprintf(&b, "%s=%s", k, WeightValue(r.Weights[k]))
 		}
 	}
 	return b.String()
@@ -101,7 +103,7 @@ func ParseWeights(spec string, names []string) (WeightRange, error) {
 			r.To, err2 = strconv.Atoi(b)
 		}
 		if !ok || err1 != nil || err2 != nil || r.From < 0 || (b != "" && r.To <= r.From) {
-			return r, fmt.Errorf("--weights %q: the epochs before @ should be A:B (A < B) or A: (from A on)", spec)
+			return r, fmt.Errorf("--weights %q: the epochs before @ should be A:B (A < B) or A: (from A on)", clipText(spec))
 		}
 	}
 	known := map[string]bool{}
@@ -110,48 +112,112 @@ func ParseWeights(spec string, names []string) (WeightRange, error) {
 	}
 	var sum big.Rat
 	for _, kv := range strings.Split(body, ",") {
-		n, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		n, v, ok := strings.Cut(kv, "=")
+		n, v = strings.TrimSpace(n), strings.TrimSpace(v) // spaces around names and weights are allowed
 		if !ok || n == "" {
-			return r, fmt.Errorf("--weights %q: %q should be NAME=WEIGHT", spec, kv)
+			return r, fmt.Errorf("--weights %q: %q should be NAME=WEIGHT", clipText(spec), clipText(kv))
 		}
 		if !known[n] {
-			return r, fmt.Errorf("--weights %q: no --source is named %q (sources: %s)", spec, n, strings.Join(names, ", "))
+			return r, fmt.Errorf("--weights %q: no --source is named %q (sources: %s)", clipText(spec), clipText(n), strings.Join(names, ", "))
 		}
 		if _, dup := r.Weights[n]; dup {
-			return r, fmt.Errorf("--weights %q: %s has two weights", spec, n)
+			return r, fmt.Errorf("--weights %q: %s has two weights", clipText(spec), n)
 		}
 		q, err := parseWeight(v)
 		if err != nil {
-			return r, fmt.Errorf("--weights %q: %s=%s: %w", spec, n, v, err)
+			return r, fmt.Errorf("--weights %q: %s=%s: %w", clipText(spec), n, clipText(v), err)
 		}
 		sum.Add(&sum, q)
 		r.Weights[n] = json.Number(v)
 	}
 	for _, n := range names {
 		if _, ok := r.Weights[n]; !ok {
-			return r, fmt.Errorf("--weights %q: no weight for source %s (give %s=0 to leave it out)", spec, n, n)
+			return r, fmt.Errorf("--weights %q: no weight for source %s (give %s=0 to leave it out)", clipText(spec), n, n)
 		}
 	}
 	if sum.Sign() == 0 {
-		return r, fmt.Errorf("--weights %q: every weight is 0", spec)
+		return r, fmt.Errorf("--weights %q: every weight is 0", clipText(spec))
 	}
 	return r, nil
 }
 
 // weightSyntax is a JSON number without a sign: a weight is recorded in
 // epochs.json as written.
-var weightSyntax = regexp.MustCompile(`^(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?$`)
+var weightSyntax = regexp.MustCompile(`^(0|[1-9][0-9]*)(\.[0-9]+)?([eE]([+-]?)([0-9]+))?$`)
 
-// parseWeight reads a weight: a decimal >= 0 (1, 0.25, 3e-1), exactly.
+// MaxWeightDigits and MaxWeightExponent bound a weight: at most 64
+// digits, and an exponent within ±64. Far above any real use (a weight
+// is a share, 0.125 or 3e-1), they keep its exact arithmetic cheap: a
+// weight of 10^6 digits, or 1e1000000, cost seconds per epoch in shuffle
+// and again in verify.
+const (
+	MaxWeightDigits   = 64
+	MaxWeightExponent = 64
+)
+
+// parseWeight reads a weight: a decimal >= 0 (1, 0.25, 3e-1), exactly,
+// within MaxWeightDigits and MaxWeightExponent.
 func parseWeight(v string) (*big.Rat, error) {
-	if !weightSyntax.MatchString(v) {
+	m := weightSyntax.FindStringSubmatch(v)
+	if m == nil {
 		return nil, fmt.Errorf("want a decimal number >= 0 (such as 1, 0.25 or 3e-1)")
+	}
+	if digits := len(m[1]) + max(0, len(m[2])-1); digits > MaxWeightDigits {
+		return nil, fmt.Errorf("%d digits: a weight has at most %d", digits, MaxWeightDigits)
+	}
+	if exp := strings.TrimLeft(m[5], "0"); len(exp) > 2 || (exp != "" && mustAtoi(exp) > MaxWeightExponent) {
+		return nil, fmt.Errorf("exponent %s%s: a weight's is within ±%d", m[4], m[5], MaxWeightExponent)
 	}
 	q, ok := new(big.Rat).SetString(v)
 	if !ok || q.Sign() < 0 {
 		return nil, fmt.Errorf("want a decimal number >= 0")
 	}
 	return q, nil
+}
+
+// clipText shortens s for an error message (a hostile value may be
+// megabytes long).
+func clipText(s string) string {
+	if len(s) <= 80 {
+		return s
+	}
+	return s[:60] + fmt.Sprintf("...(%d bytes)", len(s))
+}
+
+func mustAtoi(s string) int {
+	n, _ := strconv.Atoi(s)
+	return n
+}
+
+// CheckWeight refuses a weight epochs.json may not hold: not a plain
+// decimal >= 0 within the bounds of parseWeight.
+func CheckWeight(w json.Number) error {
+	_, err := parseWeight(string(w))
+	return err
+}
+
+// WeightValue is w's exact value in lowest terms ("1", "1/4"), or w as
+// it is if it is not a weight: two weights are the same when their
+// values are.
+func WeightValue(w json.Number) string {
+	q, err := parseWeight(string(w))
+	if err != nil {
+		return string(w)
+	}
+	return q.RatString()
+}
+
+// SameWeights reports whether a and b hold the same weights by value.
+func SameWeights(a, b []json.Number) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if WeightValue(a[i]) != WeightValue(b[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 // CheckRanges refuses overlapping ranges.

@@ -182,7 +182,7 @@ func checkMixEntry(man *Epochs, e EpochEntry, r *Report) {
 	if sched, ok := man.Mix.At(e.Epoch, names); !ok {
 		r.Add(Problem{File: EpochsFile, What: fmt.Sprintf("epoch %d: no range of mix.weights holds it", e.Epoch)})
 		return
-	} else if sched != nil && !slices.Equal(sched, w) {
+	} else if sched != nil && !SameWeights(sched, w) {
 		r.Add(Problem{File: EpochsFile, What: fmt.Sprintf("epoch %d: weights %v, mix.weights says %v for it (sources %v)", e.Epoch, w, sched, names)})
 		return
 	}
@@ -212,7 +212,7 @@ type deepSource struct {
 
 // openDeepSource loads and opens the dataset in dir for the modalities
 // of man, or reports why it cannot (named as what).
-func openDeepSource(dir, sha, what string, man *Epochs, r *Report) *deepSource {
+func openDeepSource(dir, sha, fingerprint, what string, man *Epochs, r *Report) *deepSource {
 	sum, err := HashFile(filepath.Join(dir, DatasetFile))
 	if err != nil || sum != sha {
 		r.Add(Problem{File: EpochsFile, What: fmt.Sprintf("%s %s is gone or changed since shuffling (dataset.json sha256)", what, dir)})
@@ -221,6 +221,10 @@ func openDeepSource(dir, sha, what string, man *Epochs, r *Report) *deepSource {
 	d, err := LoadDataset(dir)
 	if err != nil {
 		r.Add(Problem{File: EpochsFile, What: err.Error()})
+		return nil
+	}
+	if d.Fingerprint != fingerprint {
+		r.Add(Problem{File: EpochsFile, What: fmt.Sprintf("%s: fingerprint %q, the dataset's (%s) is %q", what, fingerprint, dir, d.Fingerprint)})
 		return nil
 	}
 	src := &deepSource{d: d}
@@ -246,6 +250,16 @@ func openDeepSource(dir, sha, what string, man *Epochs, r *Report) *deepSource {
 		dm := d.Modality(m.Name)
 		if dm == nil {
 			r.Add(Problem{File: EpochsFile, What: fmt.Sprintf("modality %s is not in %s %s", m.Name, what, dir)})
+			src.close()
+			return nil
+		}
+		rows := man.Window * dm.Rate
+		if dm.PerClip {
+			rows = 0
+		}
+		if m.DType != dm.DType || m.Rate != dm.Rate || m.PerClip != dm.PerClip || !slices.Equal(m.FrameShape, dm.FrameShape) || m.WindowRows != rows {
+			r.Add(Problem{File: EpochsFile, What: fmt.Sprintf("modality %s: %s rate %d per_clip %v frame_shape %v window_rows %d; %s %s has %s rate %d per_clip %v frame_shape %v (window_rows %d at window %d)",
+				m.Name, m.DType, m.Rate, m.PerClip, m.FrameShape, m.WindowRows, what, dir, dm.DType, dm.Rate, dm.PerClip, dm.FrameShape, rows, man.Window)})
 			src.close()
 			return nil
 		}
@@ -275,7 +289,7 @@ func deepEpochs(dir string, man *Epochs, r *Report) {
 	var srcs []*deepSource
 	if man.Version == EpochsVersionMix {
 		for _, ref := range man.Sources {
-			src := openDeepSource(ref.Dir, ref.SHA256, "source "+ref.Name, man, r)
+			src := openDeepSource(ref.Dir, ref.SHA256, ref.Fingerprint, "source "+ref.Name, man, r)
 			if src == nil {
 				return
 			}
@@ -287,7 +301,7 @@ func deepEpochs(dir string, man *Epochs, r *Report) {
 			srcs = append(srcs, src)
 		}
 	} else {
-		src := openDeepSource(man.Dataset.Dir, man.Dataset.SHA256, "dataset", man, r)
+		src := openDeepSource(man.Dataset.Dir, man.Dataset.SHA256, man.Dataset.Fingerprint, "dataset", man, r)
 		if src == nil {
 			return
 		}

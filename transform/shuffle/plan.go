@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
+	"math/bits"
 	"os"
 	"path/filepath"
 	"slices"
@@ -505,8 +507,15 @@ func (j *job) mixSources() []manifests.MixSource {
 // count returns the samples epoch e will have (without making the list),
 // or refuses a mixed epoch in which a source with a share has no samples.
 func (j *job) count(e int) (int64, error) {
+	if j.o.Mix.EpochSamples > MaxEpochSamples {
+		return 0, fmt.Errorf("%w: --epoch-samples %d: at most %d (2^40) samples an epoch", ErrUsage, j.o.Mix.EpochSamples, int64(MaxEpochSamples))
+	}
 	if !j.mixed {
-		return manifests.CountSamples(j.lengths, j.o.Sampling, j.o.Seed, e), nil
+		n := manifests.CountSamples(j.lengths, j.o.Sampling, j.o.Seed, e)
+		if n > MaxEpochSamples || n < 0 {
+			return 0, fmt.Errorf("%w: epoch %d would have %d samples: at most %d (2^40) an epoch (a smaller --per-clip)", ErrUsage, e, n, int64(MaxEpochSamples))
+		}
+		return n, nil
 	}
 	natural := manifests.MixNatural(j.mixSources(), j.o.Sampling, j.o.Seed, e)
 	n := j.o.Mix.EpochSamples
@@ -536,11 +545,36 @@ func (j *job) position(pos int64) (*epochPlan, int) {
 // samples and the entries of its shards (in the plan and the manifest).
 func (j *job) epochMeta(n int64) int64 {
 	shards := 1 + n/int64(j.o.ShardSize)
-	meta := n*sampleMeta + shards*int64(shardMeta+64*len(j.mods))
+	meta := satAdd(satMul(n, sampleMeta), satMul(shards, int64(shardMeta+64*len(j.mods))))
 	if j.mixed {
-		meta += n * 24 // the sources' own lists, before they are merged
+		meta = satAdd(meta, satMul(n, 24)) // the sources' own lists, before they are merged
 	}
 	return meta
+}
+
+// MaxEpochSamples bounds an epoch's samples (2^40: its plan alone would
+// take 32 TiB): a count past it is refused before anything is sized.
+const MaxEpochSamples = 1 << 40
+
+// satMul and satAdd are a*b and a+b of counts and sizes >= 0, saturated
+// at the largest int64 instead of wrapping: a size check of a huge
+// count refuses it rather than passing a wrapped, small figure.
+func satMul(a, b int64) int64 {
+	if a <= 0 || b <= 0 {
+		return 0
+	}
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	if hi != 0 || lo > math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return int64(lo)
+}
+
+func satAdd(a, b int64) int64 {
+	if s := a + b; s >= a && s >= b {
+		return s
+	}
+	return math.MaxInt64
 }
 
 // metaSlack is how far one epoch's plan may go past a quarter of --mem.
@@ -574,7 +608,7 @@ func (j *job) epochFiles(n int64) int64 {
 	if n == 0 {
 		return 0
 	}
-	return (n + int64(j.o.ShardSize) - 1) / int64(j.o.ShardSize) * int64(len(j.mods)+1)
+	return satMul(n/int64(j.o.ShardSize)+min(1, n%int64(j.o.ShardSize)), int64(len(j.mods)+1))
 }
 
 // diskBlock bounds the filesystem's allocation unit that the space check
@@ -583,7 +617,7 @@ const diskBlock = 4096
 
 // epochBytes is what the shards of an epoch of n samples take on disk.
 func (j *job) epochBytes(n int64) int64 {
-	return n*(j.rec+j.sampleRec()) + j.epochFiles(n)*npy.DataAlign
+	return satAdd(satMul(n, satAdd(j.rec, j.sampleRec())), satMul(j.epochFiles(n), npy.DataAlign))
 }
 
 // checkSpace refuses to start when the filesystem of out lacks the room

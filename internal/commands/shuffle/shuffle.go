@@ -47,8 +47,11 @@ largest remainder; a source asked for more than it has is drawn again
 (fresh offsets), one asked for fewer is subsampled; every stretch of the
 order holds each source in its share. --weights may change per epoch
 range (a curriculum): --weights 0:10@studio=1,wild=3 --weights 10:@studio=1,wild=1,
-or --weights @FILE with one such value per line. Without --weights each
-source gives its own samples. The samples files then have a fourth
+or --weights @FILE with one such value per line. A weight is a decimal
+>= 0 (1, 0.25, 3e-1) of at most 64 digits with an exponent within ±64;
+weights are compared by value (1 and 1.0 are one weight), and spaces
+around names and weights are ignored. Without --weights each source
+gives its own samples. The samples files then have a fourth
 column, the source (epochs format version 3).
 
   shuffle --source studio=/data/studio --source wild=/data/wild \
