@@ -490,8 +490,8 @@ type ClipReport struct {
 
 // FeatureReport is per-feature statistics of some rows of a modality.
 type FeatureReport struct {
-	Name string    `json:"name"`
-	Rows int64     `json:"rows"`
+	Name string `json:"name"`
+	Rows int64  `json:"rows"`
 	// Mean and Std are of the finite values; Min and Max of the values
 	// that are not NaN (an all-Inf feature's are ±Inf). A figure of no
 	// values is NaN: null in JSON, like ±Inf (nan and inf count them).
