@@ -14,10 +14,16 @@ import (
 
 	"github.com/apache/arrow-go/v18/parquet"
 	"github.com/apache/arrow-go/v18/parquet/file"
+
+	"github.com/clipshard/clipshard/internal/textsafe"
 )
 
-// ErrClipList marks a clip list that cannot be used.
-var ErrClipList = errors.New("manifests: bad clip list")
+// ErrClipList marks a clip list that cannot be used; ErrUnsafeID, also
+// wrapped, one with an id holding what a terminal would act on.
+var (
+	ErrClipList = errors.New("manifests: bad clip list")
+	ErrUnsafeID = errors.New("an unsafe clip id")
+)
 
 // ReadClipList reads the clip ids of a clip list, in order: a .csv or
 // .parquet file with a "clip" column, or text with one id per line (blank
@@ -51,8 +57,8 @@ func ReadClipListChecked(path string, check func(id string) error) ([]string, er
 		if id == "" {
 			return nil, fmt.Errorf("%w: %s: %s: empty clip id", ErrClipList, path, loc)
 		}
-		if strings.ContainsAny(id, "\t\n\r\x00") {
-			return nil, fmt.Errorf("%w: %s: %s: clip id %q contains a tab, newline or NUL", ErrClipList, path, loc, id)
+		if r, at, bad := textsafe.First(id); bad {
+			return nil, fmt.Errorf("%w: %s: %s: clip id %q holds %U at byte %d: a control character (tab, newline, NUL, ESC...), a bidi control or a byte that is not UTF-8, which ids may not hold (%w)", ErrClipList, path, loc, id, r, at, ErrUnsafeID)
 		}
 		if check != nil {
 			if err := check(id); err != nil {

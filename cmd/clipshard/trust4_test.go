@@ -216,3 +216,61 @@ func TestInspectNonFiniteJSON(t *testing.T) {
 		oneLine(t, clip(t, "inspect", "--fps", fps, ds), 2, "clipshard inspect: ")
 	}
 }
+
+// rawControl reports whether s holds a control character other than
+// newline and tab, or a bidi control: what a terminal would act on.
+func rawControl(s string) bool {
+	for _, r := range s {
+		if (r < 0x20 && r != '\n' && r != '\t') || r == 0x7f || (r >= 0x80 && r <= 0x9f) || r == 0x202e || r == 0x2066 || r == 0x200f {
+			return true
+		}
+	}
+	return false
+}
+
+// TestControlCharactersInIDs (round 4, point 9): convert refuses a clip
+// id holding ESC, BEL, DEL, a C1 control, a bidi override or a byte that
+// is not UTF-8 (exit 2, naming the line); and the printers escape such
+// characters where they come from files (a dataset written before, whose
+// clips.txt holds an OSC title sequence): inspect's text, its errors and
+// verify's lines hold none raw (before: inspect printed them, and the
+// title sequence ran).
+func TestControlCharactersInIDs(t *testing.T) {
+	src := t.TempDir()
+	bad := []string{"b\x1b]0;pwned\x07", "c\x07", "d\u202ecba", "e\x7f", "f\u0085g", "g\xff", "h\u2066"}
+	writeNPY(t, filepath.Join(src, "x", "a.npy"), 8, 2, func(r, c int) float32 { return float32(r) })
+	for i, id := range bad {
+		list := filepath.Join(src, fmt.Sprintf("clips%d.txt", i))
+		os.WriteFile(list, []byte("a\n"+id+"\n"), 0o644)
+		out := filepath.Join(t.TempDir(), "ds")
+		r := clip(t, "convert", "--quiet", "--clips", list, "--out", out, "-m", "x=x/{clip}.npy")
+		oneLine(t, r, 2, "clipshard convert: ")
+		if !strings.Contains(r.Stderr, "line 2") || rawControl(r.Stderr) {
+			t.Fatalf("id %q: %q", id, r.Stderr)
+		}
+		if _, err := os.Stat(out); err == nil {
+			t.Fatalf("id %q: wrote %s", id, out)
+		}
+	}
+	// A dataset of safe ids whose clips.txt is then edited (sums updated).
+	list := filepath.Join(src, "clips.txt")
+	os.WriteFile(list, []byte("a\nb\n"), 0o644)
+	ds := filepath.Join(t.TempDir(), "ds")
+	os.MkdirAll(filepath.Join(src, "y"), 0o755)
+	writeNPY(t, filepath.Join(src, "y", "a.npy"), 8, 2, func(r, c int) float32 { return float32(r) })
+	writeNPY(t, filepath.Join(src, "y", "b.npy"), 9, 2, func(r, c int) float32 { return float32(r) })
+	if r := clip(t, "convert", "--quiet", "--clips", list, "--out", ds, "-m", "x=y/{clip}.npy"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	os.WriteFile(filepath.Join(ds, "clips.txt"), []byte("a\x1b]0;pwned\x07\nb\u202e\n"), 0o644)
+	clitest.Resum(t, ds, "clips.txt")
+	for _, args := range [][]string{{"inspect", ds}, {"inspect", "--clip", "#1", ds}, {"verify", "--deep", ds}, {"inspect", "--html", filepath.Join(t.TempDir(), "p.html"), ds}} {
+		r := clip(t, args...)
+		if rawControl(r.Stdout) || rawControl(r.Stderr) {
+			t.Fatalf("%v printed control characters raw: %q %q", args, r.Stdout, r.Stderr)
+		}
+		if r.Code == 0 && args[1] != "--html" && !strings.Contains(r.Stdout+r.Stderr, `\x1b`) && !strings.Contains(r.Stdout+r.Stderr, `\u202e`) {
+			t.Logf("%v: the ids are not shown: %q", args, r.Stdout)
+		}
+	}
+}

@@ -5,6 +5,8 @@
 package ui
 
 import (
+	"github.com/clipshard/clipshard/internal/textsafe"
+
 	"fmt"
 	"io"
 	"os"
@@ -140,9 +142,24 @@ func Bytes(n int64) string {
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
-// OneLine makes an error message a single line.
+// OneLine makes an error message a single line, with what a terminal
+// would act on escaped (control and bidi characters: a clip id or path
+// may hold them; see textsafe).
 func OneLine(s string) string {
-	return strings.TrimSpace(strings.NewReplacer("\r\n", " ", "\n", " ", "\r", " ").Replace(s))
+	return textsafe.Escape(strings.TrimSpace(strings.NewReplacer("\r\n", " ", "\n", " ", "\r", " ").Replace(s)), false)
+}
+
+// SafeWriter escapes what a terminal would act on in each write (control
+// and bidi characters; newlines and tabs kept): the text printers write
+// through it, since the names they print come from files. A write is
+// assumed to hold whole characters (fmt writes whole strings).
+type SafeWriter struct{ W io.Writer }
+
+func (s SafeWriter) Write(p []byte) (int, error) {
+	if _, err := io.WriteString(s.W, textsafe.Escape(string(p), true)); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }
 
 // Fail prints err on w as one line prefixed with the command name (once).

@@ -202,6 +202,9 @@ func newJob(o Options) (*job, error) {
 		check = nil
 	}
 	clips, err := manifests.ReadClipListChecked(o.ClipList, check)
+	if errors.Is(err, manifests.ErrUnsafeID) {
+		return nil, fmt.Errorf("%w: %w", ErrUsage, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInput, err)
 	}

@@ -137,7 +137,7 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 		fmt.Fprintf(stdout, "wrote %s\n", *html)
 	default:
 		w := &ui.ErrWriter{W: stdout}
-		printText(w, rep)
+		printText(ui.SafeWriter{W: w}, rep)
 		if w.Err != nil {
 			ui.Fail(stderr, name, fmt.Errorf("writing the output: %w", w.Err))
 			return 1
