@@ -61,6 +61,9 @@ type DatasetRef struct {
 	Dir         string `json:"dir"`
 	Fingerprint string `json:"fingerprint"`
 	SHA256      string `json:"manifest_sha256"` // of its dataset.json
+	// Clips is the dataset's clip count: a sample's clip is below it.
+	// Folders written before it was recorded (0) leave it out.
+	Clips int64 `json:"clips,omitempty"`
 }
 
 // SourceRef is one source of a mixed run (version 3): its name, and the
@@ -267,10 +270,54 @@ func checkWeightTypes(b []byte) error {
 	return nil
 }
 
+// ClipCounts is the clip count of each source, in the order of the
+// samples' source column (one for version 2; 0 where it was not
+// recorded): a sample's clip must be below its source's.
+func (m *Epochs) ClipCounts() []int64 {
+	if m.Version != EpochsVersionMix {
+		return []int64{m.Dataset.Clips}
+	}
+	out := make([]int64, len(m.Sources))
+	for i, s := range m.Sources {
+		out[i] = s.Clips
+	}
+	return out
+}
+
+// CheckSamples checks the rows of a samples file (int64, SampleCols()
+// columns, row-major, rows of them) against what epochs.json says: each
+// clip below its source's clip count (where recorded), its start >= 0,
+// its valid frames 1..window (exactly the window unless short is "pad"),
+// its source one of the sources. The error names the row and the column.
+func (m *Epochs) CheckSamples(rows int, field func(i, c int) int64) error {
+	cols, clips := m.SampleCols(), m.ClipCounts()
+	for i := 0; i < rows; i++ {
+		src := int64(0)
+		if cols == 4 {
+			if src = field(i, 3); src < 0 || src >= int64(len(clips)) {
+				return fmt.Errorf("sample %d: source %d; epochs.json lists %d sources", i, src, len(clips))
+			}
+		}
+		if c := field(i, 0); c < 0 || (clips[src] > 0 && c >= clips[src]) {
+			return fmt.Errorf("sample %d: clip %d; its source has %d clips", i, c, clips[src])
+		}
+		if st := field(i, 1); st < 0 || st > 1<<48 {
+			return fmt.Errorf("sample %d: start %d", i, st)
+		}
+		if v := field(i, 2); v < 1 || v > int64(m.Window) || (m.Short != "pad" && v != int64(m.Window)) {
+			return fmt.Errorf("sample %d: valid %d frames; the window is %d (short %q)", i, v, m.Window, m.Short)
+		}
+	}
+	return nil
+}
+
 // checkSources checks a version 3 manifest's sources and per-epoch
 // counts (and that version 2 has none).
 func (m *Epochs) checkSources() error {
 	if m.Version == EpochsVersion {
+		if m.Dataset.Clips < 0 {
+			return fmt.Errorf("dataset: %d clips", m.Dataset.Clips)
+		}
 		if len(m.Sources) > 0 || m.Mix != nil {
 			return fmt.Errorf("version 2 with sources (mixed epochs are version 3)")
 		}

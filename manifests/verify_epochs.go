@@ -104,6 +104,15 @@ func VerifyEpochs(dir string, o VerifyOptions) (*Report, error) {
 				r.Add(Problem{File: man.Files.Sums, What: "does not list " + f})
 			}
 		}
+		if o.manifestsOnly { // the samples files and shards.parquet, not the data
+			small := map[string]string{}
+			for f, h := range sums {
+				if f == man.Files.Shards || strings.HasSuffix(f, ".samples.npy") {
+					small[f] = h
+				}
+			}
+			sums = small
+		}
 		CheckSums(dir, sums, present, o, r)
 	}
 	// shards.parquet against epochs.json, row by row (parsed only if its
@@ -141,6 +150,28 @@ func VerifyEpochs(dir string, o VerifyOptions) (*Report, error) {
 	return r, nil
 }
 
+// VouchEpochs checks what can be checked of the epochs folder dir without
+// reading its shards' data: verify's structure check (every file present
+// and no other, SHA256SUMS listing them, shard headers against
+// epochs.json, the shards tiling each epoch, a mixed epoch's counts and
+// weights, shards.parquet against epochs.json) and the sha256 of
+// shards.parquet and of every samples file. It returns the manifest, or
+// an error naming the first problem found (and how many more).
+func VouchEpochs(dir string) (*Epochs, error) {
+	r, err := VerifyEpochs(dir, VerifyOptions{manifestsOnly: true})
+	if err != nil {
+		return nil, err
+	}
+	if n := len(r.Problems); n > 0 {
+		more := ""
+		if n > 1 {
+			more = fmt.Sprintf(" (and %d more problems)", n-1)
+		}
+		return nil, fmt.Errorf("%w: %s: %s%s", ErrManifest, dir, r.Problems[0], more)
+	}
+	return LoadEpochs(dir)
+}
+
 func checkShardHeaders(dir string, man *Epochs, s ShardEntry, present map[string]bool, r *Report) {
 	check := func(name string, descr string, shape []int) {
 		rel := s.Files[name]
@@ -161,6 +192,20 @@ func checkShardHeaders(dir string, man *Epochs, s ShardEntry, present map[string
 		if h.Descr != descr || !slices.Equal(h.Shape, shape) || h.DataOffset%npy.DataAlign != 0 {
 			r.Add(Problem{File: rel, What: fmt.Sprintf("header %s %s at offset %d, epochs.json says %s %s (4096-aligned)",
 				h.Descr, array.FormatShape(h.Shape), h.DataOffset, descr, array.FormatShape(shape))})
+			return
+		}
+		if name != "samples" {
+			return
+		}
+		// Every column in range (it costs nothing next to the hashing).
+		cols := man.SampleCols()
+		buf := make([]byte, s.Samples*8*cols)
+		if _, err := f.ReadAt(buf, h.DataOffset); err != nil {
+			r.Add(Problem{File: rel, What: err.Error()})
+			return
+		}
+		if err := man.CheckSamples(s.Samples, func(i, c int) int64 { return int64(binary.LittleEndian.Uint64(buf[8*(i*cols+c):])) }); err != nil {
+			r.Add(Problem{File: rel, What: err.Error()})
 		}
 	}
 	for _, m := range man.Modalities {
@@ -306,6 +351,10 @@ func deepEpochs(dir string, man *Epochs, r *Report) {
 			return
 		}
 		defer src.close()
+		if man.Dataset.Clips != 0 && src.d.Clips != man.Dataset.Clips {
+			r.Add(Problem{File: EpochsFile, What: fmt.Sprintf("dataset: %d clips, epochs.json says %d", src.d.Clips, man.Dataset.Clips)})
+			return
+		}
 		srcs = append(srcs, src)
 	}
 	clip0 := make([]int64, len(srcs)+1)

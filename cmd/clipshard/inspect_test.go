@@ -208,6 +208,7 @@ func TestInspectEpochs(t *testing.T) {
 		if err := os.WriteFile(p, b, 0o644); err != nil {
 			t.Fatal(err)
 		}
+		clitest.Resum(t, ep, s.Files["samples"]) // a consistent folder (inspect checks the sums)
 	}
 	v := inspectJSON(t, "--batch", "16", ep)
 	tenths := v["epochs"].([]any)[0].(map[string]any)["quality_by_tenth"].([]any)

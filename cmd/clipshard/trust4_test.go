@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"math"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/clipshard/clipshard/formats/npy"
 	"github.com/clipshard/clipshard/internal/clitest"
 )
 
@@ -271,6 +273,85 @@ func TestControlCharactersInIDs(t *testing.T) {
 		}
 		if r.Code == 0 && args[1] != "--html" && !strings.Contains(r.Stdout+r.Stderr, `\x1b`) && !strings.Contains(r.Stdout+r.Stderr, `\u202e`) {
 			t.Logf("%v: the ids are not shown: %q", args, r.Stdout)
+		}
+	}
+}
+
+// TestInspectDamagedManifests (round 4, points 6 and 8): inspect checks
+// what it reads as verify's structure check does (the same loaders:
+// manifests.Vouch, manifests.VouchEpochs) and refuses a damaged dataset or
+// epochs folder with one line naming the file and what is wrong, exit 1,
+// even with the sums updated to match. Before: frame_shape [1e9,1e9] was
+// an internal error, an index row starting at -100 printed the .npy
+// header as rows, a 10^15-frame row showed "max 1e15 frames", and
+// samples with clip -5, start -3 or valid 10^9 were shown as they are.
+func TestInspectDamagedManifests(t *testing.T) {
+	ds, ep := demo(t)
+	editJSON := func(dir, file, old, new string) string {
+		t.Helper()
+		d := filepath.Join(t.TempDir(), filepath.Base(dir))
+		clitest.CopyTree(t, dir, d)
+		p := filepath.Join(d, file)
+		b, _ := os.ReadFile(p)
+		if !strings.Contains(string(b), old) {
+			t.Fatalf("%s has no %q", file, old)
+		}
+		os.WriteFile(p, []byte(strings.Replace(string(b), old, new, 1)), 0o644)
+		clitest.Resum(t, d, file)
+		return d
+	}
+	editIndex := func(row, col int, v int64) string {
+		d := filepath.Join(t.TempDir(), "ds")
+		clitest.CopyTree(t, ds, d)
+		p := filepath.Join(d, "index.npy")
+		b, _ := os.ReadFile(p)
+		h, err := npy.ParseHeader(b, int64(len(b)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		binary.LittleEndian.PutUint64(b[h.DataOffset+int64(16*row+8*col):], uint64(v))
+		os.WriteFile(p, b, 0o644)
+		clitest.Resum(t, d, "index.npy")
+		return d
+	}
+	editSamples := func(col int, v int64) string {
+		d := filepath.Join(t.TempDir(), "ep")
+		clitest.CopyTree(t, ep, d)
+		rel := "epoch-0000/shard-00000.samples.npy"
+		p := filepath.Join(d, rel)
+		b, _ := os.ReadFile(p)
+		h, err := npy.ParseHeader(b, int64(len(b)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		binary.LittleEndian.PutUint64(b[h.DataOffset+int64(24*3+8*col):], uint64(v))
+		os.WriteFile(p, b, 0o644)
+		clitest.Resum(t, d, rel)
+		return d
+	}
+	for _, c := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"frame_shape 1e9x1e9", []string{editJSON(ds, "dataset.json", `"frame_shape": [
+        64
+      ]`, `"frame_shape": [1000000000, 1000000000]`)}, "whisper.npy: header shape"},
+		{"index start -100", []string{"--clip", "#3", editIndex(3, 0, -100)}, "index.npy says -100"},
+		{"index length 1e15", []string{editIndex(5, 1, 1e15)}, "index.npy"},
+		{"sample clip -5", []string{editSamples(0, -5)}, "sample 3: clip -5"},
+		{"sample clip 1e15", []string{"--sample", "0:3", editSamples(0, 1e15)}, "sample 3: clip 1000000000000000; its source has 12 clips"},
+		{"sample start -3", []string{editSamples(1, -3)}, "sample 3: start -3"},
+		{"sample valid 1e9", []string{editSamples(2, 1e9)}, "sample 3: valid 1000000000 frames"},
+		{"epochs frame_shape", []string{editJSON(ep, "epochs.json", `"window_rows": 2`, `"window_rows": 1000000000000`)}, "header"},
+	} {
+		r := clip(t, append([]string{"inspect"}, c.args...)...)
+		oneLine(t, r, 1, "clipshard inspect: ")
+		if !strings.Contains(r.Stderr, c.want) {
+			t.Errorf("%s: %q, want it to name %q", c.name, r.Stderr, c.want)
+		}
+		if strings.Contains(r.Stderr, "internal error") {
+			t.Errorf("%s: %s", c.name, r.Stderr)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package ui
 
 import (
+	"math"
 	"bytes"
 	"strings"
 	"testing"
@@ -48,8 +49,19 @@ func TestProgressPlain(t *testing.T) {
 }
 
 func TestJSONCountSize(t *testing.T) {
-	if got := string(JSON(map[string]string{"what": "size 1 -> 2, <f2 & more"})); got != "{\n  \"what\": \"size 1 -> 2, <f2 & more\"\n}\n" {
-		t.Errorf("JSON: %q", got)
+	if b, err := JSON(map[string]string{"what": "size 1 -> 2, <f2 & more"}); err != nil || string(b) != "{\n  \"what\": \"size 1 -> 2, <f2 & more\"\n}\n" {
+		t.Errorf("JSON: %q %v", b, err)
+	}
+	// A NaN float64 is an error, never an empty output; Float is null.
+	if b, err := JSON(map[string]float64{"x": math.NaN()}); err == nil || b != nil {
+		t.Errorf("JSON of NaN: %q %v", b, err)
+	}
+	if b, err := JSON([]Float{Float(math.NaN()), Float(math.Inf(-1)), 1.5}); err != nil || string(b) != "[\n  null,\n  null,\n  1.5\n]\n" {
+		t.Errorf("JSON of Float: %q %v", b, err)
+	}
+	// Escaping: what a terminal would act on, never newlines in lines mode.
+	if got := OneLine("a\x1b]0;x\x07\u202eb\xff\nc"); got != `a\x1b]0;x\x07\u202eb\xff c` {
+		t.Errorf("OneLine: %q", got)
 	}
 	if Count(1, "clip") != "1 clip" || Count(0, "problem") != "0 problems" || Count(12, "sample") != "12 samples" {
 		t.Error("Count")

@@ -114,7 +114,7 @@ func openManifest(j *job) (*manifests.Epochs, error) {
 		fresh.Mix = &mix
 	} else {
 		src := j.srcs[0]
-		fresh.Dataset = manifests.DatasetRef{Dir: src.dir, Fingerprint: src.ds.Fingerprint, SHA256: src.sha}
+		fresh.Dataset = manifests.DatasetRef{Dir: src.dir, Fingerprint: src.ds.Fingerprint, SHA256: src.sha, Clips: src.ds.Clips}
 	}
 	if o.Sampling.Mode != "random" {
 		fresh.PerClip = 0

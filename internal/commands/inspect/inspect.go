@@ -219,20 +219,16 @@ type Histogram struct {
 }
 
 func inspectDataset(dir, clip string, fps float64, maxRows int) (*DatasetReport, error) {
-	d, err := manifests.LoadDataset(dir)
+	// The structure check of verify: manifests, index, ids and blob
+	// headers agree (a damaged manifest is refused, naming the file and
+	// what is wrong, before any figure is made of it).
+	d, clipRows, err := manifests.Vouch(dir)
 	if err != nil {
 		return nil, err
 	}
-	idx, err := manifests.Join(dir, d.Files.Index)
-	if err != nil {
-		return nil, err
-	}
-	starts, lengths, err := manifests.ReadIndex(idx)
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(lengths)) != d.Clips {
-		return nil, fmt.Errorf("%s: %d clips, dataset.json says %d", idx, len(lengths), d.Clips)
+	starts, lengths := make([]int64, len(clipRows)), make([]int64, len(clipRows))
+	for i, c := range clipRows {
+		starts[i], lengths[i] = c.Start, c.Length
 	}
 	var ids []string
 	if d.Files.IDs != "" {
@@ -260,30 +256,10 @@ func inspectDataset(dir, clip string, fps float64, maxRows int) (*DatasetReport,
 	}
 	r.Lengths, r.Longest, r.Shortest = lengthFigures(lengths, id)
 	r.LengthEdge, r.Histogram = lengthHistogram(lengths)
-	var names []string
-	for _, m := range d.Modalities {
-		names = append(names, m.Name)
-	}
-	// The sources' sizes: those columns of clips.parquet alone (8 bytes a
-	// clip and modality).
-	cp, err := manifests.Join(dir, d.Files.Clips)
-	if err != nil {
-		return nil, err
-	}
-	var cols []string
-	for _, n := range names {
-		cols = append(cols, n+"_source_size")
-	}
-	sizes, _, err := manifests.ReadTable(cp, cols, nil)
-	if err != nil {
-		return nil, err
-	}
-	for _, c := range cols {
-		if int64(len(sizes[c])) != d.Clips {
-			return nil, fmt.Errorf("%s: %d rows, dataset.json says %d clips", cp, len(sizes[c]), d.Clips)
-		}
-		for _, v := range sizes[c] {
-			r.SourceSize += max(0, v)
+	// The sources' sizes, of every clip and modality.
+	for _, c := range clipRows {
+		for _, s := range c.Sources {
+			r.SourceSize += max(0, s.Size)
 		}
 	}
 	for _, m := range d.Modalities {
@@ -643,7 +619,7 @@ type SampleReport struct {
 }
 
 func inspectEpochs(dir, sample string, batch int, mem int64) (*EpochsReport, error) {
-	man, err := manifests.LoadEpochs(dir)
+	man, err := manifests.VouchEpochs(dir) // verify's structure check
 	if err != nil {
 		return nil, err
 	}
@@ -698,7 +674,7 @@ func inspectEpochs(dir, sample string, batch int, mem int64) (*EpochsReport, err
 		for t := int64(0); t < 10; t++ {
 			lo := e.Samples * t / 10
 			hi := min(e.Samples*(t+1)/10, lo+per)
-			got, err := readRange(dir, shards, lo, hi, cols, len(names))
+			got, err := readRange(dir, man, shards, lo, hi, cols, len(names))
 			if err != nil {
 				return nil, err
 			}
@@ -746,14 +722,14 @@ func scaled(counts []int64, n, m int64) []int64 {
 // readRange reads samples [lo, hi) of an epoch from its shards' samples
 // files (of cols columns; a mixed folder's source, below sources, in
 // Clip's bits from sourceShift up).
-func readRange(dir string, shards []manifests.ShardEntry, lo, hi int64, cols, sources int) ([]manifests.Sample, error) {
+func readRange(dir string, man *manifests.Epochs, shards []manifests.ShardEntry, lo, hi int64, cols, sources int) ([]manifests.Sample, error) {
 	var out []manifests.Sample
 	for _, s := range shards {
 		a, b := max(lo, s.First), min(hi, s.First+int64(s.Samples))
 		if a >= b {
 			continue
 		}
-		got, err := readSamples(dir, s, cols, sources)
+		got, err := readSamples(dir, man, s, cols, sources)
 		if err != nil {
 			return nil, err
 		}
@@ -763,7 +739,7 @@ func readRange(dir string, shards []manifests.ShardEntry, lo, hi int64, cols, so
 }
 
 // readSamples reads a shard's samples file (int64 [S, cols]).
-func readSamples(dir string, s manifests.ShardEntry, cols, sources int) ([]manifests.Sample, error) {
+func readSamples(dir string, man *manifests.Epochs, s manifests.ShardEntry, cols, sources int) ([]manifests.Sample, error) {
 	p, err := manifests.Join(dir, s.Files["samples"])
 	if err != nil {
 		return nil, err
@@ -784,6 +760,9 @@ func readSamples(dir string, s manifests.ShardEntry, cols, sources int) ([]manif
 	}
 	out := make([]manifests.Sample, s.Samples)
 	field := func(i, c int) int64 { return int64(binary.LittleEndian.Uint64(buf[i*rec+8*c:])) }
+	if err := man.CheckSamples(s.Samples, field); err != nil {
+		return nil, fmt.Errorf("%s: %w", p, err)
+	}
 	for i := range out {
 		out[i] = manifests.Sample{Clip: field(i, 0), Start: field(i, 1), Valid: field(i, 2)}
 		if cols == 4 {
@@ -837,7 +816,7 @@ func sampleReport(dir string, man *manifests.Epochs, spec string) (*SampleReport
 		if i < s.First || i >= s.First+int64(s.Samples) {
 			continue
 		}
-		got, err := readSamples(dir, s, man.SampleCols(), len(man.Sources))
+		got, err := readSamples(dir, man, s, man.SampleCols(), len(man.Sources))
 		if err != nil {
 			return nil, err
 		}
