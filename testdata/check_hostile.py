@@ -174,6 +174,16 @@ def epochs_folder_cases():
     rewrite_manifest(d, "epochs.json", lambda m: m["epochs"][0].__setitem__("samples", 10**12))
     expect("10^12 samples in the epoch", lambda: read_all(d), ["epochs.json", "the epoch says"])
 
+    # Every column of a samples file in range (round 4, point 8).
+    for col, bad, words in ((0, -5, "clip -5"), (0, 10**15, "clip 1000000000000000; its source has"), (1, -3, "start -3"),
+                            (2, 10**9, "valid 1000000000 frames"), (2, man0["window"] - 1, "valid %d frames" % (man0["window"] - 1))):
+        d = copy(edir)
+        p = shard_file(d, "samples")
+        a = np.load(p)
+        a[len(a) // 2, col] = bad
+        save_npy(p, a)
+        expect("a sample's %s" % words, lambda: read_all(d), [p, "sample %d: %s" % (len(a) // 2, words)])
+
     if len(entry0["shards"]) > 1:
         d = copy(edir)
         rewrite_manifest(d, "epochs.json", lambda m: sorted(m["epochs"][0]["shards"], key=lambda s: s["shard"])[1].__setitem__("first", 1))
@@ -219,6 +229,13 @@ def mixed_cases(medir):
 
     d = copy(medir)
     p = os.path.join(d, sh0["files"]["samples"])
+    a = np.load(p)
+    a[1, 0] = mman["sources"][int(a[1, 3])]["clips"]  # one past its own source's clips
+    save_npy(p, a)
+    expect("a sample's clip past its source's", lambda: read(d), [p, "sample 1: clip"])
+
+    d = copy(medir)
+    p = os.path.join(d, sh0["files"]["samples"])
     save_npy(p, np.load(p)[:, :3].copy())  # a version-2 samples file in a mixed folder
     expect("a samples file of 3 columns in a mixed folder", lambda: read(d), [p])
 
@@ -243,6 +260,18 @@ if len(sys.argv) > 3:
     for READ_M in (_m_reader, _m_loader(0), _m_loader(3)):
         mixed_cases(sys.argv[3])
 
+    # A state of another folder with the same seed and size but other
+    # weights is refused (its epoch_id differs; round 4, point 11).
+    mdir = sys.argv[3]
+    other = copy(mdir)
+    m0 = json.load(open(os.path.join(mdir, "epochs.json")))["epochs"][0]
+    rewrite_manifest(other, "epochs.json", lambda m: m["epochs"][0]["weights"].update(
+        {k: v * 2 + 1 for k, v in m["epochs"][0]["weights"].items()}))
+    st = EpochReader(mdir, m0["epoch"], batch_size=5).state_dict()
+    expect("a reader state of other weights", lambda: EpochReader(other, m0["epoch"], batch_size=5).load_state_dict(st), ["epoch_id"])
+    lst = Loader(mdir, m0["epoch"], batch_size=5).state_dict()
+    expect("a loader state of other weights", lambda: Loader(other, m0["epoch"], batch_size=5).load_state_dict(lst), ["epoch_id"])
+
 # -- no silent fallback --------------------------------------------------
 
 expect("world_size without rank", lambda: EpochReader(edir, entry0["epoch"], world_size=2), ["without rank"])
@@ -253,6 +282,21 @@ expect("Loader: mix_mem below two shards", lambda: Loader(edir, [0, 99], replay_
 expect("Loader: an epoch not materialised, no replay_seed", lambda: Loader(edir, [99]), ["not materialised", "replay_seed"])
 expect("Loader: a state of another epochs folder",
        lambda: Loader(edir).load_state_dict(dict(Loader(edir).state_dict(), seed=-1)), ["seed"])
+# States are checked whole: version, exact types (round 4, point 11).
+_rst = EpochReader(edir, entry0["epoch"], batch_size=2).state_dict()
+_lst = Loader(edir).state_dict()
+for what, st, words in (("version 99", dict(_rst, version=99), "version 99"), ("a float seed", dict(_rst, seed=float(_rst["seed"])), "seed"),
+                        ("a float samples", dict(_rst, samples=float(_rst["samples"])), "samples"),
+                        ("a bool consumed", dict(_rst, consumed=True), "consumed"), ("another epoch_id", dict(_rst, epoch_id="0" * 32), "epoch_id"),
+                        ("no epoch_id in version 2", {k: v for k, v in _rst.items() if k != "epoch_id"}, "epoch_id")):
+    expect("EpochReader: a state with " + what, lambda: EpochReader(edir, entry0["epoch"], batch_size=2).load_state_dict(st), [words])
+for what, st, words in (("version 99", dict(_lst, version=99), "version 99"), ('done "no"', dict(_lst, done="no"), "done"),
+                        ("a float seed", dict(_lst, seed=float(_lst["seed"])), "seed"), ("a string consumed", dict(_lst, consumed="3"), "consumed"),
+                        ("another epoch_id", dict(_lst, epoch_id="0" * 32), "epoch_id"), ("a float replay_seed", dict(_lst, replay_seed=1.0), "replay_seed")):
+    expect("Loader: a state with " + what, lambda: Loader(edir).load_state_dict(st), [words])
+# A state of version 1 (before epoch_id) still loads.
+Loader(edir).load_state_dict(dict({k: v for k, v in _lst.items() if k != "epoch_id"}, version=1))
+EpochReader(edir, entry0["epoch"], batch_size=2).load_state_dict(dict({k: v for k, v in _rst.items() if k != "epoch_id"}, version=1))
 # A padded epoch's last state loads, and means the epoch is done.
 def padded_end():
     rd = EpochReader(edir, entry0["epoch"], batch_size=7, remainder="pad")

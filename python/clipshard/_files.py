@@ -11,7 +11,7 @@ import io
 import json
 import os
 import stat
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -34,11 +34,16 @@ def confined(root: str, rel: Any, what: str = "path") -> str:
     return path
 
 
-def open_regular(path: str) -> tuple[int, os.stat_result]:
+def open_regular(path: str, dir_fd: Optional[int] = None, name: Optional[str] = None) -> tuple[int, os.stat_result]:
     """An fd of path opened read-only without blocking (a FIFO does not
-    hang the open), and its stat; anything but a regular file is refused."""
+    hang the open), and its stat; anything but a regular file is refused.
+    With dir_fd, the file opened is name in that open folder (path only
+    names it in errors)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        if dir_fd is None:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        else:
+            fd = os.open(name or os.path.basename(path), os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), dir_fd=dir_fd)
     except OSError as e:
         raise ValueError("%s: cannot open: %s" % (path, e.strerror)) from None
     st = os.fstat(fd)
@@ -84,9 +89,9 @@ class Npy:
     """An open, checked .npy file: fd (owned: close it), data offset,
     shape, dtype, bytes per row (of axis 0)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, dir_fd: Optional[int] = None) -> None:
         self.path = path
-        self.fd, st = open_regular(path)
+        self.fd, st = open_regular(path, dir_fd)
         self.size = st.st_size
         try:
             head = pread_all(self.fd, min(self.size, MAX_HEADER), 0, path)

@@ -20,8 +20,11 @@ of batches.
 from __future__ import annotations
 
 import bisect
+import hashlib
+import json
 import mmap
 import os
+import stat
 import sys
 from typing import Any, Iterator, Mapping, Optional, Union
 
@@ -57,6 +60,20 @@ def load_epochs(edir: str) -> dict[str, Any]:
         if not names or any(not isinstance(n, str) or not n for n in names) or len(set(names)) != len(names):
             raise ValueError("%s: epochs.json: version 3 without a list of named sources (%r)" % (edir, src))
     return man
+
+
+def epoch_identity(man: Mapping[str, Any], epoch: int) -> str:
+    """What identifies epoch's samples in an epochs folder: a hash of
+    epochs.json's options (seed, window, sampling, the dataset or the
+    sources, the weight schedule...: everything but the list of epochs,
+    "created" and "tool") and of the epoch's own entry (its shards and,
+    when mixed, its weights and counts). Another epoch committed beside it
+    leaves it unchanged; a shuffle --force with other options changes it.
+    A reader checks it when it starts reading, and a state carries it."""
+    top = {k: v for k, v in man.items() if k not in ("epochs", "created", "tool")}
+    entry = next((e for e in man.get("epochs", []) if isinstance(e, dict) and e.get("epoch") == epoch), None)
+    b = json.dumps([top, entry], sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(b).hexdigest()[:32]
 
 
 def source_names(man: Mapping[str, Any]) -> list[str]:
@@ -116,9 +133,11 @@ class EpochReader:
                  remainder: str = "drop", replay_seed: Optional[int] = None, virtual_epoch: Optional[int] = None,
                  mix_shards: int = 1, mix_seed: int = 0, mix_mem: Union[str, int, None] = None,
                  read: bool = False, prefetch: Optional[int] = None,
-                 _manifest: Optional[dict[str, Any]] = None) -> None:
+                 _manifest: Optional[dict[str, Any]] = None, _pin: Optional[tuple[int, int]] = None) -> None:
         # (_manifest: the epochs.json the caller loaded and checked, e.g.
-        # clipshard.Loader's, read once for all its epochs)
+        # clipshard.Loader's, read once for all its epochs; _pin: the epoch
+        # folder's identity another reader of the same epoch pinned, e.g.
+        # EpochDataset's for its DataLoader workers)
         man = load_epochs(edir) if _manifest is None else _manifest
         entries = man.get("epochs")
         if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
@@ -150,6 +169,15 @@ class EpochReader:
         self.sources = source_names(man)
         self.mixed = man.get("version") == 3
         shards = _check_shards(edir, man, entry, self.names)
+        # The version of the epoch this reader delivers is pinned when it
+        # starts reading (see _pinned): epochs.json must still describe
+        # this epoch as it did when it was loaded, and every shard is then
+        # opened inside the epoch folder it found, which a rewrite of the
+        # epoch (shuffle --force) replaces: a reader never mixes two orders.
+        self.identity = epoch_identity(man, epoch)
+        self._epoch_dir = confined(edir, entry.get("dir"), "epoch dir")
+        self._pin = _pin
+        self._check_rows = _row_checks(edir, man)
         if replay_seed is not None:
             order = np.random.default_rng([replay_seed, self.virtual_epoch]).permutation(len(shards))
             shards = [shards[i] for i in order]
@@ -195,21 +223,27 @@ class EpochReader:
     def state_dict(self) -> dict[str, Any]:
         """The state to resume from: the samples of the epoch consumed by
         all ranks together (the same on every rank), with what identifies
-        the epoch. A plain dict of ints and strings (torch.save, JSON)."""
-        return {"format": STATE_FORMAT, "version": 1, "epoch": self.epoch, "virtual_epoch": self.virtual_epoch,
-                "seed": self.manifest["seed"], "samples": self.samples, "consumed": self.consumed}
+        the epoch (its epoch_identity: the options, the sources and their
+        weights, its shards). A plain dict of ints and strings (torch.save,
+        JSON)."""
+        return {"format": STATE_FORMAT, "version": STATE_VERSION, "epoch": self.epoch, "virtual_epoch": self.virtual_epoch,
+                "seed": self.manifest["seed"], "samples": self.samples, "consumed": self.consumed,
+                "epoch_id": self.identity}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume where state says, with this reader's world size and batch
-        size (which may differ from those that saved it)."""
-        if state.get("format") != STATE_FORMAT:
-            raise ValueError("not a clipshard reader state: %r" % (state,))
-        for k in ("epoch", "virtual_epoch", "seed", "samples"):
-            mine = self.state_dict()[k]
-            if state[k] != mine:
-                raise ValueError("state is of %s %r, this reader's is %r" % (k, state[k], mine))
+        size (which may differ from those that saved it). The state must be
+        of this very epoch (its epoch_id: another folder with the same seed
+        and size but other weights is refused), with values of their exact
+        types; a version 1 state (before epoch_id) is checked on the rest."""
+        check_state(state, STATE_FORMAT, {"epoch": int, "virtual_epoch": int, "seed": int, "samples": int, "consumed": int})
+        mine = self.state_dict()
+        keys = ["epoch", "virtual_epoch", "seed", "samples"] + (["epoch_id"] if state["version"] >= 2 else [])
+        for k in keys:
+            if state[k] != mine[k]:
+                raise ValueError("state is of %s %r, this reader's is %r (another epoch, or another epochs folder)" % (k, state[k], mine[k]))
         c = state["consumed"]
-        if not isinstance(c, (int, np.integer)) or c < 0:
+        if c < 0:
             raise ValueError("state consumed %r: want an int >= 0" % (c,))
         # Past the end: a padded epoch's last batch (it took samples from
         # the start again): the epoch is done.
@@ -305,25 +339,71 @@ class EpochReader:
 
     # -- reading ---------------------------------------------------------
 
+    def _pinned(self) -> tuple[int, int]:
+        """The epoch folder's (st_dev, st_ino), pinned when this reader
+        starts reading: epochs.json must then still describe the epoch as
+        it did when it was loaded (its epoch_identity), else the folder is
+        being rewritten and nothing is read."""
+        if self._pin is None:
+            try:
+                st = os.stat(self._epoch_dir)
+            except OSError as e:
+                raise ValueError("%s: cannot open the epoch's folder: %s" % (self._epoch_dir, e.strerror)) from None
+            if not stat.S_ISDIR(st.st_mode):
+                raise ValueError("%s: not a folder" % self._epoch_dir)
+            try:
+                now = epoch_identity(load_epochs(self.dir), self.epoch)
+            except ValueError as e:
+                raise ValueError("%s: epochs.json cannot be read again as epoch %d starts (a shuffle rewriting the folder?): %s"
+                                 % (self.dir, self.epoch, e)) from None
+            if now != self.identity:
+                raise ValueError("%s: epochs.json no longer describes epoch %d as it did when it was loaded: the folder "
+                                 "was rewritten (shuffle --force with other options?); refusing to read a version of "
+                                 "the epoch other than the one begun: load the epochs again" % (self.dir, self.epoch))
+            self._pin = (st.st_dev, st.st_ino)
+        return self._pin
+
     def _shard(self, k):
-        """Shard position k's files, opened and checked against the
-        manifest (the files of shards well behind are closed)."""
+        """Shard position k's files, opened inside the epoch folder pinned
+        (a folder replaced since is refused, naming the shard) and checked
+        against the manifest, the samples' every column too (the files of
+        shards well behind are closed)."""
         files = self._shards.get(k)
         if files is None:
             for old in [x for x in self._shards if x < k - self.mix]:
                 self._files.pop(old, None)
                 for f in self._shards.pop(old).values():
                     f.close()
+            pin = self._pinned()
             files = {}
             try:
+                dfd = os.open(self._epoch_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+            except OSError as e:
+                raise ValueError("%s: the epoch's folder is gone since epoch %d began (%s): refusing to read another version "
+                                 "of it" % (self._path(k, "samples"), self.epoch, e.strerror)) from None
+            try:
+                st = os.fstat(dfd)
+                if (st.st_dev, st.st_ino) != pin:
+                    raise ValueError("%s: the epoch's folder was replaced since epoch %d began (shuffle --force?): refusing "
+                                     "to mix two versions of the epoch" % (self._path(k, "samples"), self.epoch))
                 for name in self.names:
-                    f = files[name] = Npy(self._path(k, name))
+                    path = self._path(k, name)
+                    try:
+                        f = files[name] = Npy(path, dir_fd=dfd)
+                    except ValueError as e:
+                        if not os.path.lexists(path) or "No such file" in str(e):
+                            raise ValueError("%s: gone since epoch %d began (the folder is being rewritten?): refusing to "
+                                             "read another version of the epoch" % (path, self.epoch)) from None
+                        raise
                     dtype, shape = self._expect[name]
                     f.expect(dtype, [self.shards[k]["samples"]] + shape)
+                self._check_rows(files["samples"])
             except BaseException:
                 for f in files.values():
                     f.close()
                 raise
+            finally:
+                os.close(dfd)
             self._shards[k] = files
         return files
 
@@ -348,7 +428,11 @@ class EpochReader:
         return files
 
     def _path(self, k, name):
-        return confined(self.dir, self.shards[k]["files"][name], "shard file")
+        rel = self.shards[k]["files"][name]
+        path = confined(self.dir, rel, "shard file")
+        if os.path.dirname(path) != self._epoch_dir:
+            raise ValueError("%s: shard file %r is not in the epoch's folder %r" % (self.dir, rel, os.path.basename(self._epoch_dir)))
+        return path
 
     def _gather(self, lo, hi):
         segs = self._segments(lo, hi)
@@ -444,6 +528,67 @@ def _sources(samples: Any, n: int, where: Any) -> Any:
         if lo < 0 or hi >= n:
             raise ValueError("%s: a sample names source %d; epochs.json lists %d sources" % (where(), lo if lo < 0 else hi, n))
     return src
+
+
+STATE_VERSION = 2  # 2: with epoch_id
+
+
+def check_state(state: Any, fmt: str, types: Mapping[str, Any]) -> None:
+    """Refuse a state that is not of format fmt, of a known version (1 or
+    2; 2 with an epoch_id string), with each key of types of that exact
+    type (an int is not a bool, nor a float such as 3.0)."""
+    if not isinstance(state, Mapping) or state.get("format") != fmt:
+        raise ValueError("not a clipshard %s state: %r" % (fmt.split(".")[-1], state))
+    v = state.get("version")
+    if type(v) is not int or v not in (1, STATE_VERSION):
+        raise ValueError("state version %r: this reader knows versions 1 and %d" % (v, STATE_VERSION))
+    want = dict(types)
+    if v >= 2:
+        want["epoch_id"] = str
+    for k, t in want.items():
+        x = state.get(k)
+        ok = type(x) is t or (t is int and isinstance(x, np.integer))
+        if not ok:
+            raise ValueError("state %s %r: want %s" % (k, x, "an int" if t is int else "a bool" if t is bool else "a string"))
+
+
+def _row_checks(edir, man):
+    """A check of a shard's samples file (an open Npy) against epochs.json,
+    vectorised: every clip below its source's clip count (where epochs.json
+    records it), start >= 0, valid frames in 1..window (exactly the window
+    unless short is "pad"), source one of the sources. The error names the
+    file, the sample and the column."""
+    window, pad = man.get("window"), man.get("short") == "pad"
+    if type(window) is not int or window < 1:
+        raise ValueError("%s: epochs.json: window %r" % (edir, window))
+    if man.get("version") == 3:
+        clips = [s.get("clips") for s in man["sources"]]
+    else:
+        ds = man.get("dataset")
+        clips = [ds.get("clips", 0) if isinstance(ds, dict) else 0]
+    if any(type(c) is not int or c < 0 for c in clips):
+        raise ValueError("%s: epochs.json: clip counts %r" % (edir, clips))
+    limit = np.array([c if c > 0 else 1 << 62 for c in clips], dtype=np.int64)
+
+    def check(f: Npy) -> None:
+        a = f.read()
+        if not len(a):
+            return
+        src = a[:, 3] if a.shape[1] == 4 else np.zeros(len(a), dtype=np.int64)
+        bad_src = (src < 0) | (src >= len(limit))
+        clip, start, valid = a[:, 0], a[:, 1], a[:, 2]
+        checks = (
+            (bad_src, lambda i: "source %d; epochs.json lists %d sources" % (src[i], len(clips))),
+            (~bad_src & ((clip < 0) | (clip >= limit[np.where(bad_src, 0, src)])),
+             lambda i: "clip %d; its source has %s clips" % (clip[i], clips[src[i]] or "an unrecorded number of")),
+            (start < 0, lambda i: "start %d" % start[i]),
+            ((valid < 1) | (valid > window) | ((valid != window) & (not pad)),
+             lambda i: "valid %d frames; the window is %d (short %r)" % (valid[i], window, man.get("short"))))
+        for bad, words in checks:
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise ValueError("%s: sample %d: %s" % (f.path, i, words(i)))
+    return check
 
 
 def _row_bytes(dtype, shape):

@@ -18,7 +18,7 @@ from typing import Any, Generator, Iterable, Iterator, Mapping, Optional, Union
 
 import numpy as np
 
-from .epochs import _sources, STATE_FORMAT as READER_STATE, EpochReader, load_epochs
+from .epochs import _sources, STATE_FORMAT as READER_STATE, STATE_VERSION, EpochReader, check_state, epoch_identity, load_epochs
 
 __all__ = ["Loader"]
 
@@ -234,10 +234,11 @@ class Loader:
         else:
             pos, consumed, done = self._pos, self._start, len(self) == 0 and self._start > 0
         plan = self._plans[pos] if self._plans else {}
-        return {"format": STATE_FORMAT, "version": 1, "epoch": self.epochs[pos] if self.epochs else None,
+        return {"format": STATE_FORMAT, "version": STATE_VERSION, "epoch": self.epochs[pos] if self.epochs else None,
                 "source_epoch": plan.get("epoch"), "replay_seed": plan.get("replay_seed"),
                 "seed": self.manifest.get("seed"), "samples": self._lens[pos][0] if self._lens else 0,
-                "consumed": int(consumed), "done": bool(done)}
+                "consumed": int(consumed), "done": bool(done),
+                "epoch_id": epoch_identity(self.manifest, plan["epoch"]) if plan else ""}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Go on where state says, with this loader's world size and batch
@@ -245,9 +246,14 @@ class Loader:
         EpochReader's or EpochDataset's state (its virtual epoch)."""
         fmt = state.get("format") if isinstance(state, Mapping) else None
         if fmt == READER_STATE:
-            state = dict(state, epoch=state.get("virtual_epoch"), done=False)
-        elif fmt != STATE_FORMAT:
-            raise ValueError("not a clipshard loader state: %r" % (state,))
+            check_state(state, READER_STATE, {"epoch": int, "virtual_epoch": int, "seed": int, "samples": int, "consumed": int})
+            state = dict(state, epoch=state.get("virtual_epoch"), done=False, source_epoch=state.get("epoch"))
+        else:
+            check_state(state, STATE_FORMAT, {"epoch": int, "source_epoch": int, "seed": int, "samples": int, "consumed": int,
+                                              "done": bool})
+            rs = state.get("replay_seed")
+            if rs is not None and type(rs) is not int:
+                raise ValueError("state replay_seed %r: want an int or None" % (rs,))
         e, c = state.get("epoch"), state.get("consumed")
         if e not in self.epochs:
             raise ValueError("state is of epoch %r, not one of this loader's epochs %s" % (e, self.epochs))
@@ -256,10 +262,16 @@ class Loader:
             if state.get(k) != mine:
                 raise ValueError("state of epoch %r has %s %r, this loader's is %r (another epochs folder?)" % (
                     e, k, state.get(k), mine))
-        if fmt == STATE_FORMAT and state.get("source_epoch") != self._plans[pos]["epoch"]:
+        if state.get("source_epoch") != self._plans[pos]["epoch"]:
             raise ValueError("state of epoch %r read epoch %r on disk, this loader reads %r" % (
                 e, state.get("source_epoch"), self._plans[pos]["epoch"]))
-        if not isinstance(c, (int, np.integer)) or isinstance(c, bool) or c < 0:
+        if fmt == STATE_FORMAT and state.get("replay_seed") != self._plans[pos].get("replay_seed"):
+            raise ValueError("state of epoch %r replayed with seed %r, this loader's is %r" % (
+                e, state.get("replay_seed"), self._plans[pos].get("replay_seed")))
+        if state["version"] >= 2 and state.get("epoch_id") != epoch_identity(self.manifest, self._plans[pos]["epoch"]):
+            raise ValueError("state of epoch %r is of another version of it (epoch_id %r, this folder's %r: other "
+                             "weights, sources or options)" % (e, state.get("epoch_id"), epoch_identity(self.manifest, self._plans[pos]["epoch"])))
+        if c < 0:
             raise ValueError("state consumed %r: want an int >= 0" % (c,))
         self._stop()
         samples = self._lens[pos][0]

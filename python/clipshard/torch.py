@@ -46,6 +46,9 @@ class EpochDataset(torch.utils.data.IterableDataset):
         # (a world_size without a rank is refused by EpochReader)
         self.args = dict(edir=edir, epoch=epoch, rank=rank, world_size=world_size, batch_size=batch_size, **kw)
         self.reader = EpochReader(**self.args)  # checks the arguments now
+        # The epoch's version is pinned here, in the process that made the
+        # dataset: its DataLoader workers read that one or raise.
+        self.reader._pinned()
         self.state: Optional[dict[str, Any]] = None
         self._yielded = False  # a batch was yielded in this process (num_workers=0)
         self._at: Optional[dict[str, Any]] = None  # where this process's iteration is (a worker's state)
@@ -54,7 +57,7 @@ class EpochDataset(torch.utils.data.IterableDataset):
         return len(self.reader)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        r = EpochReader(**self.args)
+        r = EpochReader(**self.args, _manifest=self.reader.manifest, _pin=self.reader._pin)
         first = None
         st = self.state
         if st is not None and "worker" in st:
