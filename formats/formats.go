@@ -4,10 +4,12 @@
 package formats
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -73,6 +75,21 @@ func LoadIntoDirs(dirs *Dirs, path, keys string, buf *[]byte) (*array.Array, fs.
 		switch {
 		case after == nil:
 			return nil, nil, err // not opened, or not a regular file, or never settled
+		case !Changed(info, after) && err == nil && recent(info):
+			// Changed shortly before the read: a writer may be paused in
+			// the middle of a version (its timestamps are set as a write
+			// begins, not as it ends). Read it again once it has been
+			// quiet for QuietWindow: one version reads the same twice.
+			if again(dirs, path, format, keys, a, info) {
+				after.(*rawInfo).began = info.(*rawInfo).began
+				return a, after, nil
+			}
+			if try == stableTries {
+				return nil, nil, fmt.Errorf("%w: %s: %d reads, each read again %v later, saw it change (its bytes, size, mtime, ctime or inode); run again once it is written",
+					ErrChanged, path, stableTries, QuietWindow)
+			}
+			time.Sleep(StableWait)
+			continue
 		case !Changed(info, after) && err == nil:
 			after.(*rawInfo).began = info.(*rawInfo).began
 			return a, after, nil
@@ -101,6 +118,51 @@ const (
 	StableWait  = 20 * time.Millisecond
 	stableTries = 5
 )
+
+// QuietWindow is how long a source must have been left alone (by its
+// ctime) for one read of it to be trusted; one changed more recently is
+// read a second time once it has been quiet that long, and kept only if
+// both reads agree. A file's timestamps are set when a write begins, so a
+// writer descheduled in the middle of a version leaves the file mixed and
+// its ctime as it was: the second read, QuietWindow later, sees the rest
+// of the version (a writer stalled longer than QuietWindow in the middle
+// of a version is indistinguishable from one that finished). A ctime of a
+// whole second (a filesystem that keeps no finer time) counts as recent
+// for CoarseQuiet.
+const (
+	QuietWindow = 250 * time.Millisecond
+	CoarseQuiet = 2 * time.Second
+)
+
+// recent reports whether the file info describes changed within its quiet
+// window before its read began.
+func recent(info fs.FileInfo) bool {
+	ri := info.(*rawInfo)
+	w := QuietWindow
+	if ri.st.Ctim.Nsec == 0 {
+		w = CoarseQuiet
+	}
+	return ri.st.Ctim.Nano() >= ri.began.Add(-w).UnixNano()
+}
+
+// again reads path a second time once its ctime is a quiet window old,
+// and reports whether it read the same array with the same stat as the
+// first read (a, info).
+func again(dirs *Dirs, path string, format Format, keys string, a *array.Array, info fs.FileInfo) bool {
+	ri := info.(*rawInfo)
+	w := QuietWindow
+	if ri.st.Ctim.Nsec == 0 {
+		w = CoarseQuiet
+	}
+	if wait := time.Until(time.Unix(0, ri.st.Ctim.Nano()).Add(w)); wait > 0 {
+		time.Sleep(min(wait, w))
+	}
+	b, info2, after2, err := loadOnce(dirs, path, format, keys, nil)
+	if after2 == nil || err != nil || Changed(info, info2) || Changed(info, after2) {
+		return false
+	}
+	return b.SourceDescr == a.SourceDescr && slices.Equal(b.Shape, a.Shape) && bytes.Equal(b.Data, a.Data)
+}
 
 // Changed reports whether two stats of one open file differ in size,
 // mtime, ctime or inode.

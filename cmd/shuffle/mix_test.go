@@ -485,7 +485,7 @@ func TestMixVerify(t *testing.T) {
 			s := m["sources"].([]any)
 			s[0].(map[string]any)["dir"], s[1].(map[string]any)["dir"] = s[1].(map[string]any)["dir"], s[0].(map[string]any)["dir"]
 			s[0].(map[string]any)["manifest_sha256"], s[1].(map[string]any)["manifest_sha256"] = s[1].(map[string]any)["manifest_sha256"], s[0].(map[string]any)["manifest_sha256"]
-		}, "clips, epochs.json says"},
+		}, "source a: fingerprint"}, // (found by the fingerprint now, before the clip counts)
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			out := edit(t, c.f)

@@ -1,8 +1,8 @@
 package ui
 
 import (
-	"math"
 	"bytes"
+	"math"
 	"strings"
 	"testing"
 	"time"
