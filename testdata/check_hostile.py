@@ -340,5 +340,13 @@ d = copy(ds)
 rewrite_manifest(d, "dataset.json", lambda m: m.__setitem__("clips", m["clips"] + 1))
 expect("dataset.json claims a clip more", lambda: Dataset(d), ["index.npy", "the manifest says"])
 
+for row, col, v in ((3, 0, -100), (5, 1, 10**15)):
+    d = copy(ds)
+    p = os.path.join(d, "index.npy")
+    a = np.load(p)
+    a[row, col] = v
+    save_npy(p, a)
+    expect("index.npy row %d column %d = %d" % (row, col, v), lambda: Dataset(d), [p, "contiguous"])
+
 shutil.rmtree(tmp)
 print("ok: hostile %d cases" % cases)

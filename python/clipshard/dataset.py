@@ -41,6 +41,15 @@ class Dataset:
             self.index = idx.read()
         finally:
             idx.close()
+        # The clips lie one after the other from row 0, adding up to the
+        # frames (a start of -100 would slice from the end of a blob).
+        lengths = self.index[:, 1]
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]) if len(lengths) else lengths
+        bad = (lengths < 0) | (self.index[:, 0] != starts)
+        if bad.any() or (len(lengths) and int(lengths.sum()) != frames):
+            i = int(np.argmax(bad)) if bad.any() else len(lengths) - 1
+            raise ValueError("%s: clip %d: start %d length %d; want the clips contiguous from 0 adding up to %d frames" % (
+                idx.path, i, int(self.index[i, 0]), int(self.index[i, 1]), frames))
         self.modalities, self.blobs = {}, {}
         for m in mods:
             name = m.get("name")
