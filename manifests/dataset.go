@@ -244,9 +244,11 @@ func CheckRelPath(p string) error {
 	return nil
 }
 
-// MaxManifest bounds the size of a JSON manifest that LoadDataset (and
-// the epochs loader) will read.
-const MaxManifest = 1 << 30
+// MaxManifest bounds the size of a manifest that LoadDataset, the epochs
+// loader and the id list's readers will read: 256 MiB, as the Python
+// readers bound theirs (a larger one is refused before it is parsed,
+// which takes several times its size in memory).
+const MaxManifest = 256 << 20
 
 // LoadDataset reads and checks DIR/dataset.json: format, version, and that
 // every path in it is relative and inside DIR. It opens nothing else.

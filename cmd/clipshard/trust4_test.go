@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/clipshard/clipshard/formats/npy"
 	"github.com/clipshard/clipshard/internal/clitest"
@@ -352,6 +353,25 @@ func TestInspectDamagedManifests(t *testing.T) {
 		}
 		if strings.Contains(r.Stderr, "internal error") {
 			t.Errorf("%s: %s", c.name, r.Stderr)
+		}
+	}
+}
+
+// TestInspectManifestBound (round 4, point 12): a 300 MB dataset.json or
+// epochs.json is refused at once, naming its size and the bound, as the
+// Python readers refuse it (it was parsed, at 1.4 GB of memory).
+func TestInspectManifestBound(t *testing.T) {
+	ds, ep := demo(t)
+	for _, c := range []struct{ dir, file string }{{ds, "dataset.json"}, {ep, "epochs.json"}} {
+		d := filepath.Join(t.TempDir(), "x")
+		clitest.CopyTree(t, c.dir, d)
+		if err := os.Truncate(filepath.Join(d, c.file), 300<<20); err != nil {
+			t.Fatal(err)
+		}
+		r := clip(t, "inspect", d)
+		oneLine(t, r, 1, "clipshard inspect: ")
+		if !strings.Contains(r.Stderr, c.file) || !strings.Contains(r.Stderr, "268435456") || r.Elapsed > 5*time.Second {
+			t.Fatalf("%s of 300 MB: %q in %v", c.file, r.Stderr, r.Elapsed)
 		}
 	}
 }

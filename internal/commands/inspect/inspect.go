@@ -290,8 +290,9 @@ func inspectDataset(dir, clip string, fps float64, maxRows int) (*DatasetReport,
 	return r, nil
 }
 
-// maxIDs bounds a dataset's clips.txt (1 GiB: tens of millions of ids).
-const maxIDs = 1 << 30
+// maxIDs bounds a dataset's clips.txt (as every manifest: 256 MiB, about
+// ten million ids).
+const maxIDs = manifests.MaxManifest
 
 // readIDs reads the clip ids a dataset lists one a line (convert's
 // clips.txt), opened as a regular file only (a FIFO is named, not
