@@ -254,7 +254,7 @@ class Loader:
             rs = state.get("replay_seed")
             if rs is not None and type(rs) is not int:
                 raise ValueError("state replay_seed %r: want an int or None" % (rs,))
-        e, c = state.get("epoch"), state.get("consumed")
+        e, c = state.get("epoch"), int(state["consumed"])  # (an int: checked above)
         if e not in self.epochs:
             raise ValueError("state is of epoch %r, not one of this loader's epochs %s" % (e, self.epochs))
         pos = self.epochs.index(e)
@@ -277,7 +277,7 @@ class Loader:
         samples = self._lens[pos][0]
         # A padded epoch's last batch counts past the end; a done epoch
         # has nothing left, whatever the new world size and batch size.
-        self._pos, self._start, self._handed = pos, samples if state.get("done") else min(int(c), samples), None
+        self._pos, self._start, self._handed = pos, samples if state.get("done") else min(c, samples), None
 
     # -- iteration --------------------------------------------------------
 
