@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -193,6 +194,15 @@ func LoadEpochs(dir string) (*Epochs, error) {
 	b, err := regfile.ReadFile(p, MaxManifest)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrManifest, err)
+	}
+	return ParseEpochs(b, p)
+}
+
+// ParseEpochs parses and checks the bytes of an epochs.json read from
+// elsewhere (a bucket), named p in errors, as LoadEpochs does a folder's.
+func ParseEpochs(b []byte, p string) (*Epochs, error) {
+	if len(b) > MaxManifest {
+		return nil, fmt.Errorf("%w: %s: %d bytes, more than a manifest may have (%d)", ErrManifest, p, len(b), MaxManifest)
 	}
 	var m Epochs
 	if err := json.Unmarshal(b, &m); err != nil {
@@ -409,9 +419,30 @@ func EpochInProgress(dir string, e int) bool {
 	return atomicfile.Held(filepath.Join(dir, LockName(e)))
 }
 
+// ShardsTable is the bytes of the shards.parquet of man (as WriteEpochs
+// writes it).
+func ShardsTable(man *Epochs) ([]byte, error) {
+	tmp, err := os.MkdirTemp("", "clipshard-shards-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	if err := writeShardsTable(filepath.Join(tmp, ShardsFile), man); err != nil {
+		return nil, err
+	}
+	return os.ReadFile(filepath.Join(tmp, ShardsFile))
+}
+
 // WriteEpochs rewrites shards.parquet, SHA256SUMS (adding newSums to the
 // sums of files already listed) and epochs.json, in that order.
 func WriteEpochs(out string, man *Epochs, newSums map[string]string) error {
+	if err := writeShardsTable(filepath.Join(out, ShardsFile), man); err != nil {
+		return err
+	}
+	return writeSumsAndEpochs(out, man, newSums)
+}
+
+func writeShardsTable(path string, man *Epochs) error {
 	var cols struct {
 		epoch, shard, first, samples []int64
 		files                        map[string][]string
@@ -443,9 +474,10 @@ func WriteEpochs(out string, man *Epochs, newSums map[string]string) error {
 		}
 		table = append(table, Column{Name: n + "_file", Strings: v})
 	}
-	if err := WriteTable(filepath.Join(out, ShardsFile), table); err != nil {
-		return err
-	}
+	return WriteTable(path, table)
+}
+
+func writeSumsAndEpochs(out string, man *Epochs, newSums map[string]string) error {
 	sums := map[string]string{}
 	if old, err := ReadSums(filepath.Join(out, SumsFile)); err == nil {
 		sums = old

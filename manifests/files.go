@@ -3,6 +3,7 @@
 package manifests
 
 import (
+	"io"
 	"bufio"
 	"bytes"
 	"encoding/binary"
@@ -61,6 +62,11 @@ func ReadIndex(path string) (starts, lengths []int64, err error) {
 // WriteSums writes a SHA256SUMS file that `sha256sum -c` accepts in its
 // directory: one "HEX  NAME" line per file, sorted by name.
 func WriteSums(path string, sums map[string]string) error {
+	return atomicfile.WriteFile(path, FormatSums(sums))
+}
+
+// FormatSums is the text of a SHA256SUMS file of sums (WriteSums).
+func FormatSums(sums map[string]string) []byte {
 	names := make([]string, 0, len(sums))
 	for n := range sums {
 		names = append(names, n)
@@ -70,7 +76,7 @@ func WriteSums(path string, sums map[string]string) error {
 	for _, n := range names {
 		fmt.Fprintf(&b, "%s  %s\n", sums[n], n)
 	}
-	return atomicfile.WriteFile(path, b.Bytes())
+	return b.Bytes()
 }
 
 // ReadSums reads a SHA256SUMS file. Names are checked with CheckRelPath.
@@ -80,8 +86,18 @@ func ReadSums(path string) (map[string]string, error) {
 		return nil, err
 	}
 	defer f.Close()
+	return parseSums(f, path)
+}
+
+// ParseSums parses the text of a SHA256SUMS file (read from elsewhere: a
+// bucket), named name in errors.
+func ParseSums(b []byte, name string) (map[string]string, error) {
+	return parseSums(bytes.NewReader(b), name)
+}
+
+func parseSums(r io.Reader, path string) (map[string]string, error) {
 	sums := map[string]string{}
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(r)
 	line := 0
 	for sc.Scan() {
 		line++

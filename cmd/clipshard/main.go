@@ -13,6 +13,7 @@ import (
 
 	convertcmd "github.com/clipshard/clipshard/internal/commands/convert"
 	inspectcmd "github.com/clipshard/clipshard/internal/commands/inspect"
+	pushcmd "github.com/clipshard/clipshard/internal/commands/push"
 	shufflecmd "github.com/clipshard/clipshard/internal/commands/shuffle"
 	verifycmd "github.com/clipshard/clipshard/internal/commands/verify"
 	"github.com/clipshard/clipshard/internal/ui"
@@ -32,6 +33,8 @@ Commands:
             sources
   inspect   show what a dataset or an epochs folder holds (text, --json,
             or --html FILE: a page of plots)
+  push      upload a dataset or an epochs folder to an S3-compatible
+            bucket (s3://BUCKET/PREFIX), resumable, manifests last
   help      this text; "clipshard help COMMAND" is a command's
   version   the version and commit this binary was built from
 
@@ -53,6 +56,7 @@ var commands = map[string]command{
 	"shuffle": shufflecmd.Run,
 	"verify":  verifycmd.Run,
 	"inspect": inspectcmd.Run,
+	"push":    pushcmd.Run,
 }
 
 func main() { ui.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }

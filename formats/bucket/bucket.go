@@ -238,6 +238,19 @@ func (c *Client) Stream(ctx context.Context, u URL, rel string) (io.ReadCloser, 
 // ReadAll reads a small object whole (a manifest): at most limit bytes,
 // with its ETag.
 func (c *Client) ReadAll(ctx context.Context, u URL, rel string, limit int64) ([]byte, string, error) {
+	for try := 0; ; try++ {
+		b, etag, err := c.readAll(ctx, u, rel, limit)
+		// Replaced between the response's first bytes and the rest (the
+		// client reads on with If-Match): read the new version.
+		if errors.Is(err, ErrPrecondition) && try < 8 {
+			time.Sleep(time.Duration(10*(try+1)) * time.Millisecond)
+			continue
+		}
+		return b, etag, err
+	}
+}
+
+func (c *Client) readAll(ctx context.Context, u URL, rel string, limit int64) ([]byte, string, error) {
 	r, obj, err := c.Stream(ctx, u, rel)
 	if err != nil {
 		return nil, "", err
@@ -248,7 +261,7 @@ func (c *Client) ReadAll(ctx context.Context, u URL, rel string, limit int64) ([
 	}
 	b, err := io.ReadAll(io.LimitReader(r, limit+1))
 	if err != nil {
-		return nil, "", fmt.Errorf("%s: %w", u.Name(rel), wrap(err, u, rel))
+		return nil, "", wrap(err, u, rel)
 	}
 	if int64(len(b)) != obj.Size {
 		return nil, "", fmt.Errorf("%s: read %d bytes, the object has %d", u.Name(rel), len(b), obj.Size)
@@ -287,6 +300,7 @@ func (c *Client) PutBytes(ctx context.Context, u URL, rel string, data []byte, s
 func (c *Client) PutStream(ctx context.Context, u URL, rel string, r io.Reader, size int64, sha string, partSize uint64, threads uint) error {
 	o := putOptions(sha)
 	o.PartSize, o.NumThreads = partSize, threads
+	o.ConcurrentStreamParts = threads > 1 // parts read in order (r may hash as it is read), sent in parallel
 	_, err := c.mc.PutObject(ctx, u.Bucket, u.Key(rel), r, size, o)
 	return wrap(err, u, rel)
 }

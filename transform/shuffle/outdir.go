@@ -37,6 +37,10 @@ func optionsKey(m *manifests.Epochs) string {
 	return key
 }
 
+// OptionsKey is optionsKey for other packages (push compares a bucket's
+// epochs.json with a folder's by it).
+func OptionsKey(m *manifests.Epochs) string { return optionsKey(m) }
+
 func datasetKey(m *manifests.Epochs) string {
 	if m.Version != manifests.EpochsVersionMix {
 		return m.Dataset.SHA256

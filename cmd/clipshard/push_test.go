@@ -1,0 +1,241 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/clipshard/clipshard/internal/clitest"
+	"github.com/clipshard/clipshard/internal/s3test"
+	"github.com/clipshard/clipshard/manifests"
+)
+
+// bucketTree is the files of a folder of a versitygw posix bucket (its
+// objects, as plain files), without the server's own (.sgwtmp, .vgw*).
+func bucketTree(t *testing.T, dir string) map[string][]byte {
+	t.Helper()
+	tr := clitest.Tree(t, dir)
+	for k := range tr {
+		if strings.HasPrefix(k, ".sgwtmp") || strings.HasPrefix(k, ".vgw") || strings.Contains(k, "/.sgwtmp") {
+			delete(tr, k)
+		}
+	}
+	return tr
+}
+
+// bigDataset converts a dataset whose blob is larger than a few parts of
+// 5 MiB (40 clips of 1000 frames x 100 float32 features: 8 MB as float16),
+// and one of other values (another dataset).
+func bigDataset(t *testing.T, v float32) string {
+	t.Helper()
+	src := t.TempDir()
+	var ids strings.Builder
+	for i := range 40 {
+		id := fmt.Sprintf("c%02d", i)
+		ids.WriteString(id + "\n")
+		writeNPY(t, filepath.Join(src, "x", id+".npy"), 1000+i, 100, func(r, c int) float32 { return v + float32((r*7+c*3+i)%1000)/64 })
+	}
+	os.WriteFile(filepath.Join(src, "clips.txt"), []byte(ids.String()), 0o644)
+	ds := filepath.Join(t.TempDir(), "ds")
+	if r := clip(t, "convert", "--quiet", "--clips", filepath.Join(src, "clips.txt"), "--out", ds, "-m", "x=x/{clip}.npy"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	return ds
+}
+
+func pushRun(t *testing.T, s *s3test.Server, extraEnv []string, args ...string) clitest.Result {
+	t.Helper()
+	return clitest.Run(t, bin, append(s.Env(), extraEnv...), append([]string{"push", "--quiet", "--part-size", "5MiB"}, args...)...)
+}
+
+// TestPush (#34.2): a dataset and a mixed epochs folder pushed to a real
+// S3 server (versitygw) are, object for object, the folders' files; a push
+// again sends nothing ("up to date"); a prefix holding another dataset or
+// other epochs is refused (exit 2) and --force replaces it; a folder whose
+// blob does not match its SHA256SUMS is refused and nothing is committed.
+func TestPush(t *testing.T) {
+	s := s3test.Start(t, "bkt")
+	ds := bigDataset(t, 0)
+	r := pushRun(t, s, nil, ds, "s3://bkt/ds")
+	if r.Code != 0 || !strings.Contains(r.Stdout, "pushed dataset") {
+		t.Fatalf("push: %d %s %s", r.Code, r.Stdout, r.Stderr)
+	}
+	clitest.SameTree(t, bucketTree(t, filepath.Join(s.Root, "bkt", "ds")), clitest.Tree(t, ds), "the bucket's dataset")
+	if r := pushRun(t, s, nil, ds, "s3://bkt/ds"); r.Code != 0 || !strings.HasPrefix(r.Stdout, "up to date") {
+		t.Fatalf("again: %d %s %s", r.Code, r.Stdout, r.Stderr)
+	}
+	// A mixed epochs folder.
+	ds2 := bigDataset(t, 1)
+	ep := filepath.Join(t.TempDir(), "ep")
+	if r := clip(t, "shuffle", "--quiet", "--source", "a="+ds, "--source", "b="+ds2, "--weights", "a=1,b=2", "--out", ep, "--window", "7", "--epochs", "2", "--shard-samples", "512"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	if r := pushRun(t, s, nil, ep, "s3://bkt/ep"); r.Code != 0 {
+		t.Fatalf("push epochs: %d %s %s", r.Code, r.Stdout, r.Stderr)
+	}
+	clitest.SameTree(t, bucketTree(t, filepath.Join(s.Root, "bkt", "ep")), clitest.Tree(t, ep), "the bucket's epochs")
+	// Another dataset, other epochs: refused, then replaced with --force.
+	r = pushRun(t, s, nil, ds2, "s3://bkt/ds")
+	oneLine(t, r, 2, "clipshard push: ")
+	if !strings.Contains(r.Stderr, "holds another dataset") {
+		t.Fatal(r.Stderr)
+	}
+	clitest.SameTree(t, bucketTree(t, filepath.Join(s.Root, "bkt", "ds")), clitest.Tree(t, ds), "the refused push left the bucket")
+	if r := pushRun(t, s, nil, "--force", ds2, "s3://bkt/ds"); r.Code != 0 {
+		t.Fatalf("--force: %d %s", r.Code, r.Stderr)
+	}
+	clitest.SameTree(t, bucketTree(t, filepath.Join(s.Root, "bkt", "ds")), clitest.Tree(t, ds2), "the replaced dataset")
+	other := filepath.Join(t.TempDir(), "ep")
+	if r := clip(t, "shuffle", "--quiet", "--source", "a="+ds, "--source", "b="+ds2, "--weights", "a=1,b=2", "--out", other, "--window", "7", "--epochs", "1", "--seed", "9", "--shard-samples", "512"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	oneLine(t, pushRun(t, s, nil, other, "s3://bkt/ep"), 2, "clipshard push: ")
+	// A blob damaged after convert (its sums no longer hold): refused, the
+	// object removed, no dataset.json.
+	bad := filepath.Join(t.TempDir(), "ds")
+	clitest.CopyTree(t, ds, bad)
+	f, _ := os.OpenFile(filepath.Join(bad, "x.npy"), os.O_WRONLY, 0)
+	f.WriteAt([]byte{0xff, 0xff}, 6<<20)
+	f.Close()
+	r = pushRun(t, s, nil, bad, "s3://bkt/bad")
+	oneLine(t, r, 1, "clipshard push: ")
+	if !strings.Contains(r.Stderr, "x.npy") || !strings.Contains(r.Stderr, "not those SHA256SUMS records") {
+		t.Fatal(r.Stderr)
+	}
+	if _, err := os.Stat(filepath.Join(s.Root, "bkt", "bad", "dataset.json")); err == nil {
+		t.Fatal("a damaged dataset was committed")
+	}
+	if _, err := os.Stat(filepath.Join(s.Root, "bkt", "bad", "x.npy")); err == nil {
+		t.Fatal("the damaged object was left")
+	}
+	oneLine(t, pushRun(t, s, nil, t.TempDir(), "s3://bkt/x"), 2, "clipshard push: ")
+	oneLine(t, pushRun(t, s, nil, ds, "bkt/x"), 2, "clipshard push: ")
+}
+
+// TestPushKilled (#34.2): a push killed with SIGKILL at points spread over
+// it (in the middle of a multipart object, between objects, before and
+// after the manifests and the commit) and then run again leaves the
+// bucket byte-identical to a clean push; before the commit no dataset.json
+// or epochs.json is there.
+func TestPushKilled(t *testing.T) {
+	s := s3test.Start(t, "bkt")
+	ds := bigDataset(t, 0)
+	ep := filepath.Join(t.TempDir(), "ep")
+	if r := clip(t, "shuffle", "--quiet", "--source", "a="+ds, "--source", "b="+ds, "--out", ep, "--window", "5", "--epochs", "2", "--shard-samples", "1024"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	for _, dir := range []string{ds, ep} {
+		commit := manifests.DatasetFile
+		if dir == ep {
+			commit = manifests.EpochsFile
+		}
+		log := filepath.Join(t.TempDir(), "points")
+		prefix := "clean-" + filepath.Base(dir)
+		if r := pushRun(t, s, []string{"CLIPSHARD_FAULT_LOG=" + log}, dir, "s3://bkt/"+prefix); r.Code != 0 {
+			t.Fatal(r.Stderr)
+		}
+		b, _ := os.ReadFile(log)
+		names := strings.Split(strings.TrimSpace(string(b)), "\n")
+		want := bucketTree(t, filepath.Join(s.Root, "bkt", prefix))
+		clitest.SameTree(t, want, clitest.Tree(t, dir), "a clean push")
+		points := []int{1, 2, len(names) / 3, len(names) / 2, len(names) - 2, len(names) - 1, len(names)}
+		for i := 0; i < 4; i++ {
+			points = append(points, 1+rand.IntN(len(names)))
+		}
+		for k, at := range points {
+			prefix := fmt.Sprintf("%s-%d", filepath.Base(dir), k)
+			r := pushRun(t, s, []string{fmt.Sprintf("CLIPSHARD_KILL_POINT=%d", at)}, dir, "s3://bkt/"+prefix)
+			if r.Code != -1 {
+				t.Fatalf("point %d (%s): not killed: %d %s", at, names[at-1], r.Code, r.Stderr)
+			}
+			committed := false
+			if _, err := os.Stat(filepath.Join(s.Root, "bkt", prefix, commit)); err == nil {
+				committed = true
+			}
+			if committed && !strings.Contains(strings.Join(names[:at-1], " "), "push.commit") {
+				t.Fatalf("killed at point %d (%s), before the commit: %s is there", at, names[at-1], commit)
+			}
+			// A second kill later on, then the resume to the end.
+			if at < len(names)-3 {
+				pushRun(t, s, []string{fmt.Sprintf("CLIPSHARD_KILL_POINT=%d", 3)}, dir, "s3://bkt/"+prefix)
+			}
+			if r := pushRun(t, s, nil, dir, "s3://bkt/"+prefix); r.Code != 0 {
+				t.Fatalf("resume after point %d: %d %s", at, r.Code, r.Stderr)
+			}
+			clitest.SameTree(t, bucketTree(t, filepath.Join(s.Root, "bkt", prefix)), want, fmt.Sprintf("resumed after a kill at point %d (%s)", at, names[at-1]))
+		}
+	}
+}
+
+// TestPushArrayTasks (#34.2): four array tasks, each with its own epochs
+// folder holding one epoch (the same options), push at once into one
+// prefix: epochs.json, by compare-and-swap, lists all four; SHA256SUMS and
+// shards.parquet agree with it; the bucket folder verifies (--deep), and
+// its shards are those of one shuffle --epochs 4.
+func TestPushArrayTasks(t *testing.T) {
+	s := s3test.Start(t, "bkt")
+	ds, _ := demo(t)
+	one := filepath.Join(t.TempDir(), "one")
+	args := []string{"shuffle", "--quiet", "--dataset", ds, "--window", "2", "--shard-samples", "16", "--seed", "3"}
+	if r := clip(t, append(args, "--out", one, "--epochs", "4")...); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	var dirs []string
+	for e := range 4 {
+		d := filepath.Join(t.TempDir(), "task")
+		if r := clip(t, append(args, "--out", d, "--epoch-range", fmt.Sprintf("%d:%d", e, e+1))...); r.Code != 0 {
+			t.Fatal(r.Stderr)
+		}
+		dirs = append(dirs, d)
+	}
+	for round := range 2 { // the second round: into a prefix of its own, all again
+		prefix := fmt.Sprintf("ep%d", round)
+		var wg sync.WaitGroup
+		errs := make(chan string, len(dirs))
+		for _, d := range dirs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				cmd := exec.Command(bin, "push", "--quiet", d, "s3://bkt/"+prefix)
+				cmd.Env = append(append(os.Environ(), s.Env()...), "CLIPSHARD_FAULT_DELAY=3ms")
+				var stderr bytes.Buffer
+				cmd.Stderr = &stderr
+				cmd.SysProcAttr = &syscall.SysProcAttr{}
+				if err := cmd.Run(); err != nil {
+					errs <- fmt.Sprintf("%s: %v %s", d, err, stderr.String())
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for e := range errs {
+			t.Fatal(e)
+		}
+		got := filepath.Join(s.Root, "bkt", prefix)
+		man, err := manifests.LoadEpochs(got)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(man.Epochs) != 4 {
+			t.Fatalf("round %d: the bucket lists %d epochs, want 4 (one lost in the compare-and-swap)", round, len(man.Epochs))
+		}
+		if r, err := manifests.VerifyEpochs(got, manifests.VerifyOptions{Deep: true}); err != nil || !r.OK() {
+			t.Fatalf("round %d: the bucket's folder: %v %v", round, err, r.Problems)
+		}
+		a, b := bucketTree(t, got), clitest.Tree(t, one)
+		for _, m := range []string{"epochs.json", "SHA256SUMS", "shards.parquet"} {
+			delete(a, m)
+			delete(b, m)
+		}
+		clitest.SameTree(t, a, b, "the array tasks' shards and one run's")
+	}
+	_ = time.Second
+}
