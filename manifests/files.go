@@ -3,12 +3,12 @@
 package manifests
 
 import (
-	"io"
 	"bufio"
 	"bytes"
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"path/filepath"
 	"slices"
 	"strings"
