@@ -4,6 +4,7 @@
 package inspectcmd
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"flag"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/clipshard/clipshard/formats/array"
 	"github.com/clipshard/clipshard/formats/atomicfile"
+	"github.com/clipshard/clipshard/formats/bucket"
 	"github.com/clipshard/clipshard/formats/npy"
 	"github.com/clipshard/clipshard/formats/regfile"
 	"github.com/clipshard/clipshard/internal/ui"
@@ -26,10 +28,12 @@ import (
 	"github.com/clipshard/clipshard/transform/shuffle"
 )
 
-const usage = `usage: inspect [--json | --html FILE [--force]] [--clip ID] [--sample EPOCH:I] [--fps F] [--rows N] [--batch B] [--mem SIZE] DIR
+const usage = `usage: inspect [--json | --html FILE [--force]] [--clip ID] [--sample EPOCH:I] [--fps F] [--rows N] [--batch B] [--mem SIZE] DIR|s3://BUCKET/PREFIX
 
 Show what DIR holds: a dataset written by convert (its dataset.json) or an
-epochs folder written by shuffle (its epochs.json).
+epochs folder written by shuffle (its epochs.json); or one pushed to a
+bucket (s3://BUCKET/PREFIX: its manifests and headers fetched, the rows
+sampled read by bounded ranged GETs, nothing else downloaded).
   dataset  clips, frames, hours at --fps; per modality dtype, frame shape,
            rate, bytes and the conversion's NaN/Inf/overflow/underflow
            counts and max |x|; the clip-length distribution with the
@@ -96,21 +100,51 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 			return usageErr(stderr, name, "%s", err)
 		}
 	}
+	open, shown := localOpen, dir
+	var mirror *manifests.Mirror
+	if bucket.IsURL(dir) {
+		// A bucket folder (clipshard push): its manifests and headers
+		// mirrored, its data read by bounded ranged GETs as it is sampled.
+		u, err := bucket.Parse(dir)
+		if err != nil {
+			return usageErr(stderr, name, "%s", err)
+		}
+		c, err := bucket.New()
+		if err != nil {
+			ui.Fail(stderr, name, err)
+			return 2
+		}
+		if mirror, err = manifests.MirrorBucket(context.Background(), c, u); err != nil {
+			ui.Fail(stderr, name, err)
+			return 1
+		}
+		defer mirror.Close()
+		dir, open = mirror.Dir, bucketOpen(c, mirror)
+	}
 	var rep any
 	switch {
 	case exists(filepath.Join(dir, "dataset.json")):
 		if *sample != "" {
-			return usageErr(stderr, name, "--sample is for an epochs folder; %s is a dataset", dir)
+			return usageErr(stderr, name, "--sample is for an epochs folder; %s is a dataset", shown)
 		}
-		rep, err = inspectDataset(dir, *clip, *fps, *rows)
+		rep, err = inspectDataset(dir, *clip, *fps, *rows, open)
+		if r, ok := rep.(*DatasetReport); ok && r != nil {
+			r.Dir = shown
+		}
 	case exists(filepath.Join(dir, "epochs.json")):
 		if *clip != "" {
-			return usageErr(stderr, name, "--clip is for a dataset; %s is an epochs folder", dir)
+			return usageErr(stderr, name, "--clip is for a dataset; %s is an epochs folder", shown)
 		}
-		rep, err = inspectEpochs(dir, *sample, *batch, mem)
+		rep, err = inspectEpochs(dir, *sample, *batch, mem, open)
+		if r, ok := rep.(*EpochsReport); ok && r != nil {
+			r.Dir = shown
+		}
 	default:
 		fmt.Fprintf(stderr, "%s: %s: neither a dataset (no dataset.json) nor an epochs folder (no epochs.json)\n", name, dir)
 		return 1
+	}
+	if err != nil && mirror != nil {
+		err = errors.New(strings.ReplaceAll(err.Error(), mirror.Dir, shown)) // name the objects, not the mirror
 	}
 	if err != nil {
 		var u usageError
@@ -145,6 +179,59 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 	}
 	return 0
 }
+
+// opener opens a blob or shard file to read its rows: a file, or (a
+// bucket folder) its object by bounded ranged GETs.
+type opener func(path string) (readerAt, error)
+
+type readerAt interface {
+	io.ReaderAt
+	io.Closer
+}
+
+func localOpen(p string) (readerAt, error) {
+	f, _, err := regfile.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// bucketOpen opens the data objects of a mirrored bucket folder by ranged
+// GETs of the version mirrored (If-Match: a replaced object is an error),
+// and its other files (the manifests, mirrored whole) as files.
+func bucketOpen(c *bucket.Client, m *manifests.Mirror) opener {
+	return func(p string) (readerAt, error) {
+		rel, err := filepath.Rel(m.Dir, p)
+		rel = filepath.ToSlash(rel)
+		if err != nil || !m.Data[rel] {
+			return localOpen(p)
+		}
+		return &objectReader{c: c, u: m.URL, rel: rel, obj: m.Objects[rel]}, nil
+	}
+}
+
+type objectReader struct {
+	c   *bucket.Client
+	u   bucket.URL
+	rel string
+	obj bucket.Object
+}
+
+func (o *objectReader) ReadAt(p []byte, off int64) (int, error) {
+	if off >= o.obj.Size {
+		return 0, io.EOF
+	}
+	n := min(int64(len(p)), o.obj.Size-off)
+	b, err := o.c.Range(context.Background(), o.u, o.rel, off, n, o.obj.ETag)
+	copy(p, b)
+	if err == nil && n < int64(len(p)) {
+		err = io.EOF
+	}
+	return len(b), err
+}
+
+func (o *objectReader) Close() error { return nil }
 
 type usageError struct{ msg string }
 
@@ -218,7 +305,7 @@ type Histogram struct {
 	Values int64
 }
 
-func inspectDataset(dir, clip string, fps float64, maxRows int) (*DatasetReport, error) {
+func inspectDataset(dir, clip string, fps float64, maxRows int, open opener) (*DatasetReport, error) {
 	// The structure check of verify: manifests, index, ids and blob
 	// headers agree (a damaged manifest is refused, naming the file and
 	// what is wrong, before any figure is made of it).
@@ -269,7 +356,7 @@ func inspectDataset(dir, clip string, fps float64, maxRows int) (*DatasetReport,
 		if err != nil {
 			return nil, err
 		}
-		if mr.Sampled, mr.Values, err = sampleValues(blob, m, maxRows); err != nil {
+		if mr.Sampled, mr.Values, err = sampleValues(blob, m, maxRows, open); err != nil {
 			return nil, err
 		}
 		r.Modalities = append(r.Modalities, mr)
@@ -283,7 +370,7 @@ func inspectDataset(dir, clip string, fps float64, maxRows int) (*DatasetReport,
 				return nil, usageError{fmt.Sprintf("--clip %q: no such clip in %s (give an id of its clips.txt, or #ROW)", clip, dir)}
 			}
 		}
-		if r.Clip, err = clipReport(dir, d, i, id(i), starts[i], lengths[i]); err != nil {
+		if r.Clip, err = clipReport(dir, d, i, id(i), starts[i], lengths[i], open); err != nil {
 			return nil, err
 		}
 	}
@@ -392,7 +479,7 @@ const maxValues = 4 << 20
 // sampleValues reads up to maxRows rows of the blob, in 64 runs spread
 // evenly over it, and histograms their values (two passes over what was
 // read: range, then counts).
-func sampleValues(blob string, m manifests.Modality, maxRows int) (int64, Histogram, error) {
+func sampleValues(blob string, m manifests.Modality, maxRows int, open opener) (int64, Histogram, error) {
 	dec, size, err := decoder(m.DType)
 	if err != nil {
 		return 0, Histogram{}, fmt.Errorf("%s: %w", blob, err)
@@ -402,7 +489,7 @@ func sampleValues(blob string, m manifests.Modality, maxRows int) (int64, Histog
 		per *= x
 	}
 	rowBytes := int64(per * size)
-	f, _, err := regfile.Open(blob)
+	f, err := open(blob)
 	if err != nil {
 		return 0, Histogram{}, err
 	}
@@ -482,7 +569,7 @@ type FeatureReport struct {
 	Infinite int64      `json:"inf"`
 }
 
-func clipReport(dir string, d *manifests.Dataset, i int, id string, start, length int64) (*ClipReport, error) {
+func clipReport(dir string, d *manifests.Dataset, i int, id string, start, length int64, open opener) (*ClipReport, error) {
 	c := &ClipReport{Clip: id, Row: i, Start: start, Frames: length}
 	for _, m := range d.Modalities {
 		blob, err := manifests.Join(dir, m.File)
@@ -490,7 +577,7 @@ func clipReport(dir string, d *manifests.Dataset, i int, id string, start, lengt
 			return nil, err
 		}
 		first, n := m.ClipRows(i, start, length)
-		fr, err := featureStats(blob, m.Name, m.DType, m.FrameShape, m.DataOffset, first, n)
+		fr, err := featureStats(blob, m.Name, m.DType, m.FrameShape, m.DataOffset, first, n, open)
 		if err != nil {
 			return nil, err
 		}
@@ -501,7 +588,7 @@ func clipReport(dir string, d *manifests.Dataset, i int, id string, start, lengt
 
 // featureStats streams rows [first, first+n) of a .npy blob or shard in
 // pieces of at most 8 MiB, with running per-feature figures.
-func featureStats(path, name, descr string, frame []int, offset, first, n int64) (*FeatureReport, error) {
+func featureStats(path, name, descr string, frame []int, offset, first, n int64, open opener) (*FeatureReport, error) {
 	dec, size, err := decoder(descr)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
@@ -510,7 +597,7 @@ func featureStats(path, name, descr string, frame []int, offset, first, n int64)
 	for _, x := range frame {
 		per *= x
 	}
-	f, _, err := regfile.Open(path)
+	f, err := open(path)
 	if err != nil {
 		return nil, err
 	}
@@ -619,7 +706,7 @@ type SampleReport struct {
 	Modalities []FeatureReport `json:"modalities"`
 }
 
-func inspectEpochs(dir, sample string, batch int, mem int64) (*EpochsReport, error) {
+func inspectEpochs(dir, sample string, batch int, mem int64, open opener) (*EpochsReport, error) {
 	man, err := manifests.VouchEpochs(dir) // verify's structure check
 	if err != nil {
 		return nil, err
@@ -694,7 +781,7 @@ func inspectEpochs(dir, sample string, batch int, mem int64) (*EpochsReport, err
 		r.Epochs = append(r.Epochs, er)
 	}
 	if sample != "" {
-		if r.Sample, err = sampleReport(dir, man, sample); err != nil {
+		if r.Sample, err = sampleReport(dir, man, sample, open); err != nil {
 			return nil, err
 		}
 	}
@@ -802,7 +889,7 @@ func shardData(p, descr string, shape []int) (int64, error) {
 	return h.DataOffset, nil
 }
 
-func sampleReport(dir string, man *manifests.Epochs, spec string) (*SampleReport, error) {
+func sampleReport(dir string, man *manifests.Epochs, spec string, open opener) (*SampleReport, error) {
 	es, is, ok := strings.Cut(spec, ":")
 	e, err1 := strconv.Atoi(es)
 	i, err2 := strconv.ParseInt(is, 10, 64)
@@ -849,7 +936,7 @@ func sampleReport(dir string, man *manifests.Epochs, spec string) (*SampleReport
 			if m.PerClip {
 				rows, first = 1, k
 			}
-			fr, err := featureStats(p, m.Name, m.DType, frame, off, first, rows)
+			fr, err := featureStats(p, m.Name, m.DType, frame, off, first, rows, open)
 			if err != nil {
 				return nil, err
 			}

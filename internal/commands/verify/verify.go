@@ -6,6 +6,7 @@ package verifycmd
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -14,11 +15,12 @@ import (
 	"path/filepath"
 	"runtime/debug"
 
+	"github.com/clipshard/clipshard/formats/bucket"
 	"github.com/clipshard/clipshard/internal/ui"
 	"github.com/clipshard/clipshard/manifests"
 )
 
-const usage = `usage: verify [--deep] [--sources] [--json] [--quiet] DIR
+const usage = `usage: verify [--deep] [--sources] [--json] [--quiet] DIR|s3://BUCKET/PREFIX
 
 Check a dataset directory written by convert (found by its dataset.json):
   default    files present and no others, .npy headers and sizes against
@@ -35,8 +37,14 @@ or an epochs directory written by shuffle (found by its epochs.json):
   --deep     also re-derive every epoch's samples from the seed and check
              every sample's windows against the dataset
 
+or one pushed to a bucket (clipshard push; s3://BUCKET/PREFIX): the
+default level, its manifests and headers read by bounded ranged GETs and
+every object's sha256 streamed (nothing stored); credentials and endpoint
+as for push (AWS_* variables, ~/.aws/credentials).
+
 Example:
   verify --deep /tmp/clipshard-demo
+  verify s3://training/datasets/motion-v1
 
 Flags:
 `
@@ -75,6 +83,25 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 		debug.SetMemoryLimit(o.Mem + 48<<20) // with the program's text and stacks: under --mem + 64 MiB
 	}
 	dir := fs.Arg(0)
+	var r *manifests.Report
+	if bucket.IsURL(dir) {
+		u, err := bucket.Parse(dir)
+		if err != nil {
+			fmt.Fprintf(stderr, "%s: %v\n", name, err)
+			return 2
+		}
+		c, err := bucket.New()
+		if err != nil {
+			ui.Fail(stderr, name, err)
+			return 2
+		}
+		o.Progress = progress(name, quiet)
+		if r, err = manifests.VerifyBucket(context.Background(), c, u, o); err != nil {
+			ui.Fail(stderr, name, err)
+			return 2
+		}
+		return report(name, dir, r, jsonOut, stdout, stderr)
+	}
 	if st, err := os.Stat(dir); err != nil {
 		fmt.Fprintf(stderr, "%s: %s does not exist (or cannot be read: %v)\n", name, dir, errors.Unwrap(err))
 		return 2
@@ -94,21 +121,31 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 		}
 		verify = manifests.VerifyEpochs
 	}
-	var bar *ui.Progress
-	o.Progress = func(done, total int64) {
-		if bar == nil {
-			bar = ui.New(name, "MB", total>>20, quiet)
-		}
-		bar.Update(done>>20, nil)
-	}
-	r, err := verify(dir, o)
-	if bar != nil {
-		bar.Finish()
-	}
+	o.Progress = progress(name, quiet)
+	r, err = verify(dir, o)
 	if err != nil {
 		ui.Fail(stderr, name, err)
 		return 2
 	}
+	return report(name, dir, r, jsonOut, stdout, stderr)
+}
+
+// progress draws the bytes hashed (a bar on a terminal).
+func progress(name string, quiet bool) func(done, total int64) {
+	var bar *ui.Progress
+	return func(done, total int64) {
+		if bar == nil {
+			bar = ui.New(name, "MB", total>>20, quiet)
+		}
+		bar.Update(done>>20, nil)
+		if done == total {
+			bar.Finish()
+		}
+	}
+}
+
+// report prints r and returns the exit status.
+func report(name, dir string, r *manifests.Report, jsonOut bool, stdout, stderr io.Writer) int {
 	if jsonOut {
 		if r.Problems == nil {
 			r.Problems = []manifests.Problem{}
