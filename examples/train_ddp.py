@@ -5,6 +5,8 @@ survives being killed and resumes on another number of ranks.
     python3 examples/train_ddp.py EPOCHS_DIR --ranks 2 --batch-size 4 --ckpt ckpt.pt
     # killed (kill -9, a preempted node), then, on 3 ranks with batches of 3:
     python3 examples/train_ddp.py EPOCHS_DIR --ranks 3 --batch-size 3 --ckpt ckpt.pt
+    # epochs pushed to a bucket (clipshard push), through a node-local cache:
+    python3 examples/train_ddp.py s3://bucket/epochs --cache-dir /local/cache --cache-limit 40GiB --ckpt ckpt.pt
 
 Each rank reads its batches with clipshard.torch.Loader (a read-ahead
 thread, float32 delivered); the model is a toy (a linear layer on one
@@ -37,7 +39,10 @@ def train(rank, args, init):
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=args.ranks)
     torch.manual_seed(0)
     # rank and world size come from torch.distributed.
-    loader = Loader(args.epochs_dir, batch_size=args.batch_size, dtype=torch.float32, prefetch=4)
+    # From a bucket (s3://..., clipshard push): through a node-local cache
+    # that this node's ranks share (one fetch per node).
+    cache = dict(cache_dir=args.cache_dir, cache_limit=args.cache_limit) if args.cache_dir else {}
+    loader = Loader(args.epochs_dir, batch_size=args.batch_size, dtype=torch.float32, prefetch=4, **cache)
     name = loader.floating[0]  # the modality the toy model reads
     width = int(torch.tensor(loader.shapes[name][1:]).prod())
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(width, 1))
@@ -86,6 +91,8 @@ def main():
     p.add_argument("--every", type=int, default=3, help="steps between checkpoints")
     p.add_argument("--log", help="a folder for each rank's log of the samples it trained on")
     p.add_argument("--step-ms", type=float, default=0, help="a simulated accelerator step, slept after each step")
+    p.add_argument("--cache-dir", help="for epochs in a bucket (s3://BUCKET/PREFIX): the node-local cache folder")
+    p.add_argument("--cache-limit", default="4GiB", help="the cache's bound (default 4GiB)")
     args = p.parse_args()
     rdv = tempfile.mktemp(prefix="clipshard-ddp-")  # the rendezvous file (must not exist yet)
     try:

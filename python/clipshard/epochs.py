@@ -30,11 +30,24 @@ from typing import Any, Iterator, Mapping, Optional, Union
 
 import numpy as np
 
+from . import _remote
 from ._files import Npy, confined, read_json
 
 __all__ = ["EpochReader", "load_epochs", "source_names"]
 
 STATE_FORMAT = "clipshard.reader"
+
+
+def open_epochs(edir: str, cache_dir: Optional[str] = None, cache_limit: Union[str, int, None] = None) -> tuple[str, Any]:
+    """The local folder to read an epochs folder from: edir itself, or, for
+    a bucket folder (s3://BUCKET/PREFIX, clipshard push), its entry in the
+    node-local cache (a _remote.Remote, returned too; None for a folder)."""
+    if _remote.is_url(edir):
+        r = _remote.Remote(edir, cache_dir, cache_limit)
+        return r.root, r
+    if cache_dir is not None or cache_limit is not None:
+        raise ValueError("%s: cache_dir and cache_limit are for a bucket (s3://...); a folder is read as it is" % edir)
+    return edir, None
 
 
 def load_epochs(edir: str) -> dict[str, Any]:
@@ -133,11 +146,14 @@ class EpochReader:
                  remainder: str = "drop", replay_seed: Optional[int] = None, virtual_epoch: Optional[int] = None,
                  mix_shards: int = 1, mix_seed: int = 0, mix_mem: Union[str, int, None] = None,
                  read: bool = False, prefetch: Optional[int] = None,
+                 cache_dir: Optional[str] = None, cache_limit: Union[str, int, None] = None,
                  _manifest: Optional[dict[str, Any]] = None, _pin: Optional[tuple[int, int]] = None) -> None:
         # (_manifest: the epochs.json the caller loaded and checked, e.g.
         # clipshard.Loader's, read once for all its epochs; _pin: the epoch
         # folder's identity another reader of the same epoch pinned, e.g.
         # EpochDataset's for its DataLoader workers)
+        self.url = edir  # as given (a folder, or s3://...)
+        edir, self._remote = open_epochs(edir, cache_dir, cache_limit)
         man = load_epochs(edir) if _manifest is None else _manifest
         entries = man.get("epochs")
         if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
@@ -206,6 +222,18 @@ class EpochReader:
         self._perms: dict[int, np.ndarray] = {}  # block -> permutation of its samples
         self.start = 0  # samples consumed when this reader was resumed
         self.consumed = 0
+        if self._remote is not None:
+            # The read-ahead of a bucket's shards: this many groups past the
+            # one being read are fetched in the background; the cache must
+            # hold them and the one being read, and one more.
+            self.fetch_ahead = max(2, self.mix)
+            per = self._group_disk_bytes()
+            need = (self.fetch_ahead + 2) * per + self._remote.manifest_bytes
+            if self._remote.cache.limit < need:
+                raise ValueError("cache_limit %d bytes is too small for this epoch's read-ahead: %d shard groups of up to %d bytes "
+                                 "(the one read, %d ahead, one more) and the manifests' %d: give cache_limit >= %d" % (
+                                     self._remote.cache.limit, self.fetch_ahead + 2, per, self.fetch_ahead,
+                                     self._remote.manifest_bytes, need))
 
     # -- sizes and state -------------------------------------------------
 
@@ -291,6 +319,8 @@ class EpochReader:
             for f in files.values():
                 f.close()
         self._shards = {}
+        if self._remote is not None:
+            self._remote.close()  # (keeps nothing in the cache any more)
 
     # -- the virtual order --------------------------------------------------
 
@@ -339,12 +369,35 @@ class EpochReader:
 
     # -- reading ---------------------------------------------------------
 
+    def _fetch(self, k: int) -> None:
+        """A bucket's shard group k (and the groups after it, in the
+        background) into the cache, first saying which this reader keeps."""
+        r = self._remote
+        if r is None:
+            return
+        ahead = range(k, min(len(self.shards), k + 1 + self.fetch_ahead))
+        groups = [[self.shards[j]["files"][n] for n in self.names] for j in ahead]
+        r.at([rel for g in groups for rel in g])
+        for rel in groups[0]:
+            r.ensure(rel)
+        r.read_ahead(groups[1:])
+
     def _pinned(self) -> tuple[int, int]:
         """The epoch folder's (st_dev, st_ino), pinned when this reader
         starts reading: epochs.json must then still describe the epoch as
         it did when it was loaded (its epoch_identity), else the folder is
         being rewritten and nothing is read."""
+        if self._pin is None and self._remote is not None:
+            try:
+                now = epoch_identity(json.loads(self._remote.check_current()), self.epoch)
+            except (ValueError, OSError) as e:
+                raise ValueError("%s: epochs.json cannot be read again as epoch %d starts: %s" % (self.url, self.epoch, e)) from None
+            if now != self.identity:
+                raise ValueError("%s: epochs.json no longer describes epoch %d as it did when it was loaded (the bucket's "
+                                 "epochs were replaced, push --force?): load the epochs again" % (self.url, self.epoch))
         if self._pin is None:
+            if self._remote is not None:
+                os.makedirs(self._epoch_dir, exist_ok=True)  # (the cache's: its files come as they are fetched)
             try:
                 st = os.stat(self._epoch_dir)
             except OSError as e:
@@ -374,6 +427,7 @@ class EpochReader:
                 self._files.pop(old, None)
                 for f in self._shards.pop(old).values():
                     f.close()
+            self._fetch(k)
             pin = self._pinned()
             files = {}
             try:
@@ -388,13 +442,22 @@ class EpochReader:
                                      "to mix two versions of the epoch" % (self._path(k, "samples"), self.epoch))
                 for name in self.names:
                     path = self._path(k, name)
-                    try:
-                        f = files[name] = Npy(path, dir_fd=dfd)
-                    except ValueError as e:
-                        if not os.path.lexists(path) or "No such file" in str(e):
-                            raise ValueError("%s: gone since epoch %d began (the folder is being rewritten?): refusing to "
-                                             "read another version of the epoch" % (path, self.epoch)) from None
-                        raise
+                    for attempt in range(4):
+                        try:
+                            f = files[name] = Npy(path, dir_fd=dfd)
+                            break
+                        except ValueError as e:
+                            gone = not os.path.lexists(path) or "No such file" in str(e)
+                            if gone and self._remote is not None and attempt < 3:
+                                # A bucket's cache entry evicted by another
+                                # local reader meanwhile: fetched again (the
+                                # same version, checked against SHA256SUMS).
+                                self._remote.ensure(self.shards[k]["files"][name])
+                                continue
+                            if gone:
+                                raise ValueError("%s: gone since epoch %d began (the folder is being rewritten?): refusing "
+                                                 "to read another version of the epoch" % (path, self.epoch)) from None
+                            raise
                     dtype, shape = self._expect[name]
                     f.expect(dtype, [self.shards[k]["samples"]] + shape)
                 self._check_rows(files["samples"])
@@ -481,6 +544,12 @@ class EpochReader:
         for k, a, b in self._segments(lo, hi):
             for fd, off, row in self._shard_fds(k):
                 _advise_range(fd, off + a * row, off + b * row)
+
+    def _group_disk_bytes(self):
+        """What a full shard group's files take on disk: each its header
+        (data at 4096) and data, in whole 4 KiB blocks."""
+        n = max((s["samples"] for s in self.shards), default=1)
+        return sum(_remote.blocks(4096 + n * _row_bytes(dtype, shape)) for dtype, shape in self._expect.values())
 
     def _shard_bytes(self):
         """Bytes of a full shard's files (from the manifest)."""

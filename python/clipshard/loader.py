@@ -18,7 +18,7 @@ from typing import Any, Generator, Iterable, Iterator, Mapping, Optional, Union
 
 import numpy as np
 
-from .epochs import _sources, STATE_FORMAT as READER_STATE, STATE_VERSION, EpochReader, check_state, epoch_identity, load_epochs
+from .epochs import _sources, STATE_FORMAT as READER_STATE, STATE_VERSION, EpochReader, check_state, epoch_identity, load_epochs, open_epochs
 
 __all__ = ["Loader"]
 
@@ -93,8 +93,12 @@ class Loader:
     def __init__(self, edir: str, epochs: Union[int, Iterable[int], None] = None, *, rank: Optional[int] = None,
                  world_size: int = 1, batch_size: int = 256, remainder: str = "drop", prefetch: int = 4,
                  threads: int = 2, dtype: Any = None, replay_seed: Optional[int] = None, mix_shards: int = 1, mix_seed: int = 0,
-                 mix_mem: Union[str, int, None] = None) -> None:
-        man = load_epochs(edir)
+                 mix_mem: Union[str, int, None] = None, cache_dir: Optional[str] = None,
+                 cache_limit: Union[str, int, None] = None) -> None:
+        local, remote = open_epochs(edir, cache_dir, cache_limit)  # a bucket's: its entry in the node-local cache
+        man = load_epochs(local)
+        if remote is not None:
+            remote.close()
         entries = man.get("epochs")
         if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
             raise ValueError("%s: epochs.json: 'epochs' is not a list of epochs" % edir)
@@ -117,7 +121,8 @@ class Loader:
         self._threads: Optional[ThreadPoolExecutor] = None  # the read threads while reading
         self.dir, self.manifest, self.prefetch = edir, man, int(prefetch)
         self._kw: dict[str, Any] = dict(rank=rank, world_size=world_size, batch_size=batch_size,
-                                        remainder=remainder, mix_seed=mix_seed, prefetch=1)
+                                        remainder=remainder, mix_seed=mix_seed, prefetch=1,
+                                        cache_dir=cache_dir, cache_limit=cache_limit)
         mixing: dict[str, Any] = {"mix_shards": mix_shards} if mix_mem is None else {"mix_mem": mix_mem}
         # Which epoch on disk each training epoch reads, and how.
         self._plans: list[dict[str, Any]] = []

@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""Training from epochs pushed to a bucket (clipshard push) through the
+node-local cache (issue #34, point 3).
+
+    python3 testdata/check_bucket.py EDIR s3://BUCKET/PREFIX CACHE_ROOT [LIMIT]
+
+EDIR is the epochs folder that was pushed. Checks, each reader (Loader,
+EpochReader, and with torch clipshard.torch.Loader and EpochDataset
+under 2 DataLoader workers) reading from the bucket:
+- the same batches as from EDIR, in the same order, for several world
+  sizes and batch sizes that do not divide (every sample once);
+- resumed from a state after some batches with another world size and
+  batch size: the rest of the epoch exactly;
+- the cache's size (du, temporary files counted) sampled during the reads
+  never above LIMIT (default: the smallest the readers accept, 5 shard
+  groups);
+- R ranks (processes) sharing one cache fetch each shard file once: the
+  bytes received over all ranks are 1.0-1.1x the epoch's;
+- a cache folder holding the user's files is refused and left as it was.
+Prints "ok: bucket ..." at the end.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import clipshard  # noqa: E402
+from clipshard import _remote  # noqa: E402
+
+edir, url, root = sys.argv[1], sys.argv[2], sys.argv[3]
+man = clipshard.load_epochs(edir)
+epochs = [e["epoch"] for e in man["epochs"]]
+group = clipshard.EpochReader(edir, epochs[0])._group_disk_bytes()  # a shard group's files on disk
+manifests = sum(_remote.blocks(os.path.getsize(os.path.join(edir, m))) for m in ("epochs.json", "SHA256SUMS")) + 4 * 4096
+limit = int(sys.argv[4]) if len(sys.argv) > 4 else 5 * group + manifests
+n_cache = [0]
+
+
+def cache_dir():
+    n_cache[0] += 1
+    return os.path.join(root, "cache-%d" % n_cache[0])
+
+
+class DuSampler:
+    """The cache's disk use (allocated blocks, and apparent sizes) sampled
+    every 2 ms while it runs."""
+
+    def __init__(self, path):
+        self.path, self.peak, self.stop = path, 0, threading.Event()
+        self.t = threading.Thread(target=self.run, daemon=True)
+        self.t.start()
+
+    def run(self):
+        while not self.stop.is_set():
+            total = 0
+            for r, _, names in os.walk(self.path):
+                for n in names:
+                    try:
+                        st = os.lstat(os.path.join(r, n))
+                        total += st.st_blocks * 512  # du
+                    except FileNotFoundError:
+                        pass
+            self.peak = max(self.peak, total)
+            time.sleep(0.002)
+
+    def done(self):
+        self.stop.set()
+        self.t.join()
+        return self.peak
+
+
+def rows(batches):
+    return [np.asarray(b["samples"]).copy() for b in batches]
+
+
+checks = 0
+for e in epochs:
+    for R, B in ((1, 7), (2, 5), (3, 4)):
+        for rank in range(R):
+            want = rows(clipshard.EpochReader(edir, e, rank=rank, world_size=R, batch_size=B))
+            c = cache_dir()
+            du = DuSampler(c)
+            got = rows(clipshard.EpochReader(url, e, rank=rank, world_size=R, batch_size=B, cache_dir=c, cache_limit=limit))
+            peak = du.done()
+            assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want)), ("EpochReader", e, R, B, rank)
+            assert peak <= limit, ("the cache grew past its limit", peak, limit)
+            checks += 1
+        # The Loader, and its data: the same bytes as from the folder.
+        c = cache_dir()
+        du = DuSampler(c)
+        local = clipshard.Loader(edir, e, rank=0, world_size=R, batch_size=B)
+        remote = clipshard.Loader(url, e, rank=0, world_size=R, batch_size=B, cache_dir=c, cache_limit=limit)
+        for a, b in zip(local, remote):
+            for k in a:
+                assert np.array_equal(np.asarray(a[k]), np.asarray(b[k]), equal_nan=a[k].dtype.kind == "f"), ("Loader", e, R, B, k)
+        assert len(local) == len(remote)
+        assert du.done() <= limit
+        checks += 1
+
+# Resume from a state after some batches, with another world size and
+# batch size: the rest of the epoch exactly.
+e = epochs[0]
+c = cache_dir()
+first = clipshard.Loader(url, e, rank=0, world_size=2, batch_size=5, cache_dir=c, cache_limit=limit)
+it = iter(first)
+for _ in range(3):
+    next(it)
+st = first.state_dict()
+first.close()
+order = np.concatenate(rows(clipshard.EpochReader(edir, e, batch_size=1)))
+rest = []
+for rank in range(3):
+    ld = clipshard.Loader(url, e, rank=rank, world_size=3, batch_size=4, cache_dir=c, cache_limit=limit)
+    ld.load_state_dict(st)
+    rest.append(rows(ld))
+got = np.concatenate([b for batches in zip(*rest) for b in batches])
+lo = st["consumed"]
+assert np.array_equal(got, order[lo: lo + len(got)]) and len(order) - lo - len(got) < 12, ("resume", lo, len(got), len(order))
+checks += 1
+
+try:
+    import torch
+    import torch.utils.data
+    import clipshard.torch as ct
+except ImportError:
+    torch = None
+if torch is not None:
+    for workers in (0, 2):
+        c = cache_dir()
+        ds = ct.EpochDataset(url, e, batch_size=5, cache_dir=c, cache_limit=limit)
+        got = [b["samples"].numpy().copy() for b in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)]
+        want = rows(clipshard.EpochReader(edir, e, batch_size=5))
+        assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want)), ("EpochDataset", workers)
+        checks += 1
+    c = cache_dir()
+    a = [b for b in ct.Loader(edir, e, batch_size=6, dtype=torch.float32)]
+    b = [b for b in ct.Loader(url, e, batch_size=6, dtype=torch.float32, cache_dir=c, cache_limit=limit)]
+    assert len(a) == len(b) and all(torch.equal(x["samples"], y["samples"]) for x, y in zip(a, b))
+    checks += 1
+
+# R ranks (processes) on one node, one cache: each shard file fetched once.
+epoch_bytes = sum(os.path.getsize(os.path.join(edir, f)) for s in man["epochs"][0]["shards"] for f in s["files"].values())
+code = r'''
+import sys, json
+sys.path.insert(0, %r)
+import clipshard
+rank, R, url, c, limit = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
+r = clipshard.EpochReader(url, %d, rank=rank, world_size=R, batch_size=3, cache_dir=c, cache_limit=limit)
+for b in r:
+    pass
+print(json.dumps({"bytes": r._remote.fetched}))
+''' % (os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"), e)
+ratios = []
+for R in (2, 4):
+    c = cache_dir()
+    big = max(limit, 64 * group)  # room for the whole epoch: egress, not eviction, is measured here
+    ps = [subprocess.Popen([sys.executable, "-c", code, str(r), str(R), url, c, str(big)], stdout=subprocess.PIPE, text=True) for r in range(R)]
+    got = 0
+    for p in ps:
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, out
+        got += json.loads(out.strip().splitlines()[-1])["bytes"]
+    ratios.append(got / epoch_bytes)
+    assert 0.99 <= got / epoch_bytes <= 1.1, ("egress", R, got, epoch_bytes)
+    checks += 1
+
+# A cache folder of the user's own files: refused, untouched.
+mine = os.path.join(root, "mine")
+os.makedirs(mine, exist_ok=True)
+with open(os.path.join(mine, "notes.txt"), "w") as f:
+    f.write("the user's")
+try:
+    clipshard.EpochReader(url, e, cache_dir=mine, cache_limit=limit)
+    raise SystemExit("a cache folder of the user's files was taken")
+except ValueError as err:
+    assert "not a clipshard cache" in str(err), err
+assert os.listdir(mine) == ["notes.txt"]
+try:
+    clipshard.EpochReader(url, e, cache_dir=cache_dir(), cache_limit=group)
+    raise SystemExit("a cache_limit below the read-ahead was taken")
+except ValueError as err:
+    assert "too small" in str(err), err
+checks += 2
+shutil.rmtree(root, ignore_errors=True)
+print("ok: bucket %d checks; cache limit %d bytes (5 shard groups and the manifests); egress %s x the epoch's bytes for R = 2, 4 ranks sharing a cache%s"
+      % (checks, limit, ", ".join("%.3f" % r for r in ratios), "" if torch is not None else " (no torch: its readers not checked)"))
