@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/clipshard/clipshard/internal/clitest"
+	"github.com/clipshard/clipshard/internal/numpytest"
 	"github.com/clipshard/clipshard/internal/s3test"
 	"github.com/clipshard/clipshard/manifests"
 )
@@ -288,4 +289,40 @@ func TestBucketVerifyInspect(t *testing.T) {
 		}
 	}
 	oneLine(t, run("verify", "s3://bkt/nothing"), 2, "clipshard verify: ")
+}
+
+// TestTrainFromBucket (#34.3): epochs pushed to versitygw, read through
+// the node-local cache (testdata/check_bucket.py): the batches, their
+// order and every byte equal to reading the folder, for world sizes and
+// batch sizes that do not divide, the Loader, EpochDataset under 2
+// DataLoader workers and torch's Loader; a resume on another world size
+// and batch size goes on exactly; du of the cache, sampled during the
+// reads, never above its limit; ranks sharing a cache fetch the epoch's
+// bytes once (1.0x); a cache folder of the user's files is refused. Then
+// examples/train_ddp.py from the bucket on 2 ranks, killed with SIGKILL
+// after a checkpoint and resumed on 3 ranks with another batch size:
+// every sample once (testdata/check_ddp.py).
+func TestTrainFromBucket(t *testing.T) {
+	numpytest.Module(t, "boto3", "python3-boto3")
+	s := s3test.Start(t, "bkt")
+	ds, _ := demo(t)
+	ep := filepath.Join(t.TempDir(), "ep")
+	if r := clip(t, "shuffle", "--quiet", "--dataset", ds, "--out", ep, "--window", "3", "--epochs", "2", "--shard-samples", "8", "--seed", "5"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	if r := pushRun(t, s, nil, ep, "s3://bkt/ep"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	s.Setenv(t)
+	got := numpytest.Run(t, filepath.Join("..", "..", "testdata", "check_bucket.py"), ep, "s3://bkt/ep", filepath.Join(t.TempDir(), "caches"))
+	if !strings.Contains(string(got), "ok: bucket") || (os.Getenv("CI") != "" && strings.Contains(string(got), "no torch")) {
+		t.Fatalf("check_bucket: %s", got)
+	}
+	t.Logf("%s", got)
+	numpytest.Module(t, "torch", "python3-torch")
+	got = numpytest.Run(t, filepath.Join("..", "..", "testdata", "check_ddp.py"), ep, "s3://bkt/ep", filepath.Join(t.TempDir(), "ddp-cache"))
+	if !strings.Contains(string(got), "ok: ddp") || !strings.Contains(string(got), "from s3://bkt/ep") {
+		t.Fatalf("check_ddp from the bucket: %s", got)
+	}
+	t.Logf("%s", got)
 }

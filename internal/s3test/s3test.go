@@ -104,7 +104,7 @@ func Start(t testing.TB, buckets ...string) *Server {
 // region), to append to a command's environment.
 func (s *Server) Env() []string {
 	return []string{"AWS_ACCESS_KEY_ID=" + AccessKey, "AWS_SECRET_ACCESS_KEY=" + SecretKey, "AWS_ENDPOINT_URL=" + s.Endpoint,
-		"AWS_REGION=us-east-1", "AWS_PROFILE=", "AWS_SHARED_CREDENTIALS_FILE=/nonexistent"}
+		"AWS_REGION=us-east-1", "AWS_SHARED_CREDENTIALS_FILE=/nonexistent", "AWS_CONFIG_FILE=/nonexistent"}
 }
 
 // Setenv sets Env in this process for t.
@@ -113,6 +113,8 @@ func (s *Server) Setenv(t testing.TB) {
 		k, v, _ := strings.Cut(kv, "=")
 		t.Setenv(k, v)
 	}
+	t.Setenv("AWS_PROFILE", "")
+	os.Unsetenv("AWS_PROFILE") // (restored when t ends)
 }
 
 func freePort(t testing.TB) int {

@@ -386,19 +386,22 @@ class Remote:
 
     # -- the bound -------------------------------------------------------------
 
-    def at(self, keep: list[str]) -> None:
-        """This reader is at these files (its current and read-ahead
-        shard groups): published for the other local readers' eviction."""
-        body = json.dumps({"pid": os.getpid(), "keep": keep})
+    def at(self, reading: list[str], ahead: list[str]) -> None:
+        """This reader is at these files (its current shard group) and
+        reads ahead to those: published for the other local readers'
+        eviction (what one reads is never evicted; what it reads ahead to
+        only when nothing else can go)."""
+        body = json.dumps({"pid": os.getpid(), "reading": reading, "ahead": ahead})
         tmp = self._pos_file + ".tmp"
         with open(tmp, "w") as f:
             f.write(body)
         os.replace(tmp, self._pos_file)
 
-    def kept(self) -> set[str]:
-        """Every file a live local reader is at or reading ahead to (of
-        every version in the cache)."""
+    def kept(self) -> tuple[set[str], set[str]]:
+        """The files live local readers are at, and those they read ahead
+        to (of every version in the cache)."""
         keep: set[str] = set()
+        ahead: set[str] = set()
         for key in os.listdir(self.cache.path):
             d = os.path.join(self.cache.path, key)
             if not os.path.isdir(d):
@@ -418,8 +421,9 @@ class Remote:
                     except OSError:
                         pass
                     continue
-                keep.update(os.path.join(d, *r.split("/")) for r in v.get("keep", []))
-        return keep
+                keep.update(os.path.join(d, *r.split("/")) for r in v.get("reading", []))
+                ahead.update(os.path.join(d, *r.split("/")) for r in v.get("ahead", []))
+        return keep, ahead - keep
 
     def _make_room(self, need: int) -> None:
         """Evict shard files no live local reader keeps until need more
@@ -430,14 +434,16 @@ class Remote:
             used = self.cache.usage()
             if used + need <= self.cache.limit:
                 return
-            keep = self.kept()
+            keep, ahead = self.kept()
             victims = []
             for root, _, names in os.walk(self.cache.path):
                 for n in names:
                     p = os.path.join(root, n)
                     if n.endswith(".npy") and p not in keep:
                         try:
-                            victims.append((os.stat(p).st_mtime, p))  # oldest first
+                            # What no reader needs first, oldest first; then
+                            # what readers read ahead to, farthest first.
+                            victims.append((p in ahead, -os.stat(p).st_mtime if p in ahead else os.stat(p).st_mtime, p))
                         except FileNotFoundError:
                             pass
                     elif ".tmp." in n:
@@ -445,7 +451,7 @@ class Remote:
                         if pid.isdigit() and not _alive(int(pid)):
                             os.unlink(p)  # a dead fetcher's
             victims.sort()
-            for _, p in victims:
+            for _, _, p in victims:
                 if used + need <= self.cache.limit:
                     return
                 try:

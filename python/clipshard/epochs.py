@@ -377,7 +377,7 @@ class EpochReader:
             return
         ahead = range(k, min(len(self.shards), k + 1 + self.fetch_ahead))
         groups = [[self.shards[j]["files"][n] for n in self.names] for j in ahead]
-        r.at([rel for g in groups for rel in g])
+        r.at(groups[0], [rel for g in groups[1:] for rel in g])
         for rel in groups[0]:
             r.ensure(rel)
         r.read_ahead(groups[1:])
