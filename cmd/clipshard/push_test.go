@@ -326,3 +326,42 @@ func TestTrainFromBucket(t *testing.T) {
 	}
 	t.Logf("%s", got)
 }
+
+// TestBucketFaults (#34.4): a fault-injecting proxy (loopback, bounded)
+// between the readers and versitygw: 503 SlowDown, a connection reset in
+// the middle of a body, a body cut short, a stalled body (each on the
+// first two GETs of every shard object) are retried and deliver the right
+// bytes; an object replaced between two ranged reads raises, naming it;
+// none delivers wrong bytes (testdata/check_faults.py).
+func TestBucketFaults(t *testing.T) {
+	numpytest.Module(t, "boto3", "python3-boto3")
+	s := s3test.Start(t, "bkt")
+	ds, _ := demo(t)
+	ep := filepath.Join(t.TempDir(), "ep")
+	if r := clip(t, "shuffle", "--quiet", "--dataset", ds, "--out", ep, "--window", "3", "--epochs", "1", "--shard-samples", "16", "--seed", "5"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	if r := pushRun(t, s, nil, ep, "s3://bkt/ep"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	s.Setenv(t)
+	t.Setenv("CLIPSHARD_S3_READ_TIMEOUT", "1") // shorter than the stall
+	t.Setenv("CLIPSHARD_S3_PIECE", "8192")     // several ranged GETs an object
+	args := []string{filepath.Join("..", "..", "testdata", "check_faults.py"), ep, "s3://bkt/ep", filepath.Join(t.TempDir(), "caches")}
+	var proxies []*s3test.Proxy
+	for _, f := range []s3test.Fault{s3test.SlowDown, s3test.Reset, s3test.Truncate, s3test.Stall, s3test.Overwrite} {
+		p := s3test.StartProxy(t, s, f, 2)
+		proxies = append(proxies, p)
+		args = append(args, string(f)+"="+p.URL)
+	}
+	got := numpytest.Run(t, args...)
+	if !strings.Contains(string(got), "ok: faults") {
+		t.Fatalf("check_faults: %s", got)
+	}
+	for i, p := range proxies {
+		if p.Faults == 0 {
+			t.Fatalf("proxy %d injected no fault: the check proved nothing", i)
+		}
+	}
+	t.Logf("%s", got)
+}

@@ -47,7 +47,7 @@ import time
 from typing import Any, Optional, Union
 
 MARK = "CLIPSHARD-CACHE"
-PIECE = 8 << 20  # bytes of one ranged GET
+PIECE = int(os.environ.get("CLIPSHARD_S3_PIECE", 8 << 20))  # bytes of one ranged GET (the tests make it small)
 MAX_MANIFEST = 256 << 20
 
 
@@ -96,7 +96,10 @@ class _Client:
                     from botocore.config import Config
                 except ImportError:
                     raise ValueError("reading s3:// needs boto3: pip install 'clipshard[s3]' (or pip install boto3)") from None
-                kw: dict[str, Any] = dict(retries={"mode": "adaptive", "max_attempts": 10}, connect_timeout=10, read_timeout=30,
+                # A stalled body is given up after CLIPSHARD_S3_READ_TIMEOUT
+                # seconds (default 30) and the range read again.
+                timeout = float(os.environ.get("CLIPSHARD_S3_READ_TIMEOUT", "30"))
+                kw: dict[str, Any] = dict(retries={"mode": "adaptive", "max_attempts": 10}, connect_timeout=10, read_timeout=timeout,
                                           s3={"addressing_style": "path"} if os.environ.get("AWS_ENDPOINT_URL") else {})
                 try:
                     cfg = Config(request_checksum_calculation="when_required", response_checksum_validation="when_required", **kw)
