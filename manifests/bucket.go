@@ -7,11 +7,8 @@ package manifests
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path"
 	"path/filepath"
@@ -255,20 +252,5 @@ func hashObject(ctx context.Context, c *bucket.Client, u bucket.URL, rel string,
 		return "", 0, err
 	}
 	defer rc.Close()
-	h := sha256.New()
-	buf := make([]byte, 1<<20)
-	var n int64
-	for {
-		k, err := rc.Read(buf)
-		h.Write(buf[:k])
-		n += int64(k)
-		progress(int64(k))
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return "", n, err
-		}
-	}
-	return hex.EncodeToString(h.Sum(nil)), n, nil
+	return hashReader(rc, progress)
 }

@@ -154,11 +154,17 @@ func hashFileCounting(path string, progress func(int64)) (string, int64, error) 
 		return "", 0, err
 	}
 	defer f.Close()
+	return hashReader(f, progress)
+}
+
+// hashReader is the hex sha256 of what r holds, read in 1 MiB blocks,
+// reporting progress as it reads, and the bytes read.
+func hashReader(r io.Reader, progress func(int64)) (string, int64, error) {
 	h := sha256.New()
 	buf := make([]byte, 1<<20)
 	var n int64
 	for {
-		k, err := f.Read(buf)
+		k, err := r.Read(buf)
 		if k > 0 {
 			h.Write(buf[:k])
 			n += int64(k)

@@ -303,17 +303,7 @@ func TestBucketVerifyInspect(t *testing.T) {
 // after a checkpoint and resumed on 3 ranks with another batch size:
 // every sample once (testdata/check_ddp.py).
 func TestTrainFromBucket(t *testing.T) {
-	numpytest.Module(t, "boto3", "python3-boto3")
-	s := s3test.Start(t, "bkt")
-	ds, _ := demo(t)
-	ep := filepath.Join(t.TempDir(), "ep")
-	if r := clip(t, "shuffle", "--quiet", "--dataset", ds, "--out", ep, "--window", "3", "--epochs", "2", "--shard-samples", "8", "--seed", "5"); r.Code != 0 {
-		t.Fatal(r.Stderr)
-	}
-	if r := pushRun(t, s, nil, ep, "s3://bkt/ep"); r.Code != 0 {
-		t.Fatal(r.Stderr)
-	}
-	s.Setenv(t)
+	_, ep := pushedEpochs(t, "2", "8")
 	got := numpytest.Run(t, filepath.Join("..", "..", "testdata", "check_bucket.py"), ep, "s3://bkt/ep", filepath.Join(t.TempDir(), "caches"))
 	if !strings.Contains(string(got), "ok: bucket") || (os.Getenv("CI") != "" && strings.Contains(string(got), "no torch")) {
 		t.Fatalf("check_bucket: %s", got)
@@ -334,17 +324,7 @@ func TestTrainFromBucket(t *testing.T) {
 // bytes; an object replaced between two ranged reads raises, naming it;
 // none delivers wrong bytes (testdata/check_faults.py).
 func TestBucketFaults(t *testing.T) {
-	numpytest.Module(t, "boto3", "python3-boto3")
-	s := s3test.Start(t, "bkt")
-	ds, _ := demo(t)
-	ep := filepath.Join(t.TempDir(), "ep")
-	if r := clip(t, "shuffle", "--quiet", "--dataset", ds, "--out", ep, "--window", "3", "--epochs", "1", "--shard-samples", "16", "--seed", "5"); r.Code != 0 {
-		t.Fatal(r.Stderr)
-	}
-	if r := pushRun(t, s, nil, ep, "s3://bkt/ep"); r.Code != 0 {
-		t.Fatal(r.Stderr)
-	}
-	s.Setenv(t)
+	s, ep := pushedEpochs(t, "1", "16")
 	t.Setenv("CLIPSHARD_S3_READ_TIMEOUT", "1") // shorter than the stall
 	t.Setenv("CLIPSHARD_S3_PIECE", "8192")     // several ranged GETs an object
 	args := []string{filepath.Join("..", "..", "testdata", "check_faults.py"), ep, "s3://bkt/ep", filepath.Join(t.TempDir(), "caches")}
@@ -364,4 +344,23 @@ func TestBucketFaults(t *testing.T) {
 		}
 	}
 	t.Logf("%s", got)
+}
+
+// pushedEpochs is a server holding, at s3://bkt/ep, epochs of the demo
+// set (window 3, seed 5) cut into shards of the size given, and the
+// folder pushed; this process's environment points at the server.
+func pushedEpochs(t *testing.T, epochs, shardSamples string) (*s3test.Server, string) {
+	t.Helper()
+	numpytest.Module(t, "boto3", "python3-boto3")
+	s := s3test.Start(t, "bkt")
+	ds, _ := demo(t)
+	ep := filepath.Join(t.TempDir(), "ep")
+	if r := clip(t, "shuffle", "--quiet", "--dataset", ds, "--out", ep, "--window", "3", "--epochs", epochs, "--shard-samples", shardSamples, "--seed", "5"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	if r := pushRun(t, s, nil, ep, "s3://bkt/ep"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	s.Setenv(t)
+	return s, ep
 }
