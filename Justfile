@@ -73,6 +73,10 @@ bench-peers:
 bench-read:
     docs/bench_read.sh
 
+# Epochs in a bucket on versitygw over loopback: the floor (boto3 ranged GETs), the Loader cold and warm, a 20 ms step's wait, push against a plain multipart upload (docs/BENCHMARKS.md).
+bench-s3:
+    docs/bench_s3.sh
+
 # Peak RSS of convert and both shuffle paths at --mem 64 MiB / 256 MiB / 2 GiB (docs/BENCHMARKS.md).
 bench-memory:
     docs/bench_memory.sh

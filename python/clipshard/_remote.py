@@ -44,9 +44,11 @@ import random
 import re
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Optional, Union
 
 MARK = "CLIPSHARD-CACHE"
+FETCHERS = 4  # files a process fetches at once
 PIECE = int(os.environ.get("CLIPSHARD_S3_PIECE", 8 << 20))  # bytes of one ranged GET (the tests make it small)
 MAX_MANIFEST = 256 << 20
 
@@ -278,7 +280,9 @@ class Remote:
         self.objects: dict[str, tuple[int, str]] = {}  # rel -> (size, etag), as first seen
         self.fetched = 0  # bytes of shard files this process fetched into the cache
         self._lock = threading.Lock()
-        self._ahead: dict[str, threading.Thread] = {}
+        self._ahead: dict[str, Future[None]] = {}
+        self._pool_pid = -1
+        self._executor: Optional[ThreadPoolExecutor] = None
         self.window: list[list[str]] = []  # this reader's shard groups, from where it is on
         self._pos_file = os.path.join(self.root, ".pos-%d-%d" % (os.getpid(), id(self)))
 
@@ -310,8 +314,8 @@ class Remote:
         if os.path.exists(p):
             return p
         t = self._ahead.get(rel)
-        if t is not None:
-            t.join()
+        if t is not None and self._pool_pid == os.getpid():
+            t.result()
             if os.path.exists(p):
                 return p
         self._fetch(rel)
@@ -371,21 +375,27 @@ class Remote:
 
     def read_ahead(self, groups: list[list[str]]) -> None:
         """Fetch these shard groups (the next ones the reader reaches) in
-        the background, one group after the other."""
+        the background, FETCHERS files at once, in order."""
         todo = [rel for g in groups for rel in g if not os.path.exists(self.local(rel)) and rel not in self._ahead]
         if not todo:
             return
-
-        def run() -> None:
-            for rel in todo:
-                try:
-                    self._fetch(rel)
-                except Exception:
-                    return  # the reader fetches it itself, and raises
-        t = threading.Thread(target=run, daemon=True)
+        pool = self._pool()
         for rel in todo:
-            self._ahead[rel] = t
-        t.start()
+            self._ahead[rel] = pool.submit(self._quiet_fetch, rel)
+
+    def _quiet_fetch(self, rel: str) -> None:
+        try:
+            self._fetch(rel)
+        except Exception:
+            pass  # the reader fetches it itself, and raises
+
+    def _pool(self) -> ThreadPoolExecutor:
+        """The fetch threads of this process (made again after a fork)."""
+        if self._executor is None or self._pool_pid != os.getpid():
+            self._executor = ThreadPoolExecutor(FETCHERS, thread_name_prefix="clipshard-fetch")
+            self._pool_pid = os.getpid()
+            self._ahead = {}
+        return self._executor
 
     # -- the bound -------------------------------------------------------------
 

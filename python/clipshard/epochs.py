@@ -147,13 +147,17 @@ class EpochReader:
                  mix_shards: int = 1, mix_seed: int = 0, mix_mem: Union[str, int, None] = None,
                  read: bool = False, prefetch: Optional[int] = None,
                  cache_dir: Optional[str] = None, cache_limit: Union[str, int, None] = None,
-                 _manifest: Optional[dict[str, Any]] = None, _pin: Optional[tuple[int, int]] = None) -> None:
+                 _manifest: Optional[dict[str, Any]] = None, _pin: Optional[tuple[int, int]] = None,
+                 _remote: Any = None) -> None:
         # (_manifest: the epochs.json the caller loaded and checked, e.g.
         # clipshard.Loader's, read once for all its epochs; _pin: the epoch
         # folder's identity another reader of the same epoch pinned, e.g.
         # EpochDataset's for its DataLoader workers)
         self.url = edir  # as given (a folder, or s3://...)
-        edir, self._remote = open_epochs(edir, cache_dir, cache_limit)
+        if _remote is not None:  # (the caller's: clipshard.Loader's, shared by its readers)
+            edir, self._remote = _remote.root, _remote
+        else:
+            edir, self._remote = open_epochs(edir, cache_dir, cache_limit)
         man = load_epochs(edir) if _manifest is None else _manifest
         entries = man.get("epochs")
         if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):

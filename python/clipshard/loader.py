@@ -95,10 +95,8 @@ class Loader:
                  threads: int = 2, dtype: Any = None, replay_seed: Optional[int] = None, mix_shards: int = 1, mix_seed: int = 0,
                  mix_mem: Union[str, int, None] = None, cache_dir: Optional[str] = None,
                  cache_limit: Union[str, int, None] = None) -> None:
-        local, remote = open_epochs(edir, cache_dir, cache_limit)  # a bucket's: its entry in the node-local cache
+        local, self._remote = open_epochs(edir, cache_dir, cache_limit)  # a bucket's: its entry in the node-local cache
         man = load_epochs(local)
-        if remote is not None:
-            remote.close()
         entries = man.get("epochs")
         if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
             raise ValueError("%s: epochs.json: 'epochs' is not a list of epochs" % edir)
@@ -197,7 +195,8 @@ class Loader:
     # -- epochs and state -------------------------------------------------
 
     def _reader(self, plan: Mapping[str, Any]) -> EpochReader:
-        return EpochReader(self.dir, **plan, **self._kw, _manifest=self.manifest)
+        # (a bucket's readers share the loader's connection and cache entry)
+        return EpochReader(self.dir, **plan, **self._kw, _manifest=self.manifest, _remote=self._remote)
 
     @property
     def epoch(self) -> Optional[int]:
