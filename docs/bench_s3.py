@@ -4,8 +4,8 @@
     bench_s3.py ROW EDIR URL CACHE [STEP_MS]
 
 ROW:
-  floor      plain boto3 ranged GETs (8 MiB, 2 threads) of the epoch's
-             shard objects, to nothing: the best raw read of the bucket
+  floor-T    plain boto3 ranged GETs (8 MiB, T threads) of the epoch's
+             shard objects, to nothing (the sweep's best is the floor)
   loader     clipshard.Loader over the bucket (cache CACHE: cold if it
              is empty, warm if a loader filled it), float16, B=256
   local      clipshard.Loader over the folder EDIR (the same epoch)
@@ -32,13 +32,15 @@ files = [f for s in e["shards"] for f in s["files"].values()]
 nbytes = sum(os.path.getsize(os.path.join(edir, f)) for f in files)
 out = {"row": row, "step_ms": step * 1000, "epoch_bytes": nbytes}
 t0 = time.perf_counter()
-if row == "floor":
+if row.startswith("floor"):
+    # floor-T: T threads of plain ranged GETs (8 MiB) of every object, to nothing
     b = _remote.Bucket(url)
+    sizes = {}
 
     def get(rel):
         size, etag = b.head(rel)
         b.range(rel, 0, size, etag)
-    with ThreadPoolExecutor(2) as ex:
+    with ThreadPoolExecutor(int(row.split("-")[1])) as ex:
         list(ex.map(get, files))
 elif row in ("loader", "local"):
     kw = dict(cache_dir=cache, cache_limit=max(4 * nbytes, 1 << 30)) if row == "loader" else {}

@@ -37,18 +37,21 @@ echo "$("$PY" -c 'import numpy, boto3, sys; print("python", sys.version.split()[
 for round in 1 2 3; do
   # push against a plain multipart upload (fresh prefixes)
   t=$(date +%s%N); "$W/clipshard" push --quiet "$EP" "s3://bench/push-$round" >/dev/null; t2=$(date +%s%N)
-  echo "{\"row\": \"push\", \"round\": $round, \"seconds\": $(echo "($t2 - $t)/1000000000" | bc -l)}" >> "$OUT"
+  awk -v a="$t" -v b="$t2" -v r="$round" 'BEGIN{printf "{\"row\": \"push\", \"round\": %d, \"seconds\": %.4f}\n", r, (b-a)/1e9}' >> "$OUT"
   "$PY" docs/bench_s3.py upload "$EP" "s3://bench/plain-$round" - | sed "s/}$/, \"round\": $round}/" >> "$OUT"
-  "$PY" docs/bench_s3.py floor "$EP" s3://bench/ep - | sed "s/}$/, \"round\": $round}/" >> "$OUT"
+  for th in 1 2 4 8; do "$PY" docs/bench_s3.py "floor-$th" "$EP" s3://bench/ep - | sed "s/}$/, \"round\": $round}/" >> "$OUT"; done
   rm -rf "$W/s3-cache"
   "$PY" docs/bench_s3.py loader "$EP" s3://bench/ep "$W/s3-cache" | sed "s/}$/, \"round\": $round, \"cache\": \"cold\"}/" >> "$OUT"
   "$PY" docs/bench_s3.py loader "$EP" s3://bench/ep "$W/s3-cache" | sed "s/}$/, \"round\": $round, \"cache\": \"warm\"}/" >> "$OUT"
   "$PY" docs/bench_s3.py local "$EP" s3://bench/ep - | sed "s/}$/, \"round\": $round}/" >> "$OUT"
-  rm -rf "$W/s3-cache"
-  "$PY" docs/bench_s3.py loader "$EP" s3://bench/ep "$W/s3-cache" 20 | sed "s/}$/, \"round\": $round, \"cache\": \"cold\"}/" >> "$OUT"
+  for S in 20 60; do
+    rm -rf "$W/s3-cache"
+    "$PY" docs/bench_s3.py loader "$EP" s3://bench/ep "$W/s3-cache" $S | sed "s/}$/, \"round\": $round, \"cache\": \"cold\"}/" >> "$OUT"
+  done
   rm -rf "$ROOT/bench/push-$round" "$ROOT/bench/plain-$round"
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+trap - EXIT; kill $VPID 2>/dev/null; wait $VPID 2>/dev/null || true
 "$PY" - "$OUT" <<'PY'
 import json, sys, statistics as st
 rows = [json.loads(l) for l in open(sys.argv[1])]
@@ -56,16 +59,24 @@ def pick(**kw):
     return [r for r in rows if all(r.get(k) == v for k, v in kw.items())]
 def rng(xs):
     return "%.2f (%.2f-%.2f)" % (st.median(xs), min(xs), max(xs)) if xs else "-"
-floor = [r["MiB_per_s"] for r in pick(row="floor")]
-print("| row | MiB/s median (range, 3 rounds) | x the floor | 20 ms step: wait median / p90 ms |")
+# The floor of each round: the best thread count of the sweep.
+floor = [max(r["MiB_per_s"] for r in rows if r["row"].startswith("floor-") and r["round"] == k) for k in (1, 2, 3)]
+for th in (1, 2, 4, 8):
+    print("floor sweep, %d threads: %s MiB/s" % (th, rng([r["MiB_per_s"] for r in pick(row="floor-%d" % th)])))
+print()
+print("| row | MiB/s median (range, 3 rounds) | x the floor | a step of S ms: the wait for the next batch, median / p90 ms |")
 print("| --- | --- | --- | --- |")
-for label, sel in (("floor: boto3 ranged GETs, 2 threads", dict(row="floor")), ("Loader, bucket, cold cache", dict(row="loader", cache="cold", step_ms=0.0)),
+print("| floor: boto3 ranged GETs, the best of 1/2/4/8 threads | %s | 1 | |" % rng(floor))
+for label, sel in (("Loader, bucket, cold cache", dict(row="loader", cache="cold", step_ms=0.0)),
                    ("Loader, bucket, warm cache", dict(row="loader", cache="warm")), ("Loader, local folder", dict(row="local"))):
     xs = [r["MiB_per_s"] for r in pick(**sel)]
     ratio = [x / f for x, f in zip(xs, floor)]
     print("| %s | %s | %s | |" % (label, rng(xs), rng(ratio) if label[:5] != "floor" else "1"))
-w = pick(row="loader", step_ms=20.0)
-print("| Loader, bucket, cold cache, 20 ms step | | | %s / %s |" % (rng([r["wait_median_ms"] for r in w]), rng([r["wait_p90_ms"] for r in w])))
+for S in (20.0, 60.0):
+    w = pick(row="loader", step_ms=S)
+    print("| Loader, bucket, cold cache, S = %d ms (a batch is %.1f MB: %.0f MB/s consumed) | | | %s / %s |" % (
+        S, w[0]["epoch_bytes"] / 1e6 / max(1, -(-w[0]["samples"] // 256)), w[0]["epoch_bytes"] / 1e6 / max(1, -(-w[0]["samples"] // 256)) / (S / 1000),
+        rng([r["wait_median_ms"] for r in w]), rng([r["wait_p90_ms"] for r in w])))
 push = [r["seconds"] for r in pick(row="push")]
 plain = [r["seconds"] for r in pick(row="upload")]
 print("| push (seconds) | %s | plain multipart upload: %s s; push is %s x its speed | |" % (rng(push), rng(plain), rng([b / a for a, b in zip(push, plain)])))
