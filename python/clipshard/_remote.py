@@ -48,7 +48,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Optional, Union
 
 MARK = "CLIPSHARD-CACHE"
-FETCHERS = 4  # files a process fetches at once
+# Files a process fetches at once: CLIPSHARD_S3_FETCHERS, else one a core
+# up to 4 (on this 2-core box, with the server on it too, 2 beat 4: 0.67x
+# the floor against 0.56x; docs/BENCHMARKS.md).
+FETCHERS = int(os.environ.get("CLIPSHARD_S3_FETCHERS", min(4, os.cpu_count() or 2)))
 PIECE = int(os.environ.get("CLIPSHARD_S3_PIECE", 8 << 20))  # bytes of one ranged GET (the tests make it small)
 MAX_MANIFEST = 256 << 20
 
@@ -135,6 +138,29 @@ class Bucket:
 
     def key(self, rel: str) -> str:
         return "%s/%s" % (self.prefix, rel) if self.prefix else rel
+
+    def list(self, rel_prefix: str) -> dict[str, tuple[int, str]]:
+        """The objects under rel_prefix (a folder of the epochs folder),
+        by their path relative to it: (size, ETag), one listing request a
+        thousand of them rather than a HEAD each."""
+        out: dict[str, tuple[int, str]] = {}
+        prefix = self.key(rel_prefix)
+        token: Optional[str] = None
+        while True:
+            kw: dict[str, Any] = dict(Bucket=self.bucket, Prefix=prefix)
+            if token:
+                kw["ContinuationToken"] = token
+            try:
+                r = self._client.get().list_objects_v2(**kw)
+            except Exception as e:
+                raise ValueError("%s: listing: %s" % (self.name(rel_prefix), e)) from None
+            for o in r.get("Contents", []):
+                key = str(o["Key"])
+                rel = key[len(self.prefix) + 1:] if self.prefix else key
+                out[rel] = (int(o["Size"]), str(o["ETag"]).strip('"'))
+            if not r.get("IsTruncated"):
+                return out
+            token = r.get("NextContinuationToken")
 
     def head(self, rel: str) -> tuple[int, str]:
         try:
@@ -279,6 +305,7 @@ class Remote:
         self.manifest_bytes = blocks(len(man)) + blocks(len(sums)) + 4 * 4096  # with the mark's and positions' files
         self.objects: dict[str, tuple[int, str]] = {}  # rel -> (size, etag), as first seen
         self.fetched = 0  # bytes of shard files this process fetched into the cache
+        self._listed: set[str] = set()  # folders whose objects were listed
         self._lock = threading.Lock()
         self._ahead: dict[str, Future[None]] = {}
         self._pool_pid = -1
@@ -334,6 +361,15 @@ class Remote:
                 return
             with self._lock:
                 obj = self.objects.get(rel)
+                folder = rel.rsplit("/", 1)[0] + "/" if "/" in rel else ""
+                listed = folder in self._listed
+            if obj is None and not listed:
+                got = self.bucket.list(folder)  # the epoch folder's objects at once
+                with self._lock:
+                    self._listed.add(folder)
+                    for k, v in got.items():
+                        self.objects.setdefault(k, v)
+                    obj = self.objects.get(rel)
             if obj is None:
                 obj = self.bucket.head(rel)
                 with self._lock:
