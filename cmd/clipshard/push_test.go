@@ -322,10 +322,14 @@ func TestTrainFromBucket(t *testing.T) {
 // the middle of a body, a body cut short, a stalled body (each on the
 // first two GETs of every shard object) are retried and deliver the right
 // bytes; an object replaced between two ranged reads raises, naming it;
-// none delivers wrong bytes (testdata/check_faults.py).
+// none delivers wrong bytes; a fetcher killed with SIGKILL in the middle
+// of an object is taken over by another reader of the same cache, whose
+// bytes are right, and its temporary file is removed
+// (testdata/check_faults.py).
 func TestBucketFaults(t *testing.T) {
 	s, ep := pushedEpochs(t, "1", "16")
 	t.Setenv("CLIPSHARD_S3_READ_TIMEOUT", "1") // shorter than the stall
+	t.Setenv("CLIPSHARD_TEST_DIRECT_ENDPOINT", s.Endpoint)
 	t.Setenv("CLIPSHARD_S3_PIECE", "8192")     // several ranged GETs an object
 	args := []string{filepath.Join("..", "..", "testdata", "check_faults.py"), ep, "s3://bkt/ep", filepath.Join(t.TempDir(), "caches")}
 	var proxies []*s3test.Proxy
@@ -334,8 +338,10 @@ func TestBucketFaults(t *testing.T) {
 		proxies = append(proxies, p)
 		args = append(args, string(f)+"="+p.URL)
 	}
+	kill := s3test.StartProxy(t, s, s3test.Stall, 1)
+	args = append(args, "kill="+kill.URL)
 	got := numpytest.Run(t, args...)
-	if !strings.Contains(string(got), "ok: faults") {
+	if !strings.Contains(string(got), "ok: faults") || !strings.Contains(string(got), "a fetcher killed mid-object") {
 		t.Fatalf("check_faults: %s", got)
 	}
 	for i, p := range proxies {

@@ -359,6 +359,16 @@ class Remote:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another process fetching it: wait for its rename (or its death)
             if os.path.exists(p):
                 return
+            # The lock is ours: what a fetcher of it left when it died goes.
+            d, base = os.path.split(p)
+            for n in os.listdir(d):
+                if n.startswith(base + ".tmp."):
+                    pid = n[len(base) + 5:].split(".")[0]
+                    if pid.isdigit() and (int(pid) == os.getpid() or not _alive(int(pid))):
+                        try:
+                            os.unlink(os.path.join(d, n))
+                        except FileNotFoundError:
+                            pass
             with self._lock:
                 obj = self.objects.get(rel)
                 folder = rel.rsplit("/", 1)[0] + "/" if "/" in rel else ""
