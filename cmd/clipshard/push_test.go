@@ -330,7 +330,7 @@ func TestBucketFaults(t *testing.T) {
 	s, ep := pushedEpochs(t, "1", "16")
 	t.Setenv("CLIPSHARD_S3_READ_TIMEOUT", "1") // shorter than the stall
 	t.Setenv("CLIPSHARD_TEST_DIRECT_ENDPOINT", s.Endpoint)
-	t.Setenv("CLIPSHARD_S3_PIECE", "8192")     // several ranged GETs an object
+	t.Setenv("CLIPSHARD_S3_PIECE", "8192") // several ranged GETs an object
 	args := []string{filepath.Join("..", "..", "testdata", "check_faults.py"), ep, "s3://bkt/ep", filepath.Join(t.TempDir(), "caches")}
 	var proxies []*s3test.Proxy
 	for _, f := range []s3test.Fault{s3test.SlowDown, s3test.Reset, s3test.Truncate, s3test.Stall, s3test.Overwrite} {
