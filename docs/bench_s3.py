@@ -35,7 +35,6 @@ t0 = time.perf_counter()
 if row.startswith("floor"):
     # floor-T: T threads of plain ranged GETs (8 MiB) of every object, to nothing
     b = _remote.Bucket(url)
-    sizes = {}
 
     def get(rel):
         size, etag = b.head(rel)

@@ -11,7 +11,6 @@ import (
 	"sync"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/clipshard/clipshard/internal/clitest"
 	"github.com/clipshard/clipshard/internal/numpytest"
@@ -238,7 +237,6 @@ func TestPushArrayTasks(t *testing.T) {
 		}
 		clitest.SameTree(t, a, b, "the array tasks' shards and one run's")
 	}
-	_ = time.Second
 }
 
 // TestBucketVerifyInspect (#34.2): verify s3://... checks a pushed folder

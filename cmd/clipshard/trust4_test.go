@@ -140,7 +140,6 @@ func TestInspectHTMLRefuses(t *testing.T) {
 			t.Fatalf("left %s", e.Name())
 		}
 	}
-	_ = clitest.Result{}
 }
 
 // nonfinite is a dataset (and an epochs folder cut from it) whose clip c1

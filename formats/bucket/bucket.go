@@ -331,6 +331,3 @@ func (c *Client) AbortUploads(ctx context.Context, u URL, rel string) error {
 	}
 	return wrap(err, u, rel)
 }
-
-// Timeout bounds one metadata call (HEAD, a small GET or PUT).
-const Timeout = 60 * time.Second

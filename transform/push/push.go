@@ -30,7 +30,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"math/rand/v2"
 	"os"
@@ -261,8 +260,6 @@ func hashOf(b []byte) string {
 	h := sha256.Sum256(b)
 	return hex.EncodeToString(h[:])
 }
-
-var _ hash.Hash = sha256.New()
 
 // -- dataset ----------------------------------------------------------------
 
