@@ -116,6 +116,29 @@ func TestPush(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(s.Root, "bkt", "bad", "x.npy")); err == nil {
 		t.Fatal("the damaged object was left")
 	}
+	// A prefix holding the user's own objects at the folder's names (put
+	// there by another tool: no x-amz-meta-sha256): refused, untouched;
+	// --force replaces them.
+	for _, name := range []string{"x.npy", "SHA256SUMS", "epochs.json"} {
+		prefix := "user-" + strings.ToLower(strings.TrimSuffix(name, filepath.Ext(name)))
+		dir, src := filepath.Join(s.Root, "bkt", prefix), ds
+		if name == "epochs.json" {
+			src = ep
+		}
+		os.MkdirAll(dir, 0o755)
+		os.WriteFile(filepath.Join(dir, name), []byte("the user's own"), 0o644)
+		r := pushRun(t, s, nil, src, "s3://bkt/"+prefix)
+		oneLine(t, r, 2, "clipshard push: ")
+		if !strings.Contains(r.Stderr, "s3://bkt/"+prefix+"/"+name) || !strings.Contains(r.Stderr, "no clipshard push wrote it") {
+			t.Fatalf("%s: %s", name, r.Stderr)
+		}
+		if b, _ := os.ReadFile(filepath.Join(dir, name)); string(b) != "the user's own" {
+			t.Fatalf("%s: the user's object was replaced", name)
+		}
+	}
+	if r := pushRun(t, s, nil, "--force", ds, "s3://bkt/user-x"); r.Code != 0 {
+		t.Fatalf("--force over the user's object: %s", r.Stderr)
+	}
 	oneLine(t, pushRun(t, s, nil, t.TempDir(), "s3://bkt/x"), 2, "clipshard push: ")
 	oneLine(t, pushRun(t, s, nil, ds, "bkt/x"), 2, "clipshard push: ")
 }

@@ -173,6 +173,9 @@ func upload(ctx context.Context, o Options, objs []object) (int, int64, error) {
 				report(x.size) // there, intact: not sent again
 				return
 			}
+			if err == nil {
+				err = ours(o, x.rel, st)
+			}
 			if err != nil && !errors.Is(err, bucket.ErrNotFound) {
 				errs <- err
 				cancel()
@@ -195,6 +198,34 @@ func upload(ctx context.Context, o Options, objs []object) (int, int64, error) {
 		return sent, bytesSent, err
 	}
 	return sent, bytesSent, ctx.Err()
+}
+
+// ours refuses to replace an object that no clipshard push wrote (it
+// has no x-amz-meta-sha256): the user's own, at a name of the folder's;
+// --force replaces it.
+func ours(o Options, rel string, st bucket.Object) error {
+	if st.SHA256 == "" && !o.Force {
+		return fmt.Errorf("%w: %s exists and no clipshard push wrote it (no x-amz-meta-sha256): refusing to replace it; give another prefix, or --force", ErrUsage, o.Dest.Name(rel))
+	}
+	return nil
+}
+
+// oursAll checks, with ours, the objects at these names (the manifests a
+// push rewrites).
+func oursAll(ctx context.Context, o Options, rels ...string) error {
+	for _, rel := range rels {
+		st, err := o.Client.Stat(ctx, o.Dest, rel)
+		if errors.Is(err, bucket.ErrNotFound) {
+			continue
+		}
+		if err == nil {
+			err = ours(o, rel, st)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // send uploads one object, hashing its bytes as they are read; an object
@@ -295,6 +326,15 @@ func pushDataset(ctx context.Context, o Options) (*Result, error) {
 	}
 	committed := err == nil && bytes.Equal(remote, local)
 	own := d.OwnFiles()
+	var names []string
+	for rel := range own {
+		if d.Modality(modalityOf(d, rel)) == nil {
+			names = append(names, rel)
+		}
+	}
+	if err := oursAll(ctx, o, names...); err != nil {
+		return nil, err
+	}
 	var data, small []string
 	for rel := range own {
 		switch {
@@ -386,6 +426,9 @@ func pushEpochs(ctx context.Context, o Options) (*Result, error) {
 		return nil, err
 	}
 	res := &Result{Kind: "epochs"}
+	if err := oursAll(ctx, o, manifests.EpochsFile, man.Files.Sums, man.Files.Shards); err != nil {
+		return nil, err
+	}
 	key := shuffle.OptionsKey(man)
 	remote, _, err := readEpochs(ctx, o)
 	switch {
