@@ -15,6 +15,7 @@ fuzz FUZZTIME="10m":
     cd manifests && go test -run '^$' -fuzz '^FuzzLoadDataset$' -fuzztime {{FUZZTIME}} -fuzzminimizetime 10s
     cd manifests && go test -run '^$' -fuzz '^FuzzReadClips$' -fuzztime {{FUZZTIME}} -fuzzminimizetime 10s
     cd manifests && go test -run '^$' -fuzz '^FuzzReadSums$' -fuzztime {{FUZZTIME}} -fuzzminimizetime 10s
+    cd manifests && go test -run '^$' -fuzz '^FuzzParseBlockSums$' -fuzztime {{FUZZTIME}} -fuzzminimizetime 10s
 
 # Regenerate the decoder fixtures with real numpy (Debian: python3-numpy).
 fixtures:

@@ -221,7 +221,12 @@ func hashObjects(ctx context.Context, c *bucket.Client, m *Mirror, sums map[stri
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			got, n, err := hashObject(ctx, c, m.URL, rel, func(k int64) {
+			want, blocked := r.blocks[rel]
+			var bh *BlockHasher
+			if blocked {
+				bh = NewBlockHasher(want.block)
+			}
+			got, n, err := hashObject(ctx, c, m.URL, rel, bh, func(k int64) {
 				mu.Lock()
 				done += k
 				if o.Progress != nil {
@@ -240,17 +245,19 @@ func hashObjects(ctx context.Context, c *bucket.Client, m *Mirror, sums map[stri
 				r.add(Problem{File: rel, What: "sha256 mismatch: content differs from SHA256SUMS"})
 			case m.Objects[rel].SHA256 != "" && m.Objects[rel].SHA256 != got:
 				r.add(Problem{File: rel, What: "sha256 differs from the object's recorded x-amz-meta-sha256"})
+			case blocked && want.problem(bh) != "":
+				r.add(Problem{File: rel, What: want.problem(bh)})
 			}
 		}()
 	}
 	wg.Wait()
 }
 
-func hashObject(ctx context.Context, c *bucket.Client, u bucket.URL, rel string, progress func(int64)) (string, int64, error) {
+func hashObject(ctx context.Context, c *bucket.Client, u bucket.URL, rel string, bh *BlockHasher, progress func(int64)) (string, int64, error) {
 	rc, _, err := c.Stream(ctx, u, rel)
 	if err != nil {
 		return "", 0, err
 	}
 	defer rc.Close()
-	return hashReader(rc, progress)
+	return hashReader(rc, bh, progress)
 }

@@ -123,7 +123,7 @@ func parseSums(r io.Reader, path string) (map[string]string, error) {
 
 // HashFile returns the hex sha256 of the file at path, read in 1 MiB blocks.
 func HashFile(path string) (string, error) {
-	s, _, err := hashFileCounting(path, func(int64) {})
+	s, _, err := hashFileCounting(path, nil, func(int64) {})
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", path, err)
 	}

@@ -5,6 +5,7 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/clipshard/clipshard/manifests"
@@ -133,6 +134,42 @@ func FuzzWeights(f *testing.F) {
 		d := new(big.Rat).Sub(share, new(big.Rat).SetInt64(c[0]))
 		if d.Abs(d).Cmp(big.NewRat(1, 1)) >= 0 {
 			t.Fatalf("%q, %d samples: a gets %d, its share is %s", spec, n, c[0], share.FloatString(3))
+		}
+	})
+}
+
+// FuzzParseBlockSums: any BLOCKSUMS is parsed (names inside the folder,
+// digests as many as the sizes make, and what Marshal writes of it parsed
+// again) or refused; never a panic.
+func FuzzParseBlockSums(f *testing.F) {
+	bh := manifests.NewBlockHasher(manifests.MinBlock)
+	bh.Write(make([]byte, 100000))
+	good, err := (&manifests.BlockSums{Block: manifests.MinBlock, Files: []manifests.BlockFile{
+		{Name: "epoch-0000/shard-00000.x.npy", Size: 100000, SHA256: strings.Repeat("a", 64), Head: bh.Head(), Digests: bh.Digests()},
+		{Name: "epoch-0000/shard-00001.x.npy", Size: 0, SHA256: strings.Repeat("b", 64), Head: strings.Repeat("c", 64)},
+	}}).Marshal()
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(good)
+	f.Add([]byte(`{"format":"clipshard.blocksums","version":1,"block":65536,"digests_sha256":"e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855","files":[]}` + "\n"))
+	f.Add([]byte(`{"format":"clipshard.blocksums","version":1,"block":65536,"files":[{"name":"../x","size":1}]}` + "\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		s, err := manifests.ParseBlockSums(data, "BLOCKSUMS")
+		if err != nil {
+			return
+		}
+		for _, file := range s.Files {
+			if manifests.CheckRelPath(file.Name) != nil || int64(len(file.Digests)) != s.Blocks(file.Size)*32 {
+				t.Fatalf("accepted %q (%d bytes, %d digest bytes)", file.Name, file.Size, len(file.Digests))
+			}
+		}
+		again, err := s.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := manifests.ParseBlockSums(again, "again"); err != nil {
+			t.Fatal(err)
 		}
 	})
 }

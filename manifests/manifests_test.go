@@ -1,6 +1,9 @@
 package manifests_test
 
 import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"os"
@@ -8,6 +11,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/clipshard/clipshard/manifests"
@@ -169,5 +173,64 @@ func TestClipList(t *testing.T) {
 	os.WriteFile(bad, []byte("name\nx\n"), 0o644)
 	if _, err := manifests.ReadClipList(bad); !errors.Is(err, manifests.ErrClipList) {
 		t.Errorf("no clip column: %v", err)
+	}
+}
+
+// TestBlockSums: BlockHasher's digests are the sha256 of each block (and
+// of the head) computed one block at a time, whatever the sizes of the
+// writes; a marshalled BLOCKSUMS parses back to the same entries, and one
+// byte changed anywhere in it is refused; BlockSizeFor keeps the digests
+// near 8 MiB.
+func TestBlockSums(t *testing.T) {
+	data := make([]byte, 3*manifests.MinBlock+777)
+	for i := range data {
+		data[i] = byte(i * 7 / 3)
+	}
+	var want []byte
+	for at := 0; at < len(data); at += manifests.MinBlock {
+		d := sha256.Sum256(data[at:min(at+manifests.MinBlock, len(data))])
+		want = append(want, d[:]...)
+	}
+	head := sha256.Sum256(data[:manifests.HeadBytes])
+	for _, step := range []int{1, 1000, 4096, manifests.MinBlock, len(data)} {
+		bh := manifests.NewBlockHasher(manifests.MinBlock)
+		for at := 0; at < len(data); at += step {
+			bh.Write(data[at:min(at+step, len(data))])
+		}
+		if got := bh.Digests(); !bytes.Equal(got, want) || bh.Head() != hex.EncodeToString(head[:]) {
+			t.Fatalf("writes of %d bytes: %d digest bytes, head %s", step, len(got), bh.Head())
+		}
+	}
+	s := &manifests.BlockSums{Block: manifests.MinBlock, Files: []manifests.BlockFile{
+		{Name: "a/x.npy", Size: int64(len(data)), SHA256: strings.Repeat("1", 64), Head: hex.EncodeToString(head[:]), Digests: want},
+		{Name: "a/y.npy", Size: 10, SHA256: strings.Repeat("2", 64), Head: strings.Repeat("3", 64), Digests: want[:32]},
+	}}
+	b, err := s.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := manifests.ParseBlockSums(b, "BLOCKSUMS")
+	if err != nil || back.Block != s.Block || len(back.Files) != 2 || back.File("a/x.npy") == nil || !bytes.Equal(back.File("a/x.npy").Digests, want) || back.File("a/z.npy") != nil {
+		t.Fatalf("%v %+v", err, back)
+	}
+	// Any digest byte changed: refused (the digests' own sha256).
+	nl := bytes.IndexByte(b, '\n')
+	for i := nl + 1; i < len(b); i += 13 {
+		c := bytes.Clone(b)
+		c[i] ^= 1
+		if _, err := manifests.ParseBlockSums(c, "BLOCKSUMS"); err == nil {
+			t.Fatalf("digest byte %d changed, still taken", i-nl-1)
+		}
+	}
+	for _, bad := range []string{"format", "digests_sha256", "block"} {
+		c := bytes.Replace(b, []byte(`"`+bad+`":`), []byte(`"`+bad+`x":`), 1)
+		if _, err := manifests.ParseBlockSums(c, "BLOCKSUMS"); err == nil {
+			t.Fatalf("key %q renamed, still taken", bad)
+		}
+	}
+	for _, c := range []struct{ total, block int64 }{{0, 64 << 10}, {16 << 30, 64 << 10}, {17 << 30, 128 << 10}, {64 << 30, 256 << 10}, {1 << 50, 64 << 20}} {
+		if got := manifests.BlockSizeFor(c.total); got != c.block {
+			t.Errorf("BlockSizeFor(%d) = %d, want %d", c.total, got, c.block)
+		}
 	}
 }

@@ -48,6 +48,9 @@ type Report struct {
 	// folder): not damage, and not checked.
 	InProgress []string `json:"in_progress,omitempty"`
 	mu         *sync.Mutex
+	// blocks: what the data files' blocks must hash to (their BLOCKSUMS,
+	// found sound by the structure check), checked as they are hashed.
+	blocks map[string]blockWant
 }
 
 func (r *Report) add(p Problem) {
@@ -124,7 +127,12 @@ func CheckSums(dir string, sums map[string]string, present map[string]bool, o Ve
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			got, n, err := hashFileCounting(filepath.Join(dir, f), func(k int64) {
+			want, blocked := r.blocks[f]
+			var bh *BlockHasher
+			if blocked {
+				bh = NewBlockHasher(want.block)
+			}
+			got, n, err := hashFileCounting(filepath.Join(dir, f), bh, func(k int64) {
 				if o.Progress != nil {
 					mu.Lock()
 					done += k
@@ -141,6 +149,8 @@ func CheckSums(dir string, sums map[string]string, present map[string]bool, o Ve
 				r.add(Problem{File: f, What: oneLine(err)})
 			case got != sums[f]:
 				r.add(Problem{File: f, What: "sha256 mismatch: content differs from SHA256SUMS"})
+			case blocked && want.problem(bh) != "":
+				r.add(Problem{File: f, What: want.problem(bh)})
 			}
 		}()
 	}
@@ -148,18 +158,19 @@ func CheckSums(dir string, sums map[string]string, present map[string]bool, o Ve
 }
 
 // hashFileCounting is HashFile reporting progress as it reads.
-func hashFileCounting(path string, progress func(int64)) (string, int64, error) {
+func hashFileCounting(path string, bh *BlockHasher, progress func(int64)) (string, int64, error) {
 	f, _, err := regfile.Open(path)
 	if err != nil {
 		return "", 0, err
 	}
 	defer f.Close()
-	return hashReader(f, progress)
+	return hashReader(f, bh, progress)
 }
 
 // hashReader is the hex sha256 of what r holds, read in 1 MiB blocks,
-// reporting progress as it reads, and the bytes read.
-func hashReader(r io.Reader, progress func(int64)) (string, int64, error) {
+// reporting progress as it reads, and the bytes read; bh, if not nil,
+// hashes its blocks too.
+func hashReader(r io.Reader, bh *BlockHasher, progress func(int64)) (string, int64, error) {
 	h := sha256.New()
 	buf := make([]byte, 1<<20)
 	var n int64
@@ -167,6 +178,9 @@ func hashReader(r io.Reader, progress func(int64)) (string, int64, error) {
 		k, err := r.Read(buf)
 		if k > 0 {
 			h.Write(buf[:k])
+			if bh != nil {
+				bh.Write(buf[:k])
+			}
 			n += int64(k)
 			progress(int64(k))
 		}

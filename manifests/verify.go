@@ -89,7 +89,7 @@ func verifyDataset(dir string, d *Dataset, o VerifyOptions) (*Report, []ClipRow,
 	}
 	for _, e := range entries {
 		present[e.Name()] = true
-		if !want[e.Name()] {
+		if !want[e.Name()] && e.Name() != BlockSumsFile { // (a bucket's, synced down: checked below)
 			r.add(Problem{File: e.Name(), What: "unexpected file (not in dataset.json)"})
 		}
 	}
@@ -138,6 +138,16 @@ func verifyDataset(dir string, d *Dataset, o VerifyOptions) (*Report, []ClipRow,
 		}
 	}
 	rows := checkOffsets(dir, d, present, parquetOK, r)
+
+	// The blobs' block sums, if a push wrote them (checked as the blobs
+	// are hashed).
+	if present[BlockSumsFile] {
+		var blobs []string
+		for _, m := range d.Modalities {
+			blobs = append(blobs, m.File)
+		}
+		checkBlockSums(dir, BlockSumsFile, blobs, sums, r)
+	}
 
 	// sha256 of every listed file, in parallel (of the manifests only,
 	// for Vouch).

@@ -51,12 +51,14 @@ func VerifyEpochs(dir string, o VerifyOptions) (*Report, error) {
 	r := NewReport("epochs", dir, level)
 
 	want := map[string]bool{EpochsFile: true, man.Files.Shards: true, man.Files.Sums: true}
+	blockSums := map[string]bool{} // each epoch's, if a push wrote them (a bucket's, or one synced down)
 	for _, e := range man.Epochs {
 		for _, s := range e.Shards {
 			for _, f := range s.Files {
 				want[f] = true
 			}
 		}
+		blockSums[e.Dir+"/"+BlockSumsFile] = true
 	}
 	present := map[string]bool{}
 	werr := WalkRel(dir, func(rel string, d fs.DirEntry) error {
@@ -80,7 +82,7 @@ func VerifyEpochs(dir string, o VerifyOptions) (*Report, error) {
 			return nil
 		}
 		present[rel] = true
-		if !want[rel] {
+		if !want[rel] && !blockSums[rel] {
 			r.Add(Problem{File: rel, What: "unexpected file (not in epochs.json)"})
 		}
 		return nil
@@ -102,6 +104,17 @@ func VerifyEpochs(dir string, o VerifyOptions) (*Report, error) {
 		for f := range want {
 			if _, ok := sums[f]; !ok && f != man.Files.Sums {
 				r.Add(Problem{File: man.Files.Sums, What: "does not list " + f})
+			}
+		}
+		for _, e := range man.Epochs {
+			if rel := e.Dir + "/" + BlockSumsFile; present[rel] {
+				var group []string
+				for _, s := range e.Shards {
+					for _, f := range s.Files {
+						group = append(group, f)
+					}
+				}
+				checkBlockSums(dir, rel, group, sums, r)
 			}
 		}
 		if o.manifestsOnly { // the samples files and shards.parquet, not the data

@@ -21,6 +21,7 @@ Prints "ok: bucket ..." at the end.
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -36,15 +37,29 @@ from clipshard import _remote  # noqa: E402
 edir, url, root = sys.argv[1], sys.argv[2], sys.argv[3]
 man = clipshard.load_epochs(edir)
 epochs = [e["epoch"] for e in man["epochs"]]
-group = clipshard.EpochReader(edir, epochs[0])._group_disk_bytes()  # a shard group's files on disk
-manifests = sum(_remote.blocks(os.path.getsize(os.path.join(edir, m))) for m in ("epochs.json", "SHA256SUMS")) + 4 * 4096
-limit = int(sys.argv[4]) if len(sys.argv) > 4 else 5 * group + manifests
+group = clipshard.EpochReader(edir, epochs[0])._group_disk_bytes()  # a shard group's files on disk, with their marks
 n_cache = [0]
 
 
 def cache_dir():
     n_cache[0] += 1
     return os.path.join(root, "cache-%d" % n_cache[0])
+
+
+def least_limit(**kw):
+    """The smallest cache_limit the reader takes (it says so when refusing
+    a smaller one): the read-ahead's shard groups and the manifests."""
+    try:
+        clipshard.EpochReader(url, epochs[0], cache_dir=cache_dir(), cache_limit=1, **kw)
+    except ValueError as err:
+        m = re.search(r"give cache_limit >= (\d+)", str(err))
+        assert m, err
+        return int(m.group(1))
+    raise SystemExit("a cache_limit of 1 byte was taken")
+
+
+# One shard group more than the least: eviction works, readers never wait.
+limit = int(sys.argv[4]) if len(sys.argv) > 4 else least_limit() + group
 
 
 class DuSampler:
@@ -187,6 +202,83 @@ try:
 except ValueError as err:
     assert "too small" in str(err), err
 checks += 2
+
+# Readers starting at once on an empty cache folder (ranks, workers) all
+# take it as a cache, whoever made its mark (the old mark's race refused
+# about 1 start in 160: CI runs 160).
+for trial in range(20 if os.environ.get("CLIPSHARD_EXHAUSTIVE") else 4):
+    c = cache_dir()
+    code = "import sys; sys.path.insert(0, %r); from clipshard import _remote; _remote.Cache(%r, 1 << 30)" % (
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"), c)
+    ps = [subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True) for _ in range(8)]
+    for p in ps:
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 0, ("readers starting at once refused a new cache folder", err)
+checks += 1
+
+# A BLOCKSUMS that is not what push writes: refused, naming it.
+b = _remote.Bucket(url)
+rel = "epoch-%04d/BLOCKSUMS" % e
+size, etag = b.head(rel)
+good = b.range(rel, 0, size, etag)
+head, _, digests = good.partition(b"\n")
+h = json.loads(head)
+
+
+def variant(**kw):
+    v = dict(h, **kw)
+    return json.dumps(v).encode() + b"\n" + digests
+
+
+bad_ones = {
+    "not JSON": b"{" + good,
+    "no header line": good.replace(b"\n", b" "),
+    "another format": variant(format="x"),
+    "a block not a power of two": variant(block=65537),
+    "names unsorted": variant(files=list(reversed(h["files"]))) if len(h["files"]) > 1 else variant(files=[]),
+    "a digest flipped": head + b"\n" + bytes([digests[0] ^ 1]) + digests[1:],
+    "digests short": head + b"\n" + digests[:-1],
+    "a size that is not an int": variant(files=[dict(h["files"][0], size="1")] + h["files"][1:]),
+    "an extra key": variant(extra=1),
+}
+for what, blob in bad_ones.items():
+    try:
+        _remote.BlockSums(blob, "s3://x/" + rel)
+        raise SystemExit("a BLOCKSUMS with %s was taken" % what)
+    except ValueError as err:
+        assert ("s3://x/" + rel + ": ") in str(err), (what, err)
+# Random damage (bytes changed, cut, doubled): parsed, or a ValueError
+# naming it; nothing else.
+rng = np.random.default_rng(7)
+for _ in range(500):
+    blob = bytearray(good)
+    for _ in range(int(rng.integers(1, 4))):
+        i = int(rng.integers(0, len(blob)))
+        op = int(rng.integers(0, 3))
+        if op == 0:
+            blob[i] = int(rng.integers(0, 256))
+        elif op == 1:
+            del blob[i:]
+        else:
+            blob[i:i] = blob[i: i + int(rng.integers(1, 64))]
+    try:
+        _remote.BlockSums(bytes(blob), "s3://x/" + rel)
+    except ValueError as err:
+        assert ("s3://x/" + rel + ": ") in str(err), err
+# In the bucket: one that records another sha256 for a file than
+# SHA256SUMS (a stale one: the folder pushed again another way) raises,
+# naming it; restored after.
+stale = variant(files=[dict(h["files"][0], sha256="0" * 64)] + h["files"][1:])
+client = b._client.get()
+client.put_object(Bucket=b.bucket, Key=b.key(rel), Body=stale)
+try:
+    list(clipshard.EpochReader(url, e, rank=0, world_size=2, batch_size=5, cache_dir=cache_dir(), cache_limit=limit))
+    raise SystemExit("a stale BLOCKSUMS was taken")
+except ValueError as err:
+    assert rel + ": records sha256" in str(err) and "another version" in str(err), err
+finally:
+    client.put_object(Bucket=b.bucket, Key=b.key(rel), Body=good)
+checks += len(bad_ones) + 1
 shutil.rmtree(root, ignore_errors=True)
-print("ok: bucket %d checks; cache limit %d bytes (5 shard groups and the manifests); egress %s x the epoch's bytes for R = 2, 4 ranks sharing a cache%s"
+print("ok: bucket %d checks; cache limit %d bytes (5 shard groups and the manifests, BLOCKSUMS); egress %s x the epoch's bytes for R = 2, 4 ranks sharing a cache%s"
       % (checks, limit, ", ".join("%.3f" % r for r in ratios), "" if torch is not None else " (no torch: its readers not checked)"))

@@ -137,6 +137,12 @@ def epochs_folder_cases():
     expect("a 300 MiB epochs.json", lambda: read_all(d), [p, "more than a manifest"])
 
     d = copy(edir)
+    p = os.path.join(d, "epochs.json")
+    with open(p, "w") as f:
+        f.write("[" * 200000)
+    expect("an epochs.json nested 200,000 deep", lambda: read_all(d), [p, "not JSON"])
+
+    d = copy(edir)
     p = shard_file(d)
     a = np.load(p)
     save_npy(p, a[: max(1, len(a) * 5 // 8)])  # 40 of 64 rows, as numpy writes it

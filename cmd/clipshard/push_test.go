@@ -2,11 +2,15 @@ package main
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -29,6 +33,77 @@ func bucketTree(t *testing.T, dir string) map[string][]byte {
 		}
 	}
 	return tr
+}
+
+// pushedTree is what a push of the folder dir leaves in the bucket: its
+// files, and the BLOCKSUMS of its data files (a dataset's blobs at its
+// top, an epoch's shard files in its folder) taken from the bucket's
+// tree got, after checking them here: a JSON line naming each data file
+// with its size and SHA256SUMS hash, then the sha256 of each block of
+// each file (computed here, block by block), and of its first 4096 bytes.
+func pushedTree(t *testing.T, dir string, got map[string][]byte) map[string][]byte {
+	t.Helper()
+	want := clitest.Tree(t, dir)
+	sums, err := manifests.ReadSums(filepath.Join(dir, "SHA256SUMS"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	groups := map[string][]string{}
+	if d, err := manifests.LoadDataset(dir); err == nil {
+		for _, m := range d.Modalities {
+			groups[manifests.BlockSumsFile] = append(groups[manifests.BlockSumsFile], m.File)
+		}
+	} else {
+		man, err := manifests.LoadEpochs(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range man.Epochs {
+			for _, s := range e.Shards {
+				for _, f := range s.Files {
+					groups[e.Dir+"/"+manifests.BlockSumsFile] = append(groups[e.Dir+"/"+manifests.BlockSumsFile], f)
+				}
+			}
+		}
+	}
+	for rel, files := range groups {
+		b, ok := got[rel]
+		if !ok {
+			t.Fatalf("the bucket has no %s", rel)
+		}
+		line, digests, _ := bytes.Cut(b, []byte("\n"))
+		var h struct {
+			Format string `json:"format"`
+			Block  int    `json:"block"`
+			Files  []struct {
+				Name   string `json:"name"`
+				Size   int    `json:"size"`
+				SHA256 string `json:"sha256"`
+				Head   string `json:"head"`
+			} `json:"files"`
+		}
+		if err := json.Unmarshal(line, &h); err != nil || h.Format != "clipshard.blocksums" || h.Block < 64<<10 {
+			t.Fatalf("%s: %v %s", rel, err, line)
+		}
+		sort.Strings(files)
+		var wantDigests []byte
+		for i, f := range files {
+			data := want[f]
+			head := sha256.Sum256(data[:min(4096, len(data))])
+			if i >= len(h.Files) || h.Files[i].Name != f || h.Files[i].Size != len(data) || h.Files[i].SHA256 != sums[f] || h.Files[i].Head != hex.EncodeToString(head[:]) {
+				t.Fatalf("%s: entry %d is not %s (%d bytes, %s, head %x): %s", rel, i, f, len(data), sums[f], head, line)
+			}
+			for at := 0; at < len(data); at += h.Block {
+				d := sha256.Sum256(data[at:min(at+h.Block, len(data))])
+				wantDigests = append(wantDigests, d[:]...)
+			}
+		}
+		if len(h.Files) != len(files) || !bytes.Equal(digests, wantDigests) {
+			t.Fatalf("%s: %d files, the blocks' digests differ from the files'", rel, len(h.Files))
+		}
+		want[rel] = b
+	}
+	return want
 }
 
 // bigDataset converts a dataset whose blob is larger than a few parts of
@@ -68,7 +143,8 @@ func TestPush(t *testing.T) {
 	if r.Code != 0 || !strings.Contains(r.Stdout, "pushed dataset") {
 		t.Fatalf("push: %d %s %s", r.Code, r.Stdout, r.Stderr)
 	}
-	clitest.SameTree(t, bucketTree(t, filepath.Join(s.Root, "bkt", "ds")), clitest.Tree(t, ds), "the bucket's dataset")
+	got0 := bucketTree(t, filepath.Join(s.Root, "bkt", "ds"))
+	clitest.SameTree(t, got0, pushedTree(t, ds, got0), "the bucket's dataset")
 	if r := pushRun(t, s, nil, ds, "s3://bkt/ds"); r.Code != 0 || !strings.HasPrefix(r.Stdout, "up to date") {
 		t.Fatalf("again: %d %s %s", r.Code, r.Stdout, r.Stderr)
 	}
@@ -81,18 +157,20 @@ func TestPush(t *testing.T) {
 	if r := pushRun(t, s, nil, ep, "s3://bkt/ep"); r.Code != 0 {
 		t.Fatalf("push epochs: %d %s %s", r.Code, r.Stdout, r.Stderr)
 	}
-	clitest.SameTree(t, bucketTree(t, filepath.Join(s.Root, "bkt", "ep")), clitest.Tree(t, ep), "the bucket's epochs")
+	got := bucketTree(t, filepath.Join(s.Root, "bkt", "ep"))
+	clitest.SameTree(t, got, pushedTree(t, ep, got), "the bucket's epochs")
 	// Another dataset, other epochs: refused, then replaced with --force.
 	r = pushRun(t, s, nil, ds2, "s3://bkt/ds")
 	oneLine(t, r, 2, "clipshard push: ")
 	if !strings.Contains(r.Stderr, "holds another dataset") {
 		t.Fatal(r.Stderr)
 	}
-	clitest.SameTree(t, bucketTree(t, filepath.Join(s.Root, "bkt", "ds")), clitest.Tree(t, ds), "the refused push left the bucket")
+	clitest.SameTree(t, bucketTree(t, filepath.Join(s.Root, "bkt", "ds")), pushedTree(t, ds, got0), "the refused push left the bucket")
 	if r := pushRun(t, s, nil, "--force", ds2, "s3://bkt/ds"); r.Code != 0 {
 		t.Fatalf("--force: %d %s", r.Code, r.Stderr)
 	}
-	clitest.SameTree(t, bucketTree(t, filepath.Join(s.Root, "bkt", "ds")), clitest.Tree(t, ds2), "the replaced dataset")
+	got = bucketTree(t, filepath.Join(s.Root, "bkt", "ds"))
+	clitest.SameTree(t, got, pushedTree(t, ds2, got), "the replaced dataset")
 	other := filepath.Join(t.TempDir(), "ep")
 	if r := clip(t, "shuffle", "--quiet", "--source", "a="+ds, "--source", "b="+ds2, "--weights", "a=1,b=2", "--out", other, "--window", "7", "--epochs", "1", "--seed", "9", "--shard-samples", "512"); r.Code != 0 {
 		t.Fatal(r.Stderr)
@@ -168,7 +246,7 @@ func TestPushKilled(t *testing.T) {
 		b, _ := os.ReadFile(log)
 		names := strings.Split(strings.TrimSpace(string(b)), "\n")
 		want := bucketTree(t, filepath.Join(s.Root, "bkt", prefix))
-		clitest.SameTree(t, want, clitest.Tree(t, dir), "a clean push")
+		clitest.SameTree(t, want, pushedTree(t, dir, want), "a clean push")
 		points := []int{1, 2, len(names) / 3, len(names) / 2, len(names) - 2, len(names) - 1, len(names)}
 		for i := 0; i < 4; i++ {
 			points = append(points, 1+rand.IntN(len(names)))
@@ -253,7 +331,8 @@ func TestPushArrayTasks(t *testing.T) {
 		if r, err := manifests.VerifyEpochs(got, manifests.VerifyOptions{Deep: true}); err != nil || !r.OK() {
 			t.Fatalf("round %d: the bucket's folder: %v %v", round, err, r.Problems)
 		}
-		a, b := bucketTree(t, got), clitest.Tree(t, one)
+		a := bucketTree(t, got)
+		b := pushedTree(t, one, a)
 		for _, m := range []string{"epochs.json", "SHA256SUMS", "shards.parquet"} {
 			delete(a, m)
 			delete(b, m)
@@ -310,6 +389,42 @@ func TestBucketVerifyInspect(t *testing.T) {
 		}
 	}
 	oneLine(t, run("verify", "s3://bkt/nothing"), 2, "clipshard verify: ")
+
+	// The dataset synced down (its BLOCKSUMS too) verifies; BLOCKSUMS
+	// damaged, or recording other blocks, is named, locally and in the
+	// bucket.
+	down := t.TempDir()
+	for rel, b := range bucketTree(t, filepath.Join(s.Root, "bkt", "ds")) {
+		os.MkdirAll(filepath.Dir(filepath.Join(down, rel)), 0o755)
+		os.WriteFile(filepath.Join(down, rel), b, 0o644)
+	}
+	if r := run("verify", down); r.Code != 0 {
+		t.Fatalf("a dataset synced down with its BLOCKSUMS: %d %s %s", r.Code, r.Stdout, r.Stderr)
+	}
+	sumsPath := filepath.Join(down, "BLOCKSUMS")
+	good, _ := os.ReadFile(sumsPath)
+	damaged := bytes.Clone(good)
+	damaged[len(damaged)-1] ^= 1
+	bs, err := manifests.ParseBlockSums(good, "BLOCKSUMS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bs.Files[0].Digests = bytes.Clone(bs.Files[0].Digests)
+	bs.Files[0].Digests[0] ^= 1 // block 0 of the first blob: another digest
+	other, _ := bs.Marshal()
+	for _, c := range []struct {
+		b    []byte
+		want string
+	}{{damaged, "BLOCKSUMS: its digests' sha256 is not the recorded"}, {other, bs.Files[0].Name + ": block 0 (bytes 0..65536): sha256 differs from BLOCKSUMS"}} {
+		os.WriteFile(sumsPath, c.b, 0o644)
+		if r := run("verify", down); r.Code != 1 || !strings.Contains(r.Stdout, c.want) {
+			t.Fatalf("verify of a folder whose BLOCKSUMS is wrong: %d %s %s", r.Code, r.Stdout, r.Stderr)
+		}
+		os.WriteFile(filepath.Join(s.Root, "bkt", "ds", "BLOCKSUMS"), c.b, 0o644)
+		if r := run("verify", "s3://bkt/ds"); r.Code != 1 || !strings.Contains(r.Stdout, "s3://bkt/ds/"+c.want) {
+			t.Fatalf("verify of a bucket whose BLOCKSUMS is wrong: %d %s %s", r.Code, r.Stdout, r.Stderr)
+		}
+	}
 }
 
 // TestTrainFromBucket (#34.3): epochs pushed to versitygw, read through
@@ -338,6 +453,44 @@ func TestTrainFromBucket(t *testing.T) {
 	t.Logf("%s", got)
 }
 
+// TestBucketEgress (#34.3, egress): epochs of wide rows (8 KiB a sample,
+// batches of 2 MiB a rank, shards of 300 samples) pushed, then read by 2 and 4 ranks a node each
+// (a cache each) and by 4 ranks on 2 nodes (LOCAL_WORLD_SIZE=2, a cache a
+// node), each cache bounded far below the epoch: every rank's batches are
+// the folder's, the bytes fetched over all ranks at most 1.1x the epoch's
+// (not R x: each rank fetches the blocks of its own slices), du of every
+// cache never above its limit, and a resume on 3 nodes with another batch
+// size reads exactly the rest (testdata/check_egress.py).
+func TestBucketEgress(t *testing.T) {
+	numpytest.Module(t, "boto3", "python3-boto3")
+	s := s3test.Start(t, "bkt")
+	src := t.TempDir()
+	var ids strings.Builder
+	for i := range 20 {
+		id := fmt.Sprintf("w%02d", i)
+		ids.WriteString(id + "\n")
+		writeNPY(t, filepath.Join(src, "x", id+".npy"), 900+7*i, 512, func(r, c int) float32 { return float32((r*13+c*5+i)%2048) / 256 })
+	}
+	os.WriteFile(filepath.Join(src, "clips.txt"), []byte(ids.String()), 0o644)
+	ds := filepath.Join(t.TempDir(), "ds")
+	if r := clip(t, "convert", "--quiet", "--clips", filepath.Join(src, "clips.txt"), "--out", ds, "-m", "x=x/{clip}.npy"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	ep := filepath.Join(t.TempDir(), "ep")
+	if r := clip(t, "shuffle", "--quiet", "--dataset", ds, "--out", ep, "--window", "8", "--sampling", "tile", "--epochs", "1", "--shard-samples", "300", "--seed", "3"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	if r := pushRun(t, s, nil, ep, "s3://bkt/ep"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	s.Setenv(t)
+	got := numpytest.Run(t, filepath.Join("..", "..", "testdata", "check_egress.py"), ep, "s3://bkt/ep", filepath.Join(t.TempDir(), "caches"), "256")
+	if !strings.Contains(string(got), "ok: egress") {
+		t.Fatalf("check_egress: %s", got)
+	}
+	t.Logf("%s", got)
+}
+
 // TestBucketFaults (#34.4): a fault-injecting proxy (loopback, bounded)
 // between the readers and versitygw: 503 SlowDown, a connection reset in
 // the middle of a body, a body cut short, a stalled body (each on the
@@ -348,29 +501,46 @@ func TestTrainFromBucket(t *testing.T) {
 // bytes are right, and its temporary file is removed
 // (testdata/check_faults.py).
 func TestBucketFaults(t *testing.T) {
-	s, ep := pushedEpochs(t, "1", "16")
 	t.Setenv("CLIPSHARD_S3_READ_TIMEOUT", "1") // shorter than the stall
-	t.Setenv("CLIPSHARD_TEST_DIRECT_ENDPOINT", s.Endpoint)
-	t.Setenv("CLIPSHARD_S3_PIECE", "8192") // several ranged GETs an object
-	args := []string{filepath.Join("..", "..", "testdata", "check_faults.py"), ep, "s3://bkt/ep", filepath.Join(t.TempDir(), "caches")}
-	var proxies []*s3test.Proxy
-	for _, f := range []s3test.Fault{s3test.SlowDown, s3test.Reset, s3test.Truncate, s3test.Stall, s3test.Overwrite} {
-		p := s3test.StartProxy(t, s, f, 2)
-		proxies = append(proxies, p)
-		args = append(args, string(f)+"="+p.URL)
+	t.Setenv("CLIPSHARD_S3_PIECE", "8192")     // several ranged GETs an object
+	for _, c := range []struct {
+		name  string
+		world string
+		sums  bool
+	}{{"blocks, 2 ranks (ranged)", "2", true}, {"blocks, 1 rank (whole files)", "1", true}, {"no BLOCKSUMS (whole files, SHA256SUMS)", "1", false}} {
+		t.Run(c.name, func(t *testing.T) {
+			s, ep := pushedEpochs(t, "1", "16")
+			if !c.sums {
+				// As uploaded by another tool: no BLOCKSUMS.
+				os.Remove(filepath.Join(s.Root, "bkt", "ep", "epoch-0000", "BLOCKSUMS"))
+			}
+			t.Setenv("CLIPSHARD_TEST_DIRECT_ENDPOINT", s.Endpoint)
+			t.Setenv("CHECK_WORLD", c.world)
+			args := []string{filepath.Join("..", "..", "testdata", "check_faults.py"), ep, "s3://bkt/ep", filepath.Join(t.TempDir(), "caches")}
+			var proxies []*s3test.Proxy
+			faults := []s3test.Fault{s3test.SlowDown, s3test.Reset, s3test.Truncate, s3test.Stall, s3test.Overwrite}
+			if c.sums {
+				faults = append(faults, s3test.OverwriteSums)
+			}
+			for _, f := range faults {
+				p := s3test.StartProxy(t, s, f, 2)
+				proxies = append(proxies, p)
+				args = append(args, string(f)+"="+p.URL)
+			}
+			kill := s3test.StartProxy(t, s, s3test.Stall, 1)
+			args = append(args, "kill="+kill.URL)
+			got := numpytest.Run(t, args...)
+			if !strings.Contains(string(got), "ok: faults") || !strings.Contains(string(got), "a fetcher killed mid-object") {
+				t.Fatalf("check_faults: %s", got)
+			}
+			for i, p := range proxies {
+				if p.Faults == 0 {
+					t.Fatalf("proxy %d (%s) injected no fault: the check proved nothing", i, faults[i])
+				}
+			}
+			t.Logf("%s", got)
+		})
 	}
-	kill := s3test.StartProxy(t, s, s3test.Stall, 1)
-	args = append(args, "kill="+kill.URL)
-	got := numpytest.Run(t, args...)
-	if !strings.Contains(string(got), "ok: faults") || !strings.Contains(string(got), "a fetcher killed mid-object") {
-		t.Fatalf("check_faults: %s", got)
-	}
-	for i, p := range proxies {
-		if p.Faults == 0 {
-			t.Fatalf("proxy %d injected no fault: the check proved nothing", i)
-		}
-	}
-	t.Logf("%s", got)
 }
 
 // pushedEpochs is a server holding, at s3://bkt/ep, epochs of the demo

@@ -19,16 +19,18 @@ import (
 )
 
 // Fault is what the fault proxy does to the first requests of a GET of
-// a shard file (a key holding "/epoch-"), per object.
+// an object of an epoch folder (a key holding "/epoch-": its shard files
+// and BLOCKSUMS), per object.
 type Fault string
 
 // The faults.
 const (
-	SlowDown  Fault = "503"       // 503 SlowDown, before anything is sent
-	Reset     Fault = "reset"     // the connection reset in the middle of the body
-	Truncate  Fault = "truncate"  // the body ends early (less than Content-Length)
-	Stall     Fault = "stall"     // the body stops for StallFor in the middle
-	Overwrite Fault = "overwrite" // the object replaced (same size, new bytes) after its first GET
+	SlowDown      Fault = "503"            // 503 SlowDown, before anything is sent
+	Reset         Fault = "reset"          // the connection reset in the middle of the body
+	Truncate      Fault = "truncate"       // the body ends early (less than Content-Length)
+	Stall         Fault = "stall"          // the body stops for StallFor in the middle
+	Overwrite     Fault = "overwrite"      // a shard file replaced (same size, new bytes) after its first GET
+	OverwriteSums Fault = "overwrite-sums" // an epoch's BLOCKSUMS replaced so
 )
 
 // MaxFaulted is how many objects a proxy injects faults into (the first
@@ -79,7 +81,9 @@ func StartProxy(t testing.TB, s *Server, f Fault, times int) *Proxy {
 	}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key := r.URL.Path
-		if r.Method == http.MethodGet && strings.Contains(key, "/epoch-") && r.Header.Get("Range") != "" {
+		sums := strings.HasSuffix(key, "/BLOCKSUMS")
+		if r.Method == http.MethodGet && strings.Contains(key, "/epoch-") && r.Header.Get("Range") != "" &&
+			(f != Overwrite || !sums) && (f != OverwriteSums || sums) {
 			p.mu.Lock()
 			if _, ok := p.seen[key]; !ok && len(p.seen) >= MaxFaulted {
 				key = "" // the first MaxFaulted objects only: bounded in time
@@ -87,7 +91,7 @@ func StartProxy(t testing.TB, s *Server, f Fault, times int) *Proxy {
 			p.seen[key]++
 			n := p.seen[key]
 			limit := times
-			if f == Overwrite {
+			if f == Overwrite || f == OverwriteSums {
 				limit = 1
 			}
 			hit := key != "" && n <= limit
@@ -104,7 +108,7 @@ func StartProxy(t testing.TB, s *Server, f Fault, times int) *Proxy {
 			if hit {
 				r = r.WithContext(contextWith(r, key))
 			}
-			if hit && f == Overwrite {
+			if hit && (f == Overwrite || f == OverwriteSums) {
 				// Answered, then replaced behind the reader's back (new
 				// bytes, same size) before its next ranged read.
 				rp.ServeHTTP(w, r)

@@ -78,7 +78,7 @@ def read_json(path: str, limit: int = MAX_MANIFEST) -> dict[str, Any]:
         os.close(fd)
     try:
         v = json.loads(b.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # (RecursionError: nested too deep)
         raise ValueError("%s: not JSON: %s" % (path, e)) from None
     if not isinstance(v, dict):
         raise ValueError("%s: not a JSON object" % path)

@@ -1,31 +1,50 @@
 """Epochs in an S3-compatible bucket (clipshard push), read through a
 bounded node-local cache.
 
-The bucket holds the epochs folder's files under their own names. A
-reader fetches epochs.json and SHA256SUMS, and then each shard file it
-reaches (and the next ones, ahead of it) whole into the cache:
+The bucket holds the epochs folder's files under their own names, and
+(written by push) each epoch folder's BLOCKSUMS: the sha256 of every
+block (64 KiB or more) of its shard files. A reader fetches epochs.json
+and SHA256SUMS, then what it reads of each shard file into the cache:
 
-    cache_dir/CLIPSHARD-CACHE                 the mark of a cache folder
-    cache_dir/<key>/epochs.json, SHA256SUMS   key: the bucket URL and the
-    cache_dir/<key>/epoch-0003/shard-...npy     sha256 of its epochs.json
+    cache_dir/CLIPSHARD-CACHE                  the mark of a cache folder
+    cache_dir/<key>/epochs.json, SHA256SUMS    key: the bucket URL and the
+    cache_dir/<key>/.boot                        sha256 of its epochs.json
+    cache_dir/<key>/epoch-0003/BLOCKSUMS
+    cache_dir/<key>/epoch-0003/shard-...npy    the file, at its full size
+    cache_dir/<key>/epoch-0003/shard-...npy.have  a byte a block: 1 = fetched, checked
 
+- Egress: with BLOCKSUMS, a file is fetched a block range at a time: a
+  rank of several fetches only the blocks its own slices of each batch
+  touch (its node's slices, with LOCAL_WORLD_SIZE: the ranks of a node
+  take consecutive slices), so the ranks of a cluster fetch the epoch's
+  bytes about once, plus a block at the ends of each slice. Whole files
+  (the same blocks, in GETs of up to 8 MiB) when that is cheaper: one
+  rank, every rank on this node, or mixing (mix_shards: a rank's samples
+  lie all over each shard). Without BLOCKSUMS (a folder uploaded another
+  way) whole files, checked against SHA256SUMS.
 - One fetch per node: ranks and DataLoader workers sharing cache_dir
-  share its entries. Whoever holds a file's lock (flock of NAME.lock in the
-  cache) fetches it; the others wait for the final name (the rename is the
-  signal); a fetcher that dies releases its lock and another takes over.
-  No shared memory.
+  share its entries. A block range is fetched by whoever holds its lock
+  (an open-file-description lock on that range of NAME.have: per open
+  file, so threads and processes alike; a holder that dies releases it);
+  the others wait and find the blocks marked. A whole file without
+  BLOCKSUMS: flock of NAME.lock, rename the signal. No shared memory.
 - Fetched safely: bounded ranged GETs (never an open-ended range) of the
   version listed (If-Match its ETag: an object replaced meanwhile raises,
-  naming it) into NAME.tmp.PID, checked against SHA256SUMS, then renamed.
-  Resets, short bodies and stalls are retried with jittered backoff,
-  resuming by Range; 503 SlowDown too (botocore's adaptive retries).
-- Bounded: the cache never holds more than cache_limit bytes (temporary
-  files counted): before a fetch, entries no local reader is at or
-  reading ahead to are evicted; a limit too small for the read-ahead is
-  refused at the start. Nothing outside cache_dir is ever deleted, and a
-  folder that holds anything but cache entries is refused. Entries are
-  keyed by exact identity, so two jobs (or users) may share a cache and
-  versions never mix; deleting the cache is always safe.
+  naming it); every block checked against BLOCKSUMS before it is marked
+  (a whole file against SHA256SUMS before it is renamed). Resets, short
+  bodies and stalls are retried with jittered backoff, resuming by
+  Range; 503 SlowDown too (botocore's adaptive retries). The marks are
+  trusted within one boot of the machine (.boot): after a restart an
+  entry's files are fetched again.
+- Bounded: the cache never holds more than cache_limit bytes, as du
+  counts them: room is made, and taken (posix_fallocate of the blocks to
+  fetch), under flock of the mark, evicting files no local reader is at
+  or reading ahead to (then what they read ahead to); a limit too small
+  for the read-ahead is refused at the start. Nothing outside cache_dir
+  is ever deleted, and a folder that holds anything but cache entries is
+  refused. Entries are keyed by exact identity, so two jobs (or users)
+  may share a cache and versions never mix; deleting the cache is always
+  safe.
 
 The client is boto3 (the clipshard[s3] extra), made per process (after
 a fork), with adaptive retries and request checksums only where required
@@ -35,25 +54,30 @@ AWS_ENDPOINT_URL).
 """
 from __future__ import annotations
 
-import errno
 import fcntl
 import hashlib
 import json
 import os
 import random
 import re
+import struct
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Optional, Union
+from typing import Any, Iterable, Optional, Union
 
 MARK = "CLIPSHARD-CACHE"
-# Files a process fetches at once: CLIPSHARD_S3_FETCHERS, else one a core
-# up to 4 (on this 2-core box, with the server on it too, 2 beat 4: 0.67x
-# the floor against 0.56x; docs/BENCHMARKS.md).
+BLOCKSUMS = "BLOCKSUMS"
+# Requests a process has in flight at once: CLIPSHARD_S3_FETCHERS, else
+# one a core up to 4 (on this 2-core box, with the server on it too, 2
+# beat 4; docs/BENCHMARKS.md).
 FETCHERS = int(os.environ.get("CLIPSHARD_S3_FETCHERS", min(4, os.cpu_count() or 2)))
-PIECE = int(os.environ.get("CLIPSHARD_S3_PIECE", 8 << 20))  # bytes of one ranged GET (the tests make it small)
+PIECE = int(os.environ.get("CLIPSHARD_S3_PIECE", 8 << 20))  # bytes of one ranged GET at most (the tests make it small)
 MAX_MANIFEST = 256 << 20
+MAX_DIGESTS = 32 << 20  # bytes of digests a BLOCKSUMS may hold (as push bounds them)
+HEAD = 4096  # a file's head (its .npy header), which BLOCKSUMS hashes apart
+SLACK = 64 << 10  # kept free under the limit: position files, the extent blocks of sparse files
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 def is_url(s: Any) -> bool:
@@ -105,6 +129,7 @@ class _Client:
                 # seconds (default 30) and the range read again.
                 timeout = float(os.environ.get("CLIPSHARD_S3_READ_TIMEOUT", "30"))
                 kw: dict[str, Any] = dict(retries={"mode": "adaptive", "max_attempts": 10}, connect_timeout=10, read_timeout=timeout,
+                                          max_pool_connections=max(10, 2 * FETCHERS),
                                           s3={"addressing_style": "path"} if os.environ.get("AWS_ENDPOINT_URL") else {})
                 try:
                     cfg = Config(request_checksum_calculation="when_required", response_checksum_validation="when_required", **kw)
@@ -178,15 +203,20 @@ class Bucket:
             raise ValueError("%s: %d bytes, more than a manifest may have (%d)" % (self.name(rel), size, limit))
         return self.range(rel, 0, size, etag), etag
 
-    def range(self, rel: str, off: int, n: int, etag: str, tries: int = 8) -> bytes:
-        """Bytes [off, off+n) of the version etag of rel, by bounded ranged
-        GETs of at most PIECE bytes; a reset, a short body or a stall is
-        retried from where it stopped (jittered backoff); a replaced
-        object (412) raises, naming it."""
-        out = bytearray()
-        fails = 0
-        while len(out) < n:
-            a = off + len(out)
+    def range(self, rel: str, off: int, n: int, etag: str) -> bytes:
+        """Bytes [off, off+n) of the version etag of rel (see into)."""
+        out = bytearray(n)
+        self.into(rel, off, memoryview(out), etag)
+        return bytes(out)
+
+    def into(self, rel: str, off: int, buf: memoryview, etag: str, tries: int = 8) -> None:
+        """Fill buf with bytes [off, off+len(buf)) of the version etag of
+        rel, by bounded ranged GETs of at most PIECE bytes; a reset, a
+        short body or a stall is retried from where it stopped (jittered
+        backoff); a replaced object (412) raises, naming it."""
+        n, got, fails = len(buf), 0, 0
+        while got < n:
+            a = off + got
             b = min(off + n, a + PIECE) - 1
             try:
                 self.gets += 1
@@ -194,17 +224,18 @@ class Bucket:
                 body = r["Body"]
                 try:
                     while True:
-                        chunk = body.read(1 << 20)
+                        chunk = body.read(min(1 << 20, b + 1 - (off + got)) or 1)
                         if not chunk:
                             break
-                        out += chunk
-                        self.bytes += len(chunk)
-                        if len(out) > n:
+                        if off + got + len(chunk) > b + 1:
                             raise ValueError("%s: the server sent more than bytes %d..%d" % (self.name(rel), a, b))
+                        buf[got: got + len(chunk)] = chunk
+                        got += len(chunk)
+                        self.bytes += len(chunk)
                 finally:
                     body.close()
-                if len(out) < b + 1 - off:
-                    raise ConnectionError("short body: %d of %d bytes" % (len(out) - (a - off), b + 1 - a))
+                if off + got < b + 1:
+                    raise ConnectionError("short body: %d of %d bytes" % (off + got - a, b + 1 - a))
                 fails = 0
             except Exception as e:
                 code = _code(e)
@@ -219,7 +250,62 @@ class Bucket:
                 if fails > tries:
                     raise ValueError("%s: bytes %d..%d: %d tries failed, the last: %s" % (self.name(rel), a, b, fails, e)) from None
                 time.sleep(min(2.0, 0.05 * 2 ** fails) * (0.5 + random.random()))
-        return bytes(out)
+
+
+class BlockSums:
+    """A BLOCKSUMS file, checked: the block size, and per file its size,
+    sha256 and the sha256 of each block (docs/FORMAT.md)."""
+
+    def __init__(self, b: bytes, name: str) -> None:
+        def bad(what: str) -> ValueError:
+            return ValueError("%s: %s" % (name, what))
+        line, nl, digests = b.partition(b"\n")
+        if not nl:
+            raise bad("no header line")
+        try:
+            h = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:  # (RecursionError: nested too deep)
+            raise bad("header: not JSON: %s" % e) from None
+        if not isinstance(h, dict) or set(h) != {"format", "version", "block", "digests_sha256", "files"}:
+            raise bad("header: want the keys format, version, block, digests_sha256, files")
+        if h["format"] != "clipshard.blocksums" or h["version"] != 1 or type(h["version"]) is not int:
+            raise bad("format %r version %r, want 'clipshard.blocksums' version 1" % (h["format"], h["version"]))
+        block = h["block"]
+        if type(block) is not int or not (64 << 10) <= block <= (64 << 20) or block & (block - 1):
+            raise bad("block %r: want a power of two from 64 KiB to 64 MiB" % (block,))
+        if not isinstance(h["files"], list):
+            raise bad("files: not a list")
+        self.block = block
+        self.files: dict[str, tuple[int, str, int]] = {}  # name -> (size, sha256, index of its first digest)
+        self.heads: dict[str, bytes] = {}  # name -> the sha256 of its first HEAD bytes
+        at, last = 0, ""
+        for f in h["files"]:
+            if not isinstance(f, dict) or set(f) != {"name", "size", "sha256", "head"}:
+                raise bad("a file entry %r: want name, size, sha256, head" % (f,))
+            n, size, sha = f["name"], f["size"], f["sha256"]
+            if not isinstance(f["head"], str) or not re.fullmatch(r"[0-9a-f]{64}", f["head"]):
+                raise bad("file %r: head %r" % (n, f["head"]))
+            self.heads[n] = bytes.fromhex(f["head"])
+            if not isinstance(n, str) or not n or n <= last:
+                raise bad("file %r: names not sorted and unique" % (n,))
+            if type(size) is not int or not 0 <= size <= 1 << 50:
+                raise bad("file %r: size %r" % (n, size))
+            if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha):
+                raise bad("file %r: sha256 %r" % (n, sha))
+            self.files[n] = (size, sha, at)
+            at += -(-size // block)
+            last = n
+            if at * 32 > MAX_DIGESTS:
+                raise bad("more than %d bytes of digests" % MAX_DIGESTS)
+        if len(digests) != at * 32:
+            raise bad("%d bytes of digests, the sizes make %d" % (len(digests), at * 32))
+        if hashlib.sha256(digests).hexdigest() != h["digests_sha256"]:
+            raise bad("its digests' sha256 is not the recorded %r (damaged)" % (h["digests_sha256"],))
+        self.digests = digests
+        self.size = len(b)  # bytes of the file
+
+    def digest(self, rel: str, i: int) -> bytes:
+        return self.digests[(self.files[rel][2] + i) * 32: (self.files[rel][2] + i + 1) * 32]
 
 
 def _alive(pid: int) -> bool:
@@ -232,6 +318,22 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _range_lock(fd: int, start: int, length: int, kind: int) -> None:
+    """An open-file-description lock (Linux) on bytes [start, start+length)
+    of fd: F_WRLCK waits for it, F_UNLCK releases it. It belongs to this
+    open of the file: another thread's open, or another process's,
+    conflicts; it goes when the fd closes (a process that dies)."""
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLKW, struct.pack("hhxxxxqqixxxx", kind, 0, start, length, 0))
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return "unknown"
+
+
 class Cache:
     """A node-local cache folder of bucket folders' files (see the module
     doc). Safe for several processes (ranks, workers) at once."""
@@ -242,41 +344,59 @@ class Cache:
         if self.limit <= 0:
             raise ValueError("cache_limit %r: want a size > 0" % (limit,))
         os.makedirs(self.path, exist_ok=True)
-        mark = os.path.join(self.path, MARK)
-        if not os.path.exists(mark):
-            others = [n for n in os.listdir(self.path)]
-            if others:
+        names = os.listdir(self.path)
+        if MARK not in names:
+            if names:
                 raise ValueError("%s: not a clipshard cache (it holds %s, and no %s): give an empty or new folder, "
-                                 "never a folder of your own files (a cache deletes what it evicts)" % (self.path, sorted(others)[:5], MARK))
-            with open(mark, "w") as f:
-                f.write("clipshard cache: every file here may be deleted at any time\n")
+                                 "never a folder of your own files (a cache deletes what it evicts)" % (self.path, sorted(names)[:5], MARK))
+            # Made create-only: readers starting at once on an empty folder
+            # (ranks, workers) all find it a cache, whoever made the mark.
+            try:
+                fd = os.open(os.path.join(self.path, MARK), os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644)
+            except FileExistsError:
+                pass
+            else:
+                with os.fdopen(fd, "w") as f:
+                    f.write("clipshard cache: every file here may be deleted at any time\n")
         for n in os.listdir(self.path):
             if n != MARK and not re.fullmatch(r"[0-9a-f]{32}", n):
                 raise ValueError("%s: holds %r, which is not a cache entry: refusing to use it as a cache" % (self.path, n))
 
     def usage(self) -> int:
-        """The bytes the cache takes on disk, as du counts them (at least
-        each file's size rounded up to a 4 KiB block)."""
+        """The bytes the cache takes on disk, as du counts them."""
         total = 0
         for root, _, names in os.walk(self.path):
             for n in names:
                 try:
-                    total += disk_bytes(os.lstat(os.path.join(root, n)))
+                    total += os.lstat(os.path.join(root, n)).st_blocks * 512
                 except FileNotFoundError:
                     pass
         return total
 
+    def locked(self) -> "_Flock":
+        """The cache's own lock (flock of the mark): room is made and
+        taken under it."""
+        return _Flock(os.path.join(self.path, MARK))
+
+
+class _Flock:
+    def __init__(self, path: str, exclusive: bool = True) -> None:
+        self.path, self.mode = path, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+
+    def __enter__(self) -> "_Flock":
+        self.fd = os.open(self.path, os.O_RDONLY | _O_CLOEXEC)
+        fcntl.flock(self.fd, self.mode)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+
 
 def blocks(n: int) -> int:
     """What a file of n bytes may take on disk: n rounded up to whole 4
-    KiB blocks, and one more (ext4 may allocate one past the end)."""
+    KiB blocks, and one more (an extent block, or ext4's one past the end)."""
     return -(-n // 4096) * 4096 + 4096
-
-
-def disk_bytes(st: os.stat_result) -> int:
-    """What a file takes on disk, or may once written: its allocated
-    blocks, or its size in whole blocks if more."""
-    return max(blocks(st.st_size) if st.st_size else 0, st.st_blocks * 512)
 
 
 class Remote:
@@ -294,6 +414,7 @@ class Remote:
         self.key = hashlib.sha256(self.bucket.url.encode() + b"\0" + man).hexdigest()[:32]
         self.root = os.path.join(self.cache.path, self.key)
         os.makedirs(self.root, exist_ok=True)
+        self._fresh_boot()
         self._put("epochs.json", man)
         sums, _ = self.bucket.read_all("SHA256SUMS")
         self.sums = {}
@@ -302,23 +423,53 @@ class Remote:
             if len(h) == 64 and n:
                 self.sums[n] = h
         self._put("SHA256SUMS", sums)
-        self.manifest_bytes = blocks(len(man)) + blocks(len(sums)) + 4 * 4096  # with the mark's and positions' files
+        # The manifests, the mark, .boot, and room for the positions' files.
+        self.manifest_bytes = blocks(len(man)) + blocks(len(sums)) + 2 * 4096 + SLACK
         self.objects: dict[str, tuple[int, str]] = {}  # rel -> (size, etag), as first seen
-        self.fetched = 0  # bytes of shard files this process fetched into the cache
+        self.fetched = 0  # bytes of shard files this process fetched (received) into the cache
         self._listed: set[str] = set()  # folders whose objects were listed
+        self._sums: dict[str, Optional[BlockSums]] = {}  # epoch folder -> its BLOCKSUMS (None: none)
         self._lock = threading.Lock()
-        self._ahead: dict[str, Future[None]] = {}
+        self._ahead: dict[Any, Future[None]] = {}
         self._pool_pid = -1
         self._executor: Optional[ThreadPoolExecutor] = None
-        self.window: list[list[str]] = []  # this reader's shard groups, from where it is on
         self._pos_file = os.path.join(self.root, ".pos-%d-%d" % (os.getpid(), id(self)))
 
+    def _fresh_boot(self) -> None:
+        """Marks of fetched blocks are trusted within the boot that wrote
+        them (after a crash, a page the disk never got may read as zeros):
+        an entry of another boot has its shard files removed."""
+        now = _boot_id()
+        p = os.path.join(self.root, ".boot")
+        try:
+            with open(p) as f:
+                if f.read() == now:
+                    return
+        except FileNotFoundError:
+            pass
+        with self.cache.locked():
+            try:
+                with open(p) as f:
+                    if f.read() == now:
+                        return
+            except FileNotFoundError:
+                pass
+            for d, _, names in os.walk(self.root):
+                for n in names:
+                    if n.endswith((".npy", ".have")) or n == BLOCKSUMS or ".tmp." in n:
+                        os.unlink(os.path.join(d, n))
+            tmp = "%s.tmp.%d" % (p, os.getpid())
+            with open(tmp, "w") as f:
+                f.write(now)
+            os.replace(tmp, p)
+
     def _put(self, rel: str, b: bytes) -> None:
-        p = os.path.join(self.root, rel)
+        p = self.local(rel)
         if os.path.exists(p):
             with open(p, "rb") as f:
                 if f.read() == b:
                     return
+        os.makedirs(os.path.dirname(p), exist_ok=True)
         tmp = "%s.tmp.%d.%d" % (p, os.getpid(), random.getrandbits(32))
         with open(tmp, "wb") as f:
             f.write(b)
@@ -329,14 +480,86 @@ class Remote:
         b, _ = self.bucket.read_all("epochs.json")
         return b
 
-    # -- fetching ------------------------------------------------------------
-
     def local(self, rel: str) -> str:
         return os.path.join(self.root, *rel.split("/"))
 
+    # -- what is in the bucket -----------------------------------------------
+
+    def _object(self, rel: str) -> tuple[int, str]:
+        """(size, ETag) of rel as first seen (its folder listed once)."""
+        with self._lock:
+            obj = self.objects.get(rel)
+            folder = rel.rsplit("/", 1)[0] + "/" if "/" in rel else ""
+            listed = folder in self._listed
+        if obj is None and not listed:
+            got = self.bucket.list(folder)  # the epoch folder's objects at once
+            with self._lock:
+                self._listed.add(folder)
+                for k, v in got.items():
+                    self.objects.setdefault(k, v)
+                obj = self.objects.get(rel)
+        if obj is None:
+            try:
+                obj = self.bucket.head(rel)
+            except FileNotFoundError as e:
+                raise ValueError(str(e)) from None
+            with self._lock:
+                self.objects[rel] = obj
+        return obj
+
+    def block_sums_size(self, rel: str) -> int:
+        """Bytes of the BLOCKSUMS of shard file rel's folder in the bucket
+        (0: none)."""
+        folder = rel.rsplit("/", 1)[0] if "/" in rel else ""
+        self._object(rel)  # (lists the folder)
+        with self._lock:
+            listed = self.objects.get(folder + "/" + BLOCKSUMS if folder else BLOCKSUMS)
+        return listed[0] if listed else 0
+
+    def block_sums(self, rel: str) -> Optional[BlockSums]:
+        """The BLOCKSUMS of shard file rel's folder (checked, and against
+        SHA256SUMS), fetched into the cache once; None if the bucket has
+        none (the folder's files are then fetched whole)."""
+        folder = rel.rsplit("/", 1)[0] if "/" in rel else ""
+        with self._lock:
+            if folder in self._sums:
+                return self._sums[folder]
+        name = folder + "/" + BLOCKSUMS if folder else BLOCKSUMS
+        self._object(rel)  # (lists the folder)
+        with self._lock:
+            listed = self.objects.get(name)
+        sums: Optional[BlockSums] = None
+        if listed is not None:
+            p = self.local(name)
+            b = None
+            if os.path.exists(p):
+                with open(p, "rb") as f:
+                    b = f.read()
+            if b is None or len(b) != listed[0]:
+                if listed[0] > MAX_MANIFEST + MAX_DIGESTS:
+                    raise ValueError("%s: %d bytes, more than a BLOCKSUMS may have" % (self.bucket.name(name), listed[0]))
+                b = self.bucket.range(name, 0, listed[0], listed[1])
+            sums = BlockSums(b, self.bucket.name(name))
+            for n, (size, sha, _) in sums.files.items():
+                if self.sums.get(n, sha) != sha:
+                    raise ValueError("%s: records sha256 %s for %s, SHA256SUMS %s: it describes another version of the file "
+                                     "(push again)" % (self.bucket.name(name), sha, n, self.sums.get(n)))
+            with self.cache.locked():
+                self._make_room(blocks(len(b)))
+                self._put(name, b)
+        with self._lock:
+            self._sums[folder] = sums
+        return sums
+
+    # -- fetching ------------------------------------------------------------
+
     def ensure(self, rel: str) -> str:
-        """The local path of shard file rel, fetched (once per node) and
-        checked against SHA256SUMS if it is not in the cache."""
+        """The local path of shard file rel, whole in the cache (fetched
+        once per node and checked, if it is not there)."""
+        sums = self.block_sums(rel)
+        if sums is not None:
+            self.ensure_range(rel, 0, None)
+            return self.local(rel)
         p = self.local(rel)
         if os.path.exists(p):
             return p
@@ -345,93 +568,282 @@ class Remote:
             t.result()
             if os.path.exists(p):
                 return p
-        self._fetch(rel)
+        self._fetch_whole(rel)
         return p
 
-    def _fetch(self, rel: str) -> None:
+    def ensure_range(self, rel: str, lo: int, hi: Optional[int], ino: Optional[int] = None) -> None:
+        """Bytes [lo, hi) of shard file rel (hi None: to its end) fetched
+        into its cache file and checked, block by block (BLOCKSUMS). With
+        ino, the cache file must be that one (the one a reader has open:
+        a reader's files are never evicted, this checks it)."""
+        sums = self.block_sums(rel)
+        if sums is None:
+            self.ensure(rel)
+            return
+        size, sha, _ = sums.files.get(rel, (-1, "", 0))
+        if size < 0:
+            raise ValueError("%s: BLOCKSUMS does not list it: its bytes cannot be checked" % self.bucket.name(rel))
+        osize, etag = self._object(rel)
+        if osize != size:
+            raise ValueError("%s: %d bytes in the bucket, BLOCKSUMS says %d (replaced?)" % (self.bucket.name(rel), osize, size))
+        K = sums.block
+        hi = size if hi is None else min(hi, size)
+        if hi <= lo:
+            return
+        i0, i1 = lo // K, -(-hi // K)
+        for attempt in range(4):
+            try:
+                fd, have = self._sparse(rel, size, -(-size // K))
+            except FileNotFoundError:
+                continue  # evicted meanwhile: made again
+            try:
+                if ino is not None and os.fstat(fd).st_ino != ino:
+                    raise ValueError("%s: replaced in the cache while it was open for reading (evicted?): refusing to read "
+                                     "holes" % self.local(rel))
+                marks = os.pread(have, i1 - i0, i0)
+                if len(marks) != i1 - i0:
+                    raise ValueError("%s: its marks are short" % self.local(rel) + ".have")
+                if all(marks):
+                    return
+                for a, b in _runs(marks, i0):
+                    _range_lock(have, a, b - a, fcntl.F_WRLCK)
+                    try:
+                        again = os.pread(have, b - a, a)
+                        for c, d in _runs(again, a):
+                            self._fetch_blocks(rel, fd, have, sums, size, etag, c, d)
+                    finally:
+                        _range_lock(have, a, b - a, fcntl.F_UNLCK)
+                return
+            finally:
+                os.close(fd)
+                os.close(have)
+        raise ValueError("%s: evicted again and again while it was being fetched: raise cache_limit" % self.local(rel))
+
+    def ensure_head(self, rel: str) -> None:
+        """The head of shard file rel (its first HEAD bytes: the .npy
+        header, what opening it reads) fetched into its cache file and
+        checked against BLOCKSUMS; its mark is the marks' last byte (a
+        rank whose slices miss the first block fetches 4 KiB, not a
+        block). A file of one block: that block. Without BLOCKSUMS: the
+        file whole."""
+        sums = self.block_sums(rel)
+        if sums is None:
+            self.ensure(rel)
+            return
+        size, _, _ = sums.files.get(rel, (-1, "", 0))
+        if size < 0:
+            raise ValueError("%s: BLOCKSUMS does not list it: its bytes cannot be checked" % self.bucket.name(rel))
+        if size <= sums.block:
+            self.ensure_range(rel, 0, size)  # a file of one block: that block (a reader of any row needs it)
+            return
+        osize, etag = self._object(rel)
+        if osize != size:
+            raise ValueError("%s: %d bytes in the bucket, BLOCKSUMS says %d (replaced?)" % (self.bucket.name(rel), osize, size))
+        n = -(-size // sums.block)
+        for attempt in range(4):
+            try:
+                fd, have = self._sparse(rel, size, n)
+            except FileNotFoundError:
+                continue
+            try:
+                if os.pread(have, 1, n) == b"\1" or all(os.pread(have, 1, 0)):
+                    return  # (the head, or the first block, which holds it)
+                _range_lock(have, n, 1, fcntl.F_WRLCK)
+                try:
+                    if os.pread(have, 1, n) == b"\1":
+                        return
+                    k = min(HEAD, size)
+                    with self.cache.locked():
+                        self._make_room(4096 + 4096)
+                        if k:
+                            os.posix_fallocate(fd, 0, k)
+                    b = self.bucket.range(rel, 0, k, etag)
+                    with self._lock:
+                        self.fetched += k
+                    if hashlib.sha256(b).digest() != sums.heads[rel]:
+                        raise ValueError("%s: its head (bytes 0..%d) is not what BLOCKSUMS records: refusing it" % (self.bucket.name(rel), k))
+                    os.pwrite(fd, b, 0)
+                    os.pwrite(have, b"\1", n)
+                finally:
+                    _range_lock(have, n, 1, fcntl.F_UNLCK)
+                return
+            finally:
+                os.close(fd)
+                os.close(have)
+        raise ValueError("%s: evicted again and again while it was being fetched: raise cache_limit" % self.local(rel))
+
+    def _sparse(self, rel: str, size: int, n: int) -> tuple[int, int]:
+        """fds of rel's cache file (its full size, holes where nothing was
+        fetched) and of its marks (NAME.have: a byte a block, then one for
+        the head), made if they are not there: the marks first, so that a
+        data file is never without them."""
+        p = self.local(rel)
+        try:
+            return self._open_pair(p)
+        except FileNotFoundError:
+            pass
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        lockp = p + ".lock"
+        fd = os.open(lockp, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                return self._open_pair(p)
+            except FileNotFoundError:
+                pass
+            for q in (p, p + ".have"):
+                try:
+                    os.unlink(q)  # (one without the other: what an eviction or a death left)
+                except FileNotFoundError:
+                    pass
+            _sweep(p)
+            with self.cache.locked():
+                self._make_room(blocks(n + 1))
+                tmp = "%s.have.tmp.%d.%d" % (p, os.getpid(), random.getrandbits(32))
+                with open(tmp, "wb") as f:
+                    f.write(bytes(n + 1))
+                os.replace(tmp, p + ".have")
+            tmp = "%s.tmp.%d.%d" % (p, os.getpid(), random.getrandbits(32))
+            with open(tmp, "wb") as f:
+                f.truncate(size)
+            os.replace(tmp, p)
+            return self._open_pair(p)
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    @staticmethod
+    def _open_pair(p: str) -> tuple[int, int]:
+        """fds of p and of its marks, of one making: marks made again
+        between the two opens (an eviction and a new fetch) are not paired
+        with the data file (FileNotFoundError: try again)."""
+        have = os.open(p + ".have", os.O_RDWR | _O_CLOEXEC)
+        try:
+            fd = os.open(p, os.O_RDWR | _O_CLOEXEC)
+            try:
+                if os.stat(p + ".have").st_ino != os.fstat(have).st_ino:
+                    raise FileNotFoundError(p + ".have")
+            except BaseException:
+                os.close(fd)
+                raise
+        except BaseException:
+            os.close(have)
+            raise
+        return fd, have
+
+    def _fetch_blocks(self, rel: str, fd: int, have: int, sums: BlockSums, size: int, etag: str, a: int, b: int) -> None:
+        """Blocks [a, b) of rel: room taken (allocated) for them, fetched in
+        GETs of up to PIECE bytes, each block checked against BLOCKSUMS,
+        written, then marked (only a checked block is ever marked)."""
+        K = sums.block
+        lo, hi = a * K, min(b * K, size)
+        with self.cache.locked():
+            self._make_room(-(-(hi - lo) // 4096) * 4096 + 4096)
+            os.posix_fallocate(fd, lo, hi - lo)
+        step = max(K, PIECE // K * K)
+        buf = bytearray(min(step, hi - lo))
+        view = memoryview(buf)
+        for off in range(lo, hi, step):
+            n = min(step, hi - off)
+            self.bucket.into(rel, off, view[:n], etag)
+            with self._lock:
+                self.fetched += n
+            for j in range(0, n, K):
+                i = (off + j) // K
+                if hashlib.sha256(view[j: min(j + K, n)]).digest() != sums.digest(rel, i):
+                    raise ValueError("%s: block %d (bytes %d..%d) is not what BLOCKSUMS records: refusing it"
+                                     % (self.bucket.name(rel), i, i * K, min((i + 1) * K, size)))
+            done = 0
+            while done < n:
+                done += os.pwrite(fd, view[done:n], off + done)
+            os.pwrite(have, b"\1" * (-(-n // K)), off // K)
+
+    def _fetch_whole(self, rel: str) -> None:
+        """A file of a folder without BLOCKSUMS: fetched whole by whoever
+        holds NAME.lock, into NAME.tmp.PID.RAND, checked against
+        SHA256SUMS, then renamed (the others wait for the name)."""
         p = self.local(rel)
         want = self.sums.get(rel)
         if want is None:
             raise ValueError("%s: SHA256SUMS does not list it: its bytes cannot be checked" % self.bucket.name(rel))
         os.makedirs(os.path.dirname(p), exist_ok=True)
-        lock = os.open(p + ".lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        lock = os.open(p + ".lock", os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another process fetching it: wait for its rename (or its death)
             if os.path.exists(p):
                 return
-            # The lock is ours: what a fetcher of it left when it died goes.
-            d, base = os.path.split(p)
-            for n in os.listdir(d):
-                if n.startswith(base + ".tmp."):
-                    pid = n[len(base) + 5:].split(".")[0]
-                    if pid.isdigit() and (int(pid) == os.getpid() or not _alive(int(pid))):
-                        try:
-                            os.unlink(os.path.join(d, n))
-                        except FileNotFoundError:
-                            pass
-            with self._lock:
-                obj = self.objects.get(rel)
-                folder = rel.rsplit("/", 1)[0] + "/" if "/" in rel else ""
-                listed = folder in self._listed
-            if obj is None and not listed:
-                got = self.bucket.list(folder)  # the epoch folder's objects at once
-                with self._lock:
-                    self._listed.add(folder)
-                    for k, v in got.items():
-                        self.objects.setdefault(k, v)
-                    obj = self.objects.get(rel)
-            if obj is None:
-                obj = self.bucket.head(rel)
-                with self._lock:
-                    self.objects[rel] = obj
-            size, etag = obj
+            _sweep(p)  # the lock is ours: what a fetcher of it left when it died goes
+            size, etag = self._object(rel)
             tmp = "%s.tmp.%d.%d" % (p, os.getpid(), random.getrandbits(32))
-            # Room is made, and taken (the temporary file at its full size),
-            # under the cache's lock: fetchers of other processes at once
-            # stay under the limit together.
-            room = os.open(os.path.join(self.cache.path, MARK), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            try:
-                fcntl.flock(room, fcntl.LOCK_EX)
+            # Room is made, and taken (the temporary file allocated at its
+            # full size), under the cache's lock: fetchers of other
+            # processes at once stay under the limit together.
+            with self.cache.locked():
                 self._make_room(blocks(size))
-                with open(tmp, "wb") as f:
-                    f.truncate(size)
-            finally:
-                fcntl.flock(room, fcntl.LOCK_UN)
-                os.close(room)
+                fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644)
+                try:
+                    if size:
+                        os.posix_fallocate(fd, 0, size)
+                except BaseException:
+                    os.close(fd)
+                    os.unlink(tmp)
+                    raise
             try:
                 h = hashlib.sha256()
-                with open(tmp, "r+b") as f:
-                    off = 0
-                    while off < size:
-                        b = self.bucket.range(rel, off, min(PIECE, size - off), etag)
-                        f.write(b)
-                        h.update(b)
-                        off += len(b)
+                buf = bytearray(min(PIECE, size) or 1)
+                view = memoryview(buf)
+                off = 0
+                while off < size:
+                    n = min(PIECE, size - off)
+                    self.bucket.into(rel, off, view[:n], etag)
+                    h.update(view[:n])
+                    done = 0
+                    while done < n:
+                        done += os.pwrite(fd, view[done:n], off + done)
+                    off += n
+                with self._lock:
+                    self.fetched += size
                 if h.hexdigest() != want:
                     raise ValueError("%s: its bytes (sha256 %s) are not those SHA256SUMS records (%s): refusing them"
                                      % (self.bucket.name(rel), h.hexdigest(), want))
                 os.replace(tmp, p)
-                self.fetched += size
             finally:
+                os.close(fd)
                 if os.path.exists(tmp):
                     os.unlink(tmp)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
             os.close(lock)
 
-    def read_ahead(self, groups: list[list[str]]) -> None:
-        """Fetch these shard groups (the next ones the reader reaches) in
-        the background, FETCHERS files at once, in order."""
-        todo = [rel for g in groups for rel in g if not os.path.exists(self.local(rel)) and rel not in self._ahead]
-        if not todo:
-            return
-        pool = self._pool()
-        for rel in todo:
-            self._ahead[rel] = pool.submit(self._quiet_fetch, rel)
+    # -- reading ahead ---------------------------------------------------------
 
-    def _quiet_fetch(self, rel: str) -> None:
+    def read_ahead(self, groups: list[list[str]]) -> None:
+        """Fetch these shard groups (the next ones the reader reaches) whole
+        in the background, FETCHERS requests at once, in order."""
+        self.read_ahead_ranges([(rel, 0, None) for g in groups for rel in g])
+
+    def read_ahead_ranges(self, ranges: Iterable[tuple[str, int, Optional[int]]]) -> None:
+        """Fetch these byte ranges of shard files in the background ((rel,
+        0, None): the file whole; (rel, 0, -1): its head)."""
+        pool = None
+        for r in ranges:
+            if r in self._ahead and self._pool_pid == os.getpid():
+                continue
+            if r[1] == 0 and r[2] is None and self._sums.get(r[0].rsplit("/", 1)[0]) is None and os.path.exists(self.local(r[0])):
+                continue  # (a whole file there)
+            pool = pool or self._pool()
+            self._ahead[r] = pool.submit(self._quiet_fetch, *r)
+        if len(self._ahead) > 4096:
+            self._ahead = {k: v for k, v in self._ahead.items() if not v.done()}
+
+    def _quiet_fetch(self, rel: str, lo: int, hi: Optional[int]) -> None:
         try:
-            self._fetch(rel)
+            if lo == 0 and hi is None:
+                self.ensure(rel)
+            elif hi == -1:
+                self.ensure_head(rel)
+            else:
+                self.ensure_range(rel, lo, hi)
         except Exception:
             pass  # the reader fetches it itself, and raises
 
@@ -472,7 +884,7 @@ class Remote:
                     pid = int(n.split("-")[1])
                     with open(os.path.join(d, n)) as f:
                         v = json.load(f)
-                except (ValueError, OSError):
+                except (ValueError, OSError, RecursionError):
                     continue
                 if not _alive(pid):
                     try:
@@ -480,54 +892,119 @@ class Remote:
                     except OSError:
                         pass
                     continue
-                keep.update(os.path.join(d, *r.split("/")) for r in v.get("reading", []))
-                ahead.update(os.path.join(d, *r.split("/")) for r in v.get("ahead", []))
+                if not isinstance(v, dict):
+                    continue
+                for into, what in ((keep, v.get("reading")), (ahead, v.get("ahead"))):
+                    if isinstance(what, list):  # (a reader's, or anything: each a name inside the entry)
+                        into.update(os.path.join(d, *r.split("/")) for r in what if isinstance(r, str) and ".." not in r.split("/"))
         return keep, ahead - keep
 
     def _make_room(self, need: int) -> None:
-        """Evict shard files no live local reader keeps until need more
-        bytes fit under the limit (temporary files counted); wait a while
-        for readers to move on if they do not."""
+        """Evict shard files (and BLOCKSUMS) no live local reader keeps
+        until need more bytes fit under the limit (less SLACK); wait a
+        while for readers to move on if they do not. Called under the
+        cache's lock."""
+        limit = self.cache.limit - SLACK
+        if need > limit:
+            raise ValueError("%s: cache_limit %d cannot hold %d bytes more: raise cache_limit" % (self.cache.path, self.cache.limit, need + SLACK))
         deadline = time.monotonic() + 60
         while True:
             used = self.cache.usage()
-            if used + need <= self.cache.limit:
+            if used + need <= limit:
                 return
             keep, ahead = self.kept()
             victims = []
             for root, _, names in os.walk(self.cache.path):
                 for n in names:
                     p = os.path.join(root, n)
-                    if n.endswith(".npy") and p not in keep:
+                    if (n.endswith(".npy") or n == BLOCKSUMS) and p not in keep:
                         try:
                             # What no reader needs first, oldest first; then
                             # what readers read ahead to, farthest first.
-                            victims.append((p in ahead, -os.stat(p).st_mtime if p in ahead else os.stat(p).st_mtime, p))
+                            t = os.stat(p).st_mtime
+                            victims.append((p in ahead, -t if p in ahead else t, p))
                         except FileNotFoundError:
                             pass
                     elif ".tmp." in n:
                         pid = n.split(".tmp.")[1].split(".")[0]
                         if pid.isdigit() and not _alive(int(pid)):
-                            os.unlink(p)  # a dead fetcher's
+                            try:
+                                os.unlink(p)  # a dead fetcher's
+                            except FileNotFoundError:
+                                pass
             victims.sort()
             for _, _, p in victims:
-                if used + need <= self.cache.limit:
+                if used + need <= limit:
                     return
-                try:
-                    size = disk_bytes(os.stat(p))
-                    os.unlink(p)
-                    used -= size
-                except FileNotFoundError:
-                    pass
-            if used + need <= self.cache.limit:
+                used -= self._evict(p)
+            if used + need <= limit:
                 return
             if time.monotonic() > deadline:
                 raise ValueError("%s: %d bytes in use of cache_limit %d, and the local readers keep all of it: raise cache_limit"
                                  % (self.cache.path, used, self.cache.limit))
             time.sleep(0.05)
 
+    def _evict(self, p: str) -> int:
+        """Remove cache file p (and its marks), unless it is being made
+        (its NAME.lock held); the bytes freed."""
+        freed = 0
+        lock = None
+        if p.endswith(".npy"):
+            try:
+                lock = os.open(p + ".lock", os.O_RDONLY | _O_CLOEXEC)
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(lock) if lock is not None else None
+                return 0
+            except FileNotFoundError:
+                lock = None
+        try:
+            for q in (p, p + ".have"):  # the data first: a file is never without its marks
+                try:
+                    freed += os.lstat(q).st_blocks * 512
+                    os.unlink(q)
+                except FileNotFoundError:
+                    pass
+        finally:
+            if lock is not None:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+                os.close(lock)
+        return freed
+
     def close(self) -> None:
         try:
             os.unlink(self._pos_file)
         except OSError:
             pass
+
+
+def _sweep(p: str) -> None:
+    """Remove the temporary files of cache file p (p.tmp.PID.*,
+    p.have.tmp.PID.*) that dead processes, or this one, left. Called
+    holding p's lock."""
+    d, base = os.path.split(p)
+    for n in os.listdir(d):
+        for head in (base + ".tmp.", base + ".have.tmp."):
+            if n.startswith(head):
+                pid = n[len(head):].split(".")[0]
+                if pid.isdigit() and (int(pid) == os.getpid() or not _alive(int(pid))):
+                    try:
+                        os.unlink(os.path.join(d, n))
+                    except FileNotFoundError:
+                        pass
+
+
+def _runs(marks: bytes, first: int) -> list[tuple[int, int]]:
+    """The runs [a, b) of unmarked blocks (a zero byte) in marks, whose
+    first byte is block first's."""
+    out, i, n = [], 0, len(marks)
+    while i < n:
+        if marks[i]:
+            i += 1
+            continue
+        j = i
+        while j < n and not marks[j]:
+            j += 1
+        out.append((first + i, first + j))
+        i = j
+    return out

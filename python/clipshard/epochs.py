@@ -26,11 +26,12 @@ import mmap
 import os
 import stat
 import sys
-from typing import Any, Iterator, Mapping, Optional, Union
+from typing import Any, Iterable, Iterator, Mapping, Optional, Union
 
 import numpy as np
 
 from . import _remote
+from ._remote import blocks as _disk_blocks
 from ._files import Npy, confined, read_json
 
 __all__ = ["EpochReader", "load_epochs", "source_names"]
@@ -226,18 +227,31 @@ class EpochReader:
         self._perms: dict[int, np.ndarray] = {}  # block -> permutation of its samples
         self.start = 0  # samples consumed when this reader was resumed
         self.consumed = 0
+        self._ranged = False  # a bucket's shard files fetched by the block ranges this rank reads (else whole)
+        self._node = (1, 0)  # (ranks on this node, this rank's place among them), from LOCAL_WORLD_SIZE
         if self._remote is not None:
             # The read-ahead of a bucket's shards: this many groups past the
             # one being read are fetched in the background; the cache must
             # hold them and the one being read, and one more.
             self.fetch_ahead = max(2, self.mix)
+            self.fetch_batches = 4  # ranged: this rank's batches whose rows are fetched ahead
+            first_file = shards[0]["files"]["samples"] if shards else None
+            sums_size = self._remote.block_sums_size(first_file) if first_file else 0
             per = self._group_disk_bytes()
-            need = (self.fetch_ahead + 2) * per + self._remote.manifest_bytes
+            extra = self._remote.manifest_bytes + (_disk_blocks(sums_size) if sums_size else 0)
+            need = (self.fetch_ahead + 2) * per + extra
             if self._remote.cache.limit < need:
                 raise ValueError("cache_limit %d bytes is too small for this epoch's read-ahead: %d shard groups of up to %d bytes "
                                  "(the one read, %d ahead, one more) and the manifests' %d: give cache_limit >= %d" % (
                                      self._remote.cache.limit, self.fetch_ahead + 2, per, self.fetch_ahead,
-                                     self._remote.manifest_bytes, need))
+                                     extra, need))
+            sums = self._remote.block_sums(first_file) if first_file else None
+            self._node = _node_ranks(rank, world_size)
+            # Ranged when the ranks of other nodes read the rest of each
+            # shard: whole files when this node reads all of it anyway (one
+            # rank, or all of them here) or mixing scatters a rank's samples
+            # over whole shards.
+            self._ranged = sums is not None and self.mix == 1 and self._node[0] < world_size
 
     # -- sizes and state -------------------------------------------------
 
@@ -302,6 +316,8 @@ class EpochReader:
         try:
             for i, g in enumerate(mine):
                 lo = self.start + g * B * R + self.rank * B
+                if self._ranged:
+                    self._rows_ready(lo, lo + B, [self.start + h * B * R + self.rank * B for h in mine[i + 1: i + 1 + self.fetch_batches]])
                 if self.prefetch > 0 and hasattr(os, "posix_fadvise"):
                     ahead = mine[i: i + self.prefetch + 1]
                     for h in ahead:
@@ -375,16 +391,57 @@ class EpochReader:
 
     def _fetch(self, k: int) -> None:
         """A bucket's shard group k (and the groups after it, in the
-        background) into the cache, first saying which this reader keeps."""
+        background) into the cache, first saying which this reader keeps
+        (every group it has open, and the epoch's BLOCKSUMS): whole files,
+        or, ranged, the samples files and the modalities' headers (their
+        rows come as they are read: _rows_ready)."""
         r = self._remote
         if r is None:
             return
         ahead = range(k, min(len(self.shards), k + 1 + self.fetch_ahead))
         groups = [[self.shards[j]["files"][n] for n in self.names] for j in ahead]
-        r.at(groups[0], [rel for g in groups[1:] for rel in g])
+        keep = [self.shards[j]["files"][n] for j in sorted(set(self._shards) | {k}) for n in self.names]
+        r.at(keep + [self.shards[k]["files"]["samples"].rsplit("/", 1)[0] + "/" + _remote.BLOCKSUMS],
+             [rel for g in groups[1:] for rel in g])
+        if not self._ranged:
+            for rel in groups[0]:
+                r.ensure(rel)
+            r.read_ahead(groups[1:])
+            return
         for rel in groups[0]:
-            r.ensure(rel)
-        r.read_ahead(groups[1:])
+            self._fetch_head(rel)
+        r.read_ahead_ranges([(rel, 0, None if rel.endswith(".samples.npy") else -1) for g in groups[1:] for rel in g])
+
+    def _fetch_head(self, rel: str) -> None:
+        """Ranged: what opening shard file rel reads: a samples file whole
+        (its every row is checked), a modality's header."""
+        if rel.endswith(".samples.npy"):
+            self._remote.ensure(rel)
+        else:
+            self._remote.ensure_head(rel)
+
+    def _rows_ready(self, lo: int, hi: int, ahead: Iterable[int] = ()) -> None:
+        """Ranged: the modalities' rows of positions [lo, hi) (this node's
+        slice of that global batch, with LOCAL_WORLD_SIZE) fetched into the
+        shard files this reader has open, and those of the batches at the
+        positions ahead in the background."""
+        r, B = self._remote, self.batch_size
+        L, mine = self._node
+        files_of = {}
+        for k, a, b in self._segments(lo - mine * B, lo - mine * B + L * B):
+            files = self._shard(k)
+            for name in self.modalities:
+                f = files[name]
+                r.ensure_range(self.shards[k]["files"][name], f.offset + a * f.row, f.offset + b * f.row, os.fstat(f.fd).st_ino)
+            files_of[k] = files
+        rows = {name: _row_bytes(*self._expect[name]) for name in self.modalities}
+        later = []
+        for p in ahead:
+            for k, a, b in self._segments(p - mine * B, p - mine * B + L * B):
+                for name in self.modalities:
+                    later.append((self.shards[k]["files"][name], _DATA_AT + a * rows[name], _DATA_AT + b * rows[name]))
+        if later:
+            r.read_ahead_ranges(later)
 
     def _pinned(self) -> tuple[int, int]:
         """The epoch folder's (st_dev, st_ino), pinned when this reader
@@ -394,7 +451,7 @@ class EpochReader:
         if self._pin is None and self._remote is not None:
             try:
                 now = epoch_identity(json.loads(self._remote.check_current()), self.epoch)
-            except (ValueError, OSError) as e:
+            except (ValueError, OSError, RecursionError) as e:
                 raise ValueError("%s: epochs.json cannot be read again as epoch %d starts: %s" % (self.url, self.epoch, e)) from None
             if now != self.identity:
                 raise ValueError("%s: epochs.json no longer describes epoch %d as it did when it was loaded (the bucket's "
@@ -455,8 +512,9 @@ class EpochReader:
                             if gone and self._remote is not None and attempt < 3:
                                 # A bucket's cache entry evicted by another
                                 # local reader meanwhile: fetched again (the
-                                # same version, checked against SHA256SUMS).
-                                self._remote.ensure(self.shards[k]["files"][name])
+                                # same version, checked).
+                                rel = self.shards[k]["files"][name]
+                                self._fetch_head(rel) if self._ranged else self._remote.ensure(rel)
                                 continue
                             if gone:
                                 raise ValueError("%s: gone since epoch %d began (the folder is being rewritten?): refusing "
@@ -550,10 +608,11 @@ class EpochReader:
                 _advise_range(fd, off + a * row, off + b * row)
 
     def _group_disk_bytes(self):
-        """What a full shard group's files take on disk: each its header
-        (data at 4096) and data, in whole 4 KiB blocks."""
+        """What a full shard group's files take on disk in a cache: each its
+        header (data at 4096) and data, in whole 4 KiB blocks, and its
+        marks (a block)."""
         n = max((s["samples"] for s in self.shards), default=1)
-        return sum(_remote.blocks(4096 + n * _row_bytes(dtype, shape)) for dtype, shape in self._expect.values())
+        return sum(_remote.blocks(_DATA_AT + n * _row_bytes(dtype, shape)) + 4096 for dtype, shape in self._expect.values())
 
     def _shard_bytes(self):
         """Bytes of a full shard's files (from the manifest)."""
@@ -564,6 +623,21 @@ class EpochReader:
 
 
 PIECE = 256 << 10  # bytes asked of the kernel per posix_fadvise call
+_DATA_AT = 4096  # where a shard file's data starts (docs/FORMAT.md; each file's header is checked when it is opened)
+
+
+def _node_ranks(rank: int, world_size: int) -> tuple[int, int]:
+    """(ranks on this node, this rank's place among them), as torchrun and
+    Slurm's launchers number them: LOCAL_WORLD_SIZE consecutive ranks a
+    node, LOCAL_RANK this one's place (both set and agreeing with rank,
+    else this rank alone)."""
+    try:
+        L, mine = int(os.environ["LOCAL_WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    except (KeyError, ValueError):
+        return 1, 0
+    if L < 1 or world_size % L or not 0 <= mine < L or rank % L != mine:
+        return 1, 0
+    return L, mine
 
 
 def _advise_range(fd, a, b):

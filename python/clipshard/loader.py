@@ -381,7 +381,9 @@ class Loader:
         refs.append(sys.getrefcount(pool[-1]))
         return pool[-1]
 
-    def _read(self, r: EpochReader, lo: int, hi: int) -> dict[str, np.ndarray]:
+    def _read(self, r: EpochReader, lo: int, hi: int, ahead: Iterable[int] = ()) -> dict[str, np.ndarray]:
+        if r._ranged:
+            r._rows_ready(lo, hi, ahead)  # (a bucket's: the rows fetched into the cache first)
         out, pieces, casts = {}, [], []
         segs = r._segments(lo, hi)
         for name in self.names:
@@ -475,7 +477,7 @@ def _produce(ref: "weakref.ref[Loader]", pos: int, start: int, stop: Optional[th
                 lo = r.start + g * B * R + r.rank * B
                 if g + 1 < n:
                     r._advise(lo + B * R, lo + B * R + B)  # the disk works on the next one meanwhile
-                arrays = loader._finish(loader._read(r, lo, lo + B))
+                arrays = loader._finish(loader._read(r, lo, lo + B, [lo + h * B * R for h in range(1, 5) if g + h < n]))
                 del loader
                 yield _Batch(pos, g, arrays, r.start + (g + 1) * B * R, g + 1 == n)
             r.close()

@@ -15,6 +15,11 @@
 //     manifests are rewritten from the epochs.json then committed, until
 //     it stays the same (the last pusher leaves them consistent).
 //
+// Before the manifests, push writes BLOCKSUMS beside the data files (a
+// dataset's blobs; each epoch's shard files): the sha256 of each block of
+// each file, so that a reader fetching a byte range checks what it
+// fetches (docs/FORMAT.md).
+//
 // Every object carries its sha256 (x-amz-meta-sha256), the one its
 // folder's SHA256SUMS records; the bytes uploaded are hashed as they are
 // read and an object whose hash is not the recorded one is removed and
@@ -112,11 +117,108 @@ func exists(p string) bool {
 }
 
 // object is one file to upload: its path relative to the folder, its
-// size and recorded sha256.
+// size and recorded sha256, and the block sums it is listed in.
 type object struct {
-	rel  string
-	size int64
-	sha  string
+	rel   string
+	size  int64
+	sha   string
+	group *blockGroup
+}
+
+// blockGroup is a BLOCKSUMS file push writes (a dataset's blobs, or an
+// epoch's shard files): its name, block size, and the digests of its
+// files as they are hashed.
+type blockGroup struct {
+	rel   string
+	block int64
+	have  *manifests.BlockSums // the bucket's, if any: the digests of objects not sent again
+	mu    sync.Mutex
+	files []manifests.BlockFile
+}
+
+// groupOf makes the block group rel of these objects (its block size
+// from their bytes) and points them at it.
+func groupOf(ctx context.Context, o Options, rel string, objs []object) *blockGroup {
+	var total int64
+	for _, x := range objs {
+		total += x.size
+	}
+	g := &blockGroup{rel: rel, block: manifests.BlockSizeFor(total)}
+	if b, _, err := o.Client.ReadAll(ctx, o.Dest, rel, manifests.MaxManifest+manifests.MaxBlockDigests); err == nil {
+		if s, err := manifests.ParseBlockSums(b, o.Dest.Name(rel)); err == nil && s.Block == g.block {
+			g.have = s
+		}
+	}
+	for i := range objs {
+		objs[i].group = g
+	}
+	return g
+}
+
+func (g *blockGroup) add(f manifests.BlockFile) {
+	g.mu.Lock()
+	g.files = append(g.files, f)
+	g.mu.Unlock()
+}
+
+// digests of object x, not sent again: the bucket's block sums if they
+// list this very file, else hashed from the folder's file.
+func (g *blockGroup) digests(o Options, x object) error {
+	if g.have != nil {
+		if f := g.have.File(x.rel); f != nil && f.Size == x.size && f.SHA256 == x.sha {
+			g.add(*f)
+			return nil
+		}
+	}
+	p := filepath.Join(o.Dir, filepath.FromSlash(x.rel))
+	f, _, err := regfile.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	h, bh := sha256.New(), manifests.NewBlockHasher(g.block)
+	n, err := io.Copy(io.MultiWriter(h, bh), io.LimitReader(f, x.size+1))
+	if err != nil {
+		return fmt.Errorf("%s: %w", p, err)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != x.sha || n != x.size {
+		return fmt.Errorf("%s: its bytes (sha256 %s, %d bytes) are not those SHA256SUMS records (%s): damaged or changed (verify %s)", p, got, n, x.sha, o.Dir)
+	}
+	g.add(manifests.BlockFile{Name: x.rel, Size: x.size, SHA256: x.sha, Head: bh.Head(), Digests: bh.Digests()})
+	return nil
+}
+
+// writeBlockSums writes each group's BLOCKSUMS (after its files, before
+// the manifests that commit them) unless the bucket holds it already,
+// and returns how many it wrote and their bytes.
+func writeBlockSums(ctx context.Context, o Options, groups []*blockGroup) (int, int64, error) {
+	var sent int
+	var size int64
+	for _, g := range groups {
+		sort.Slice(g.files, func(a, b int) bool { return g.files[a].Name < g.files[b].Name })
+		b, err := (&manifests.BlockSums{Block: g.block, Files: g.files}).Marshal()
+		if err != nil {
+			return sent, size, err
+		}
+		sum := hashOf(b)
+		st, err := o.Client.Stat(ctx, o.Dest, g.rel)
+		if err == nil && st.Size == int64(len(b)) && st.SHA256 == sum {
+			continue
+		}
+		if err == nil {
+			err = ours(o, g.rel, st)
+		}
+		if err != nil && !errors.Is(err, bucket.ErrNotFound) {
+			return sent, size, err
+		}
+		faults.Point("push.blocksums")
+		if _, err := o.Client.PutBytes(ctx, o.Dest, g.rel, b, sum, ""); err != nil {
+			return sent, size, err
+		}
+		sent++
+		size += int64(len(b))
+	}
+	return sent, size, nil
 }
 
 // files lists rels with their sizes and recorded sums (a file SHA256SUMS
@@ -170,6 +272,11 @@ func upload(ctx context.Context, o Options, objs []object) (int, int64, error) {
 			defer func() { <-sem }()
 			st, err := o.Client.Stat(cctx, o.Dest, x.rel)
 			if err == nil && st.Size == x.size && st.SHA256 == x.sha {
+				if err := x.group.digests(o, x); err != nil {
+					errs <- err
+					cancel()
+					return
+				}
 				report(x.size) // there, intact: not sent again
 				return
 			}
@@ -241,8 +348,8 @@ func send(ctx context.Context, o Options, x object, report func(int64)) error {
 		return fmt.Errorf("%s: %d bytes, %d a moment ago (changed while it was pushed)", p, fi.Size(), x.size)
 	}
 	o.Client.AbortUploads(ctx, o.Dest, x.rel) // the parts of a killed push, if any
-	h := sha256.New()
-	r := &counting{r: io.TeeReader(io.LimitReader(f, x.size), h), report: report}
+	h, bh := sha256.New(), manifests.NewBlockHasher(x.group.block)
+	r := &counting{r: io.TeeReader(io.LimitReader(f, x.size), io.MultiWriter(h, bh)), report: report}
 	faults.Point("push.object")
 	err = o.Client.PutStream(ctx, o.Dest, x.rel, r, x.size, x.sha, uint64(o.PartSize), uint(o.Parts))
 	if err != nil {
@@ -253,6 +360,7 @@ func send(ctx context.Context, o Options, x object, report func(int64)) error {
 		return fmt.Errorf("%s: its bytes (sha256 %s, %d bytes) are not those SHA256SUMS records (%s): damaged or changed while pushed; the object was removed (verify %s)",
 			p, got, r.n, x.sha, o.Dir)
 	}
+	x.group.add(manifests.BlockFile{Name: x.rel, Size: x.size, SHA256: x.sha, Head: bh.Head(), Digests: bh.Digests()})
 	return nil
 }
 
@@ -351,8 +459,14 @@ func pushDataset(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	res.Objects = len(own)
+	res.Objects = len(own) + 1
+	g := groupOf(ctx, o, manifests.BlockSumsFile, objs)
 	n, b, err := upload(ctx, o, objs)
+	res.Sent, res.Bytes = res.Sent+n, res.Bytes+b
+	if err != nil {
+		return res, err
+	}
+	n, b, err = writeBlockSums(ctx, o, []*blockGroup{g})
 	res.Sent, res.Bytes = res.Sent+n, res.Bytes+b
 	if err != nil {
 		return res, err
@@ -444,22 +558,31 @@ func pushEpochs(ctx context.Context, o Options) (*Result, error) {
 	case err != nil && !errors.Is(err, bucket.ErrNotFound):
 		return nil, err
 	}
-	var data []string
+	var objs []object
+	var groups []*blockGroup
 	for _, e := range man.Epochs {
+		var data []string
 		for _, s := range e.Shards {
 			for _, f := range s.Files {
 				data = append(data, f)
 			}
 		}
+		sort.Strings(data)
+		eobjs, err := files(o.Dir, data, sums)
+		if err != nil {
+			return nil, err
+		}
+		groups = append(groups, groupOf(ctx, o, e.Dir+"/"+manifests.BlockSumsFile, eobjs))
+		objs = append(objs, eobjs...)
 	}
-	sort.Strings(data)
-	objs, err := files(o.Dir, data, sums)
-	if err != nil {
-		return nil, err
-	}
-	res.Objects = len(objs) + 3
+	res.Objects = len(objs) + len(groups) + 3
 	n, b, err := upload(ctx, o, objs)
 	res.Sent, res.Bytes = n, b
+	if err != nil {
+		return res, err
+	}
+	n, b, err = writeBlockSums(ctx, o, groups)
+	res.Sent, res.Bytes = res.Sent+n, res.Bytes+b
 	if err != nil {
 		return res, err
 	}
