@@ -74,6 +74,10 @@ bench-peers:
 bench-read:
     docs/bench_read.sh
 
+# The Go S3 clients side by side on versitygw over loopback: minio-go v7 (clipshard's) and aws-sdk-go-v2 (docs/BENCHMARKS.md).
+bench-s3-clients:
+    docs/bench_s3_clients.sh
+
 # Epochs in a bucket on versitygw over loopback: the floor (boto3 ranged GETs), the Loader cold and warm, a 20 ms step's wait, push against a plain multipart upload (docs/BENCHMARKS.md).
 bench-s3:
     docs/bench_s3.sh

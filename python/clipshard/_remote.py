@@ -67,16 +67,20 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterable, Optional, Union
 
 MARK = "CLIPSHARD-CACHE"
+LEDGER = ".usage"  # the cache's usage as last counted (Cache.counted)
+LEDGER_AGE = 2.0  # seconds a count is trusted before the cache is walked again
 BLOCKSUMS = "BLOCKSUMS"
-# Requests a process has in flight at once: CLIPSHARD_S3_FETCHERS, else
-# one a core up to 4 (on this 2-core box, with the server on it too, 2
-# beat 4; docs/BENCHMARKS.md).
-FETCHERS = int(os.environ.get("CLIPSHARD_S3_FETCHERS", min(4, os.cpu_count() or 2)))
+# Threads of a process that fetch at once (each a GET in flight, its
+# blocks hashed and written as they come): CLIPSHARD_S3_FETCHERS, default
+# 4 (on this 2-core box, the server on it too: 1: 534, 2: 724, 3: 778,
+# 4: 804 MiB/s cold; docs/BENCHMARKS.md).
+FETCHERS = max(1, int(os.environ.get("CLIPSHARD_S3_FETCHERS", 4)))
 PIECE = int(os.environ.get("CLIPSHARD_S3_PIECE", 8 << 20))  # bytes of one ranged GET at most (the tests make it small)
+CHUNK = 1 << 20  # bytes of a body read at once
 MAX_MANIFEST = 256 << 20
 MAX_DIGESTS = 32 << 20  # bytes of digests a BLOCKSUMS may hold (as push bounds them)
 HEAD = 4096  # a file's head (its .npy header), which BLOCKSUMS hashes apart
-SLACK = 64 << 10  # kept free under the limit: position files, the extent blocks of sparse files
+SLACK = 256 << 10  # kept free under the limit: readers' position files, the extent blocks of sparse files
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
@@ -204,38 +208,42 @@ class Bucket:
         return self.range(rel, 0, size, etag), etag
 
     def range(self, rel: str, off: int, n: int, etag: str) -> bytes:
-        """Bytes [off, off+n) of the version etag of rel (see into)."""
+        """Bytes [off, off+n) of the version etag of rel (see stream)."""
         out = bytearray(n)
-        self.into(rel, off, memoryview(out), etag)
+        view = memoryview(out)
+
+        def put(at: int, chunk: bytes) -> None:
+            view[at - off: at - off + len(chunk)] = chunk
+        self.stream(rel, off, off + n, etag, put)
         return bytes(out)
 
-    def into(self, rel: str, off: int, buf: memoryview, etag: str, tries: int = 8) -> None:
-        """Fill buf with bytes [off, off+len(buf)) of the version etag of
-        rel, by bounded ranged GETs of at most PIECE bytes; a reset, a
-        short body or a stall is retried from where it stopped (jittered
-        backoff); a replaced object (412) raises, naming it."""
-        n, got, fails = len(buf), 0, 0
-        while got < n:
-            a = off + got
-            b = min(off + n, a + PIECE) - 1
+    def stream(self, rel: str, lo: int, hi: int, etag: str, sink: Any, tries: int = 8) -> None:
+        """Bytes [lo, hi) of the version etag of rel, handed to sink(offset,
+        chunk) in order, chunks of CHUNK bytes (the last of a GET fewer),
+        by bounded ranged GETs of at most PIECE bytes; a reset, a short
+        body or a stall is retried from the first byte not yet handed over
+        (jittered backoff); a replaced object (412) raises, naming it."""
+        at, fails = lo, 0
+        while at < hi:
+            b = min(hi, at + PIECE) - 1
             try:
                 self.gets += 1
-                r = self._client.get().get_object(Bucket=self.bucket, Key=self.key(rel), Range="bytes=%d-%d" % (a, b), IfMatch='"%s"' % etag)
+                r = self._client.get().get_object(Bucket=self.bucket, Key=self.key(rel), Range="bytes=%d-%d" % (at, b), IfMatch='"%s"' % etag)
                 body = r["Body"]
                 try:
-                    while True:
-                        chunk = body.read(min(1 << 20, b + 1 - (off + got)) or 1)
+                    while at <= b:
+                        chunk = body.read(min(CHUNK, b + 1 - at))
                         if not chunk:
                             break
-                        if off + got + len(chunk) > b + 1:
-                            raise ValueError("%s: the server sent more than bytes %d..%d" % (self.name(rel), a, b))
-                        buf[got: got + len(chunk)] = chunk
-                        got += len(chunk)
+                        if at + len(chunk) > b + 1:
+                            raise ValueError("%s: the server sent more than bytes %d..%d" % (self.name(rel), at, b))
+                        sink(at, chunk)
+                        at += len(chunk)
                         self.bytes += len(chunk)
                 finally:
                     body.close()
-                if off + got < b + 1:
-                    raise ConnectionError("short body: %d of %d bytes" % (off + got - a, b + 1 - a))
+                if at < b + 1:
+                    raise ConnectionError("short body: bytes %d..%d missing" % (at, b))
                 fails = 0
             except Exception as e:
                 code = _code(e)
@@ -248,7 +256,7 @@ class Bucket:
                     raise
                 fails += 1
                 if fails > tries:
-                    raise ValueError("%s: bytes %d..%d: %d tries failed, the last: %s" % (self.name(rel), a, b, fails, e)) from None
+                    raise ValueError("%s: bytes %d..%d: %d tries failed, the last: %s" % (self.name(rel), at, b, fails, e)) from None
                 time.sleep(min(2.0, 0.05 * 2 ** fails) * (0.5 + random.random()))
 
 
@@ -359,11 +367,12 @@ class Cache:
                 with os.fdopen(fd, "w") as f:
                     f.write("clipshard cache: every file here may be deleted at any time\n")
         for n in os.listdir(self.path):
-            if n != MARK and not re.fullmatch(r"[0-9a-f]{32}", n):
+            if n not in (MARK, LEDGER) and not n.startswith(LEDGER + ".tmp.") and not re.fullmatch(r"[0-9a-f]{32}", n):
                 raise ValueError("%s: holds %r, which is not a cache entry: refusing to use it as a cache" % (self.path, n))
 
     def usage(self) -> int:
-        """The bytes the cache takes on disk, as du counts them."""
+        """The bytes the cache takes on disk, as du counts them (a walk of
+        it; also recorded in the ledger, see counted)."""
         total = 0
         for root, _, names in os.walk(self.path):
             for n in names:
@@ -371,7 +380,38 @@ class Cache:
                     total += os.lstat(os.path.join(root, n)).st_blocks * 512
                 except FileNotFoundError:
                     pass
+        self.record(total)
         return total
+
+    def counted(self) -> Optional[int]:
+        """The usage the ledger (LEDGER: the last walk, plus what was
+        reserved since, minus what was evicted) holds, if it was walked
+        within the last LEDGER_AGE seconds; else None (walk). Under the
+        lock: every reservation and eviction goes through it, and what
+        grows outside it (position files, extent blocks) is within SLACK."""
+        try:
+            with open(os.path.join(self.path, LEDGER)) as f:
+                v = json.load(f)
+            if time.time() - float(v["walked"]) < LEDGER_AGE:
+                return int(v["usage"])
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
+            pass
+        return None
+
+    def record(self, usage: int, walk: bool = True) -> None:
+        """Write the ledger (under the lock): usage, as a walk found it
+        now, or (walk False) as counted since the last walk."""
+        walked = time.time()
+        if not walk:
+            try:
+                with open(os.path.join(self.path, LEDGER)) as f:
+                    walked = float(json.load(f)["walked"])
+            except (OSError, ValueError, KeyError, TypeError, RecursionError):
+                walked = 0.0
+        tmp = os.path.join(self.path, LEDGER + ".tmp.%d" % os.getpid())
+        with open(tmp, "w") as f:
+            json.dump({"usage": usage, "walked": walked}, f)
+        os.replace(tmp, os.path.join(self.path, LEDGER))
 
     def locked(self) -> "_Flock":
         """The cache's own lock (flock of the mark): room is made and
@@ -544,9 +584,7 @@ class Remote:
                 if self.sums.get(n, sha) != sha:
                     raise ValueError("%s: records sha256 %s for %s, SHA256SUMS %s: it describes another version of the file "
                                      "(push again)" % (self.bucket.name(name), sha, n, self.sums.get(n)))
-            with self.cache.locked():
-                self._make_room(blocks(len(b)))
-                self._put(name, b)
+            self._reserve(blocks(len(b)), lambda: self._put(name, b))
         with self._lock:
             self._sums[folder] = sums
         return sums
@@ -571,7 +609,7 @@ class Remote:
         self._fetch_whole(rel)
         return p
 
-    def ensure_range(self, rel: str, lo: int, hi: Optional[int], ino: Optional[int] = None) -> None:
+    def ensure_range(self, rel: str, lo: int, hi: Optional[int], ino: Optional[int] = None, fan_out: bool = True) -> None:
         """Bytes [lo, hi) of shard file rel (hi None: to its end) fetched
         into its cache file and checked, block by block (BLOCKSUMS). With
         ino, the cache file must be that one (the one a reader has open:
@@ -605,14 +643,12 @@ class Remote:
                     raise ValueError("%s: its marks are short" % self.local(rel) + ".have")
                 if all(marks):
                     return
-                for a, b in _runs(marks, i0):
-                    _range_lock(have, a, b - a, fcntl.F_WRLCK)
-                    try:
-                        again = os.pread(have, b - a, a)
-                        for c, d in _runs(again, a):
-                            self._fetch_blocks(rel, fd, have, sums, size, etag, c, d)
-                    finally:
-                        _range_lock(have, a, b - a, fcntl.F_UNLCK)
+                # The missing runs in pieces of up to PIECE bytes, fetched
+                # by this thread and, with fan_out, this process's fetch
+                # threads as they are free.
+                step = max(1, PIECE // K)
+                pieces = [(c, min(c + step, b)) for a, b in _runs(marks, i0) for c in range(a, b, step)]
+                self._share([lambda a=a, b=b: self._fetch_piece(rel, fd, have, sums, size, etag, a, b) for a, b in pieces], fan_out)
                 return
             finally:
                 os.close(fd)
@@ -653,10 +689,7 @@ class Remote:
                     if os.pread(have, 1, n) == b"\1":
                         return
                     k = min(HEAD, size)
-                    with self.cache.locked():
-                        self._make_room(4096 + 4096)
-                        if k:
-                            os.posix_fallocate(fd, 0, k)
+                    self._reserve(4096 + 4096, lambda: os.posix_fallocate(fd, 0, k) if k else None)
                     b = self.bucket.range(rel, 0, k, etag)
                     with self._lock:
                         self.fetched += k
@@ -697,12 +730,12 @@ class Remote:
                 except FileNotFoundError:
                     pass
             _sweep(p)
-            with self.cache.locked():
-                self._make_room(blocks(n + 1))
+            def marks() -> None:
                 tmp = "%s.have.tmp.%d.%d" % (p, os.getpid(), random.getrandbits(32))
                 with open(tmp, "wb") as f:
                     f.write(bytes(n + 1))
                 os.replace(tmp, p + ".have")
+            self._reserve(blocks(n + 1), marks)
             tmp = "%s.tmp.%d.%d" % (p, os.getpid(), random.getrandbits(32))
             with open(tmp, "wb") as f:
                 f.truncate(size)
@@ -731,32 +764,91 @@ class Remote:
             raise
         return fd, have
 
+    def _share(self, work: list[Any], fan_out: bool) -> None:
+        """Run the calls of work, this thread taking them in order and, with
+        fan_out, the fetch threads taking the rest as they are free (none
+        is waited for before it starts: a fetch thread's own call runs
+        its work alone); the first error raised."""
+        todo = list(reversed(work))
+        lock = threading.Condition()
+        state = {"running": 0}
+        errors: list[BaseException] = []
+
+        def take() -> None:
+            while True:
+                with lock:
+                    if not todo or errors:
+                        return
+                    job = todo.pop()
+                    state["running"] += 1
+                try:
+                    job()
+                except BaseException as e:
+                    errors.append(e)
+                finally:
+                    with lock:
+                        state["running"] -= 1
+                        lock.notify_all()
+        if fan_out and len(work) > 1 and FETCHERS > 1:
+            pool = self._pool()
+            for _ in range(min(FETCHERS, len(work) - 1)):
+                pool.submit(take)
+        take()
+        with lock:
+            while state["running"]:
+                lock.wait()
+        if errors:
+            raise errors[0]
+
+    def _fetch_piece(self, rel: str, data: int, have: int, sums: BlockSums, size: int, etag: str, a: int, b: int) -> None:
+        """Blocks [a, b) of rel, if still unmarked once their range of the
+        marks is locked: room taken (allocated) for them, fetched, written
+        as they come, each block checked against BLOCKSUMS and then marked
+        (only a checked block is ever marked)."""
+        fd = os.open(self.local(rel), os.O_RDWR | _O_CLOEXEC)
+        mine = os.open(self.local(rel) + ".have", os.O_RDWR | _O_CLOEXEC)  # (an open of its own: its lock is its own)
+        try:
+            if os.fstat(mine).st_ino != os.fstat(have).st_ino or os.fstat(fd).st_ino != os.fstat(data).st_ino:
+                raise ValueError("%s: replaced in the cache while it was being fetched (evicted?): raise cache_limit" % self.local(rel))
+            _range_lock(mine, a, b - a, fcntl.F_WRLCK)
+            try:
+                for c, d in _runs(os.pread(mine, b - a, a), a):
+                    self._fetch_blocks(rel, fd, mine, sums, size, etag, c, d)
+            finally:
+                _range_lock(mine, a, b - a, fcntl.F_UNLCK)
+        finally:
+            os.close(fd)
+            os.close(mine)
+
     def _fetch_blocks(self, rel: str, fd: int, have: int, sums: BlockSums, size: int, etag: str, a: int, b: int) -> None:
-        """Blocks [a, b) of rel: room taken (allocated) for them, fetched in
-        GETs of up to PIECE bytes, each block checked against BLOCKSUMS,
-        written, then marked (only a checked block is ever marked)."""
         K = sums.block
         lo, hi = a * K, min(b * K, size)
-        with self.cache.locked():
-            self._make_room(-(-(hi - lo) // 4096) * 4096 + 4096)
-            os.posix_fallocate(fd, lo, hi - lo)
-        step = max(K, PIECE // K * K)
-        buf = bytearray(min(step, hi - lo))
-        view = memoryview(buf)
-        for off in range(lo, hi, step):
-            n = min(step, hi - off)
-            self.bucket.into(rel, off, view[:n], etag)
-            with self._lock:
-                self.fetched += n
-            for j in range(0, n, K):
-                i = (off + j) // K
-                if hashlib.sha256(view[j: min(j + K, n)]).digest() != sums.digest(rel, i):
-                    raise ValueError("%s: block %d (bytes %d..%d) is not what BLOCKSUMS records: refusing it"
-                                     % (self.bucket.name(rel), i, i * K, min((i + 1) * K, size)))
-            done = 0
-            while done < n:
-                done += os.pwrite(fd, view[done:n], off + done)
-            os.pwrite(have, b"\1" * (-(-n // K)), off // K)
+        self._reserve(-(-(hi - lo) // 4096) * 4096 + 4096, lambda: os.posix_fallocate(fd, lo, hi - lo))
+        state: dict[str, Any] = {"block": a, "filled": 0, "h": hashlib.sha256()}  # the block being hashed, its bytes so far
+
+        def sink(off: int, chunk: bytes) -> None:
+            view, done = memoryview(chunk), 0
+            while done < len(view):
+                done += os.pwrite(fd, view[done:], off + done)
+            first = state["block"]
+            j = 0
+            while j < len(view):
+                i = state["block"]
+                end = min(K, size - i * K)
+                k = min(len(view) - j, end - state["filled"])
+                state["h"].update(view[j: j + k])
+                j += k
+                state["filled"] += k
+                if state["filled"] == end:
+                    if state["h"].digest() != sums.digest(rel, i):
+                        raise ValueError("%s: block %d (bytes %d..%d) is not what BLOCKSUMS records: refusing it"
+                                         % (self.bucket.name(rel), i, i * K, i * K + end))
+                    state["block"], state["filled"], state["h"] = i + 1, 0, hashlib.sha256()
+            if state["block"] > first:
+                os.pwrite(have, b"\1" * (state["block"] - first), first)
+        self.bucket.stream(rel, lo, hi, etag, sink)
+        with self._lock:
+            self.fetched += hi - lo
 
     def _fetch_whole(self, rel: str) -> None:
         """A file of a folder without BLOCKSUMS: fetched whole by whoever
@@ -778,29 +870,28 @@ class Remote:
             # Room is made, and taken (the temporary file allocated at its
             # full size), under the cache's lock: fetchers of other
             # processes at once stay under the limit together.
-            with self.cache.locked():
-                self._make_room(blocks(size))
-                fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644)
+            fds: list[int] = []
+
+            def allocate() -> None:
+                fds.append(os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644))
                 try:
                     if size:
-                        os.posix_fallocate(fd, 0, size)
+                        os.posix_fallocate(fds[0], 0, size)
                 except BaseException:
-                    os.close(fd)
+                    os.close(fds.pop())
                     os.unlink(tmp)
                     raise
+            self._reserve(blocks(size), allocate)
+            fd = fds[0]
             try:
                 h = hashlib.sha256()
-                buf = bytearray(min(PIECE, size) or 1)
-                view = memoryview(buf)
-                off = 0
-                while off < size:
-                    n = min(PIECE, size - off)
-                    self.bucket.into(rel, off, view[:n], etag)
-                    h.update(view[:n])
-                    done = 0
-                    while done < n:
-                        done += os.pwrite(fd, view[done:n], off + done)
-                    off += n
+
+                def sink(off: int, chunk: bytes) -> None:
+                    view, done = memoryview(chunk), 0
+                    while done < len(view):
+                        done += os.pwrite(fd, view[done:], off + done)
+                    h.update(view)
+                self.bucket.stream(rel, 0, size, etag, sink)
                 with self._lock:
                     self.fetched += size
                 if h.hexdigest() != want:
@@ -838,12 +929,12 @@ class Remote:
 
     def _quiet_fetch(self, rel: str, lo: int, hi: Optional[int]) -> None:
         try:
-            if lo == 0 and hi is None:
-                self.ensure(rel)
-            elif hi == -1:
+            if hi == -1:
                 self.ensure_head(rel)
+            elif lo == 0 and hi is None and self.block_sums(rel) is None:
+                self.ensure(rel)
             else:
-                self.ensure_range(rel, lo, hi)
+                self.ensure_range(rel, lo, hi, fan_out=False)  # (a fetch thread: the others are busy reading ahead too)
         except Exception:
             pass  # the reader fetches it itself, and raises
 
@@ -899,50 +990,65 @@ class Remote:
                         into.update(os.path.join(d, *r.split("/")) for r in what if isinstance(r, str) and ".." not in r.split("/"))
         return keep, ahead - keep
 
-    def _make_room(self, need: int) -> None:
-        """Evict shard files (and BLOCKSUMS) no live local reader keeps
-        until need more bytes fit under the limit (less SLACK); wait a
-        while for readers to move on if they do not. Called under the
-        cache's lock."""
+    def _reserve(self, need: int, allocate: Any) -> None:
+        """Make room for need more bytes under the limit (less SLACK) and
+        take it (allocate(): the blocks allocated, a file made), under the
+        cache's lock, so that fetchers of every process together stay
+        under the limit. While the local readers keep all of it, wait for
+        them to move on (without the lock) for a minute, then raise."""
         limit = self.cache.limit - SLACK
         if need > limit:
             raise ValueError("%s: cache_limit %d cannot hold %d bytes more: raise cache_limit" % (self.cache.path, self.cache.limit, need + SLACK))
         deadline = time.monotonic() + 60
         while True:
-            used = self.cache.usage()
-            if used + need <= limit:
-                return
-            keep, ahead = self.kept()
-            victims = []
-            for root, _, names in os.walk(self.cache.path):
-                for n in names:
-                    p = os.path.join(root, n)
-                    if (n.endswith(".npy") or n == BLOCKSUMS) and p not in keep:
-                        try:
-                            # What no reader needs first, oldest first; then
-                            # what readers read ahead to, farthest first.
-                            t = os.stat(p).st_mtime
-                            victims.append((p in ahead, -t if p in ahead else t, p))
-                        except FileNotFoundError:
-                            pass
-                    elif ".tmp." in n:
-                        pid = n.split(".tmp.")[1].split(".")[0]
-                        if pid.isdigit() and not _alive(int(pid)):
-                            try:
-                                os.unlink(p)  # a dead fetcher's
-                            except FileNotFoundError:
-                                pass
-            victims.sort()
-            for _, _, p in victims:
+            with self.cache.locked():
+                used = self._make_room(need, limit)
                 if used + need <= limit:
+                    allocate()
+                    self.cache.record(used + need, walk=False)
                     return
-                used -= self._evict(p)
-            if used + need <= limit:
-                return
             if time.monotonic() > deadline:
                 raise ValueError("%s: %d bytes in use of cache_limit %d, and the local readers keep all of it: raise cache_limit"
                                  % (self.cache.path, used, self.cache.limit))
             time.sleep(0.05)
+
+    def _make_room(self, need: int, limit: int) -> int:
+        """Evict shard files (and BLOCKSUMS) no live local reader keeps
+        until need more bytes fit under limit, if they can; the usage
+        then. Under the cache's lock."""
+        used = self.cache.counted()
+        if used is not None and used + need <= limit:
+            return used
+        used = self.cache.usage()  # (walked: exact)
+        if used + need <= limit:
+            return used
+        keep, ahead = self.kept()
+        victims = []
+        for root, _, names in os.walk(self.cache.path):
+            for n in names:
+                p = os.path.join(root, n)
+                if (n.endswith(".npy") or n == BLOCKSUMS) and p not in keep:
+                    try:
+                        # What no reader needs first, oldest first; then
+                        # what readers read ahead to, farthest first.
+                        t = os.stat(p).st_mtime
+                        victims.append((p in ahead, -t if p in ahead else t, p))
+                    except FileNotFoundError:
+                        pass
+                elif ".tmp." in n:
+                    pid = n.split(".tmp.")[1].split(".")[0]
+                    if pid.isdigit() and not _alive(int(pid)):
+                        try:
+                            used -= os.lstat(p).st_blocks * 512
+                            os.unlink(p)  # a dead fetcher's
+                        except FileNotFoundError:
+                            pass
+        victims.sort()
+        for _, _, p in victims:
+            if used + need <= limit:
+                break
+            used -= self._evict(p)
+        return used
 
     def _evict(self, p: str) -> int:
         """Remove cache file p (and its marks), unless it is being made
