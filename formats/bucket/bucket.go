@@ -10,11 +10,14 @@
 // from AWS_REGION or AWS_DEFAULT_REGION (default us-east-1). Credentials
 // are never logged or put in an error.
 //
-// Checksums are pinned: no trailing CRC headers are ever sent (minio-go
-// sends them only to a server it is told supports trailing headers, which
-// a non-AWS server may reject), payloads are signed (SigV4), and each
-// object clipshard writes carries its sha256 as user metadata
-// (x-amz-meta-sha256), the hash its folder's SHA256SUMS records.
+// Checksums are pinned: no checksum headers or trailing CRC headers are
+// ever sent (minio-go sends trailers only to a server it is told supports
+// them, which a non-AWS server may reject); a payload goes as
+// UNSIGNED-PAYLOAD over https and chunk-signed (streaming SigV4,
+// aws-chunked) over plain http; and each object clipshard writes carries
+// its sha256 as user metadata (x-amz-meta-sha256), the hash its folder's
+// SHA256SUMS records. minio-go against aws-sdk-go-v2:
+// docs/BENCHMARKS.md, "The Go S3 client".
 package bucket
 
 import (

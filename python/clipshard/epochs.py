@@ -627,10 +627,10 @@ _DATA_AT = 4096  # where a shard file's data starts (docs/FORMAT.md; each file's
 
 
 def _node_ranks(rank: int, world_size: int) -> tuple[int, int]:
-    """(ranks on this node, this rank's place among them), as torchrun and
-    Slurm's launchers number them: LOCAL_WORLD_SIZE consecutive ranks a
-    node, LOCAL_RANK this one's place (both set and agreeing with rank,
-    else this rank alone)."""
+    """(ranks on this node, this rank's place among them), as torchrun
+    numbers and tells them: LOCAL_WORLD_SIZE consecutive ranks a node,
+    LOCAL_RANK this one's place (both set and agreeing with rank, else
+    this rank alone)."""
     try:
         L, mine = int(os.environ["LOCAL_WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
     except (KeyError, ValueError):
