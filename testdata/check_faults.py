@@ -73,10 +73,12 @@ for b in clipshard.EpochReader(%r, %d, rank=0, world_size=%d, batch_size=5, cach
     left = [os.path.join(r, n) for r, _, ns in os.walk(cache) for n in ns if ".tmp.%d." % child.pid in n]
     assert not left, ("the dead fetcher's temporary files are left", left)
     said.append("a fetcher killed mid-object: taken over, right bytes, no temporary file of it left")
+import time as _time
 for i, arg in enumerate(sys.argv[4:]):
     fault, endpoint = arg.split("=", 1)
     if fault == "kill":
         continue  # below
+    _t0 = _time.monotonic()
     os.environ["AWS_ENDPOINT_URL"] = endpoint
     cache = os.path.join(root, "cache-%d" % i)
     try:
@@ -92,5 +94,5 @@ for i, arg in enumerate(sys.argv[4:]):
     for a, b in zip(got, want):
         for k in b:
             assert np.array_equal(a[k], b[k], equal_nan=b[k].dtype.kind == "f"), (fault, "WRONG BYTES", k)
-    said.append("%s: right bytes" % fault)
+    said.append("%s: right bytes (%.1fs)" % (fault, _time.monotonic() - _t0))
 print("ok: faults; " + "; ".join(said))

@@ -439,7 +439,8 @@ func TestBucketVerifyInspect(t *testing.T) {
 // after a checkpoint and resumed on 3 ranks with another batch size:
 // every sample once (testdata/check_ddp.py).
 func TestTrainFromBucket(t *testing.T) {
-	_, ep := pushedEpochs(t, "2", "8")
+	s, ep := pushedEpochs(t, "2", "8")
+	s.Setenv(t)
 	got := numpytest.Run(t, filepath.Join("..", "..", "testdata", "check_bucket.py"), ep, "s3://bkt/ep", filepath.Join(t.TempDir(), "caches"))
 	if !strings.Contains(string(got), "ok: bucket") || (os.Getenv("CI") != "" && strings.Contains(string(got), "no torch")) {
 		t.Fatalf("check_bucket: %s", got)
@@ -501,21 +502,21 @@ func TestBucketEgress(t *testing.T) {
 // bytes are right, and its temporary file is removed
 // (testdata/check_faults.py).
 func TestBucketFaults(t *testing.T) {
-	t.Setenv("CLIPSHARD_S3_READ_TIMEOUT", "1") // shorter than the stall
-	t.Setenv("CLIPSHARD_S3_PIECE", "8192")     // several ranged GETs an object
 	for _, c := range []struct {
 		name  string
 		world string
 		sums  bool
 	}{{"blocks, 2 ranks (ranged)", "2", true}, {"blocks, 1 rank (whole files)", "1", true}, {"no BLOCKSUMS (whole files, SHA256SUMS)", "1", false}} {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel() // (each mostly waits out stalls and backoffs)
 			s, ep := pushedEpochs(t, "1", "16")
 			if !c.sums {
 				// As uploaded by another tool: no BLOCKSUMS.
 				os.Remove(filepath.Join(s.Root, "bkt", "ep", "epoch-0000", "BLOCKSUMS"))
 			}
-			t.Setenv("CLIPSHARD_TEST_DIRECT_ENDPOINT", s.Endpoint)
-			t.Setenv("CHECK_WORLD", c.world)
+			env := append(s.Env(), "CLIPSHARD_S3_READ_TIMEOUT=1", // shorter than the stall
+				"CLIPSHARD_S3_PIECE=8192", // several ranged GETs an object
+				"CLIPSHARD_TEST_DIRECT_ENDPOINT="+s.Endpoint, "CHECK_WORLD="+c.world, "AWS_PROFILE=")
 			args := []string{filepath.Join("..", "..", "testdata", "check_faults.py"), ep, "s3://bkt/ep", filepath.Join(t.TempDir(), "caches")}
 			var proxies []*s3test.Proxy
 			faults := []s3test.Fault{s3test.SlowDown, s3test.Reset, s3test.Truncate, s3test.Stall, s3test.Overwrite}
@@ -523,13 +524,17 @@ func TestBucketFaults(t *testing.T) {
 				faults = append(faults, s3test.OverwriteSums)
 			}
 			for _, f := range faults {
-				p := s3test.StartProxy(t, s, f, 2)
+				times := 2 // (twice in a row an object: the retry's retry)
+				if f == s3test.SlowDown || f == s3test.Stall {
+					times = 1 // (botocore's adaptive rate limit and a stall take seconds each)
+				}
+				p := s3test.StartProxy(t, s, f, times)
 				proxies = append(proxies, p)
 				args = append(args, string(f)+"="+p.URL)
 			}
 			kill := s3test.StartProxy(t, s, s3test.Stall, 1)
 			args = append(args, "kill="+kill.URL)
-			got := numpytest.Run(t, args...)
+			got := numpytest.RunEnv(t, env, args...)
 			if !strings.Contains(string(got), "ok: faults") || !strings.Contains(string(got), "a fetcher killed mid-object") {
 				t.Fatalf("check_faults: %s", got)
 			}
@@ -545,7 +550,7 @@ func TestBucketFaults(t *testing.T) {
 
 // pushedEpochs is a server holding, at s3://bkt/ep, epochs of the demo
 // set (window 3, seed 5) cut into shards of the size given, and the
-// folder pushed; this process's environment points at the server.
+// folder pushed (s.Env() points a client at the server).
 func pushedEpochs(t *testing.T, epochs, shardSamples string) (*s3test.Server, string) {
 	t.Helper()
 	numpytest.Module(t, "boto3", "python3-boto3")
@@ -558,6 +563,5 @@ func pushedEpochs(t *testing.T, epochs, shardSamples string) (*s3test.Server, st
 	if r := pushRun(t, s, nil, ep, "s3://bkt/ep"); r.Code != 0 {
 		t.Fatal(r.Stderr)
 	}
-	s.Setenv(t)
 	return s, ep
 }

@@ -5,6 +5,7 @@ package numpytest
 import (
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -43,7 +44,33 @@ func Python(t testing.TB) string {
 // Run runs python with args and fails the test on error, showing output.
 func Run(t testing.TB, args ...string) []byte {
 	t.Helper()
-	out, err := exec.Command(Python(t), args...).CombinedOutput()
+	return RunEnv(t, nil, args...)
+}
+
+// RunEnv is Run with this process's environment changed by env (for
+// tests that run in parallel, which may not set their own): each "K=V"
+// sets K, each "K=" unsets it.
+func RunEnv(t testing.TB, env []string, args ...string) []byte {
+	t.Helper()
+	cmd := exec.Command(Python(t), args...)
+	if env != nil {
+		set := map[string]bool{}
+		for _, kv := range env {
+			k, _, _ := strings.Cut(kv, "=")
+			set[k] = true
+		}
+		for _, kv := range os.Environ() {
+			if k, _, _ := strings.Cut(kv, "="); !set[k] {
+				cmd.Env = append(cmd.Env, kv)
+			}
+		}
+		for _, kv := range env {
+			if k, v, _ := strings.Cut(kv, "="); v != "" {
+				cmd.Env = append(cmd.Env, k+"="+v)
+			}
+		}
+	}
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("python3 %v: %v\n%s", args, err, out)
 	}
