@@ -33,6 +33,9 @@ var (
 	// ErrPath marks a manifest path that is absolute or escapes its
 	// directory.
 	ErrPath = errors.New("manifests: path escapes the dataset directory")
+	// ErrWrongKind marks a dataset given where an epochs folder is
+	// wanted, or back (errors.Is it also matches ErrManifest).
+	ErrWrongKind = fmt.Errorf("%w: the other kind of folder", ErrManifest)
 )
 
 // Names of the files in a dataset directory.
@@ -256,6 +259,10 @@ func LoadDataset(dir string) (*Dataset, error) {
 	p := filepath.Join(dir, DatasetFile)
 	b, err := regfile.ReadFile(p, MaxManifest)
 	if err != nil {
+		if _, serr := os.Lstat(filepath.Join(dir, EpochsFile)); errors.Is(err, fs.ErrNotExist) && serr == nil {
+			return nil, fmt.Errorf("%w: %s is an epochs folder (it holds %s), not a dataset (no %s): give the folder convert wrote (the one these epochs were cut from is in %s's dataset.dir, or sources[].dir)",
+				ErrWrongKind, dir, EpochsFile, DatasetFile, EpochsFile)
+		}
 		return nil, fmt.Errorf("%w: %w", ErrManifest, err)
 	}
 	var d Dataset

@@ -8,7 +8,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -193,6 +195,10 @@ func LoadEpochs(dir string) (*Epochs, error) {
 	p := filepath.Join(dir, EpochsFile)
 	b, err := regfile.ReadFile(p, MaxManifest)
 	if err != nil {
+		if _, serr := os.Lstat(filepath.Join(dir, DatasetFile)); errors.Is(err, fs.ErrNotExist) && serr == nil {
+			return nil, fmt.Errorf("%w: %s is a dataset (it holds %s), not an epochs folder (no %s): cut epochs from it with clipshard shuffle --dataset %s --out EDIR --window W --epochs N",
+				ErrWrongKind, dir, DatasetFile, EpochsFile, dir)
+		}
 		return nil, fmt.Errorf("%w: %w", ErrManifest, err)
 	}
 	return ParseEpochs(b, p)

@@ -72,11 +72,20 @@ def _metadata(p):
     return "\n".join(lines) + "\n" + body
 
 
-def _wheel(wheel_directory, editable):
+def _wheel(wheel_directory, editable, binary=None, platform="any"):
+    """The wheel: the package (or, editable, a .pth naming this folder),
+    and with binary the clipshard command as a script of the platform's
+    (installed into the environment's bin/, on PATH once it is active)."""
     p = _project()
     name, version = p["name"], p["version"]
     dist = "%s-%s.dist-info" % (name, version)
     files = {}
+    modes = {}
+    if binary is not None:
+        script = "%s-%s.data/scripts/clipshard" % (name, version)
+        with open(binary, "rb") as f:
+            files[script] = f.read()
+        modes[script] = 0o755
     if editable:
         files["%s.pth" % name] = (HERE + "\n").encode()  # the source folder on sys.path
     else:
@@ -86,7 +95,8 @@ def _wheel(wheel_directory, editable):
                 with open(os.path.join(src, fn), "rb") as f:
                     files["%s/%s" % (PACKAGE, fn)] = f.read()
     files[dist + "/METADATA"] = _metadata(p).encode()
-    files[dist + "/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: clipshard _build\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    tags = "".join("Tag: py3-none-%s\n" % t for t in platform.split("."))
+    files[dist + "/WHEEL"] = ("Wheel-Version: 1.0\nGenerator: clipshard _build\nRoot-Is-Purelib: true\n" + tags).encode()
     files[dist + "/top_level.txt"] = (PACKAGE + "\n").encode()
     record = []
     for path, data in files.items():
@@ -94,12 +104,12 @@ def _wheel(wheel_directory, editable):
         record.append("%s,sha256=%s,%d" % (path, digest, len(data)))
     record.append(dist + "/RECORD,,")
     files[dist + "/RECORD"] = ("\n".join(record) + "\n").encode()
-    wheel = "%s-%s-py3-none-any.whl" % (name, version)
+    wheel = "%s-%s-py3-none-%s.whl" % (name, version, platform)
     tmp = os.path.join(wheel_directory, wheel + ".part")
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
         for path, data in files.items():
             info = zipfile.ZipInfo(path, date_time=(1980, 1, 1, 0, 0, 0))  # the same bytes every build
-            info.external_attr = 0o644 << 16
+            info.external_attr = (0o100000 | modes.get(path, 0o644)) << 16  # a regular file, and its mode
             info.compress_type = zipfile.ZIP_DEFLATED
             z.writestr(info, data)
     os.replace(tmp, os.path.join(wheel_directory, wheel))
@@ -145,3 +155,54 @@ def build_sdist(sdist_directory, config_settings=None):
         t.addfile(info, io.BytesIO(pkg))
     os.replace(out + ".part", out)
     return base + ".tar.gz"
+
+
+# -- the wheels with the clipshard command (just wheel) -----------------------
+
+# Go's GOOS/GOARCH -> the wheel's platform tags: a static binary (CGO off)
+# runs on any Linux of that architecture, glibc or musl. (macOS: the
+# command uses Linux's syscalls: renameat2, O_TMPFILE, O_DIRECT, io_uring.)
+PLATFORMS = {
+    ("linux", "amd64"): "manylinux_2_17_x86_64.manylinux2014_x86_64.musllinux_1_1_x86_64",
+    ("linux", "arm64"): "manylinux_2_17_aarch64.manylinux2014_aarch64.musllinux_1_1_aarch64",
+}
+
+
+def wheels(out, every=False):
+    """Build the clipshard command (go build, CGO off, stamped with its
+    commit) for this machine (every: for each of PLATFORMS) and its wheel:
+    this machine's into out, the others' into out/GOOS-GOARCH/. Returns
+    the wheels' paths."""
+    import shutil
+    import subprocess
+    import tempfile
+    root = os.path.dirname(HERE)
+    host = tuple(subprocess.check_output(["go", "env", "GOHOSTOS", "GOHOSTARCH"], text=True).split())
+    targets = sorted(PLATFORMS) if every else [host]
+    if host not in PLATFORMS and not every:
+        raise SystemExit("no wheel for %s/%s: the command is built for %s" % (host + (", ".join("/".join(t) for t in PLATFORMS),)))
+    made = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for goos, goarch in targets:
+            binary = os.path.join(tmp, "%s-%s" % (goos, goarch), "clipshard")
+            env = dict(os.environ, CGO_ENABLED="0", GOOS=goos, GOARCH=goarch)
+            # -buildvcs=auto: the commit stamped in a git checkout (the
+            # environment may say false), "commit unknown" outside one.
+            subprocess.check_call(["go", "build", "-trimpath", "-buildvcs=auto", "-ldflags=-s -w", "-o", binary, "./cmd/clipshard"],
+                                  cwd=root, env=env)
+            where = out if (goos, goarch) == host else os.path.join(out, "%s-%s" % (goos, goarch))
+            os.makedirs(where, exist_ok=True)
+            made.append(os.path.join(where, _wheel(where, editable=False, binary=binary, platform=PLATFORMS[(goos, goarch)])))
+        shutil.rmtree(tmp, ignore_errors=True)
+    return made
+
+
+if __name__ == "__main__":
+    import argparse
+    ap = argparse.ArgumentParser(prog="python3 python/_build.py", description="Build the wheels that carry the clipshard command.")
+    ap.add_argument("command", choices=["wheels"])
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "dist"), help="where (default: dist/ at the top)")
+    ap.add_argument("--all", action="store_true", help="every platform (the others into OUT/GOOS-GOARCH/)")
+    a = ap.parse_args()
+    for w in wheels(a.out, a.all):
+        print(w)

@@ -13,7 +13,9 @@ against the shard files and against EpochReader.
   state_dict() (through JSON) with another R, B and prefetch: every
   epoch's samples are trained in the epoch's order, each once (the
   "drop" rule leaves out what is too little for a global batch; "pad"
-  fills the last one from the epoch's start).
+  fills the last one from the epoch's start). "partial" (one rank) keeps
+  a short last batch; with several ranks it is refused, and so is an
+  epoch smaller than one global batch with "drop".
 - A batch handed out is never written again (all batches held, then
   compared), and the loader holds at most prefetch + 2 buffers.
 - After a break, close() or an error the thread is gone and no fd is
@@ -264,6 +266,39 @@ for prefetch in (0, 2):
     shutil.copyfile(os.path.join(edir, last["files"][man["modalities"][0]["name"]]), victim)
 shutil.rmtree(tmp)
 
+# remainder: "partial" (one rank) keeps the short last batch, every
+# sample once, the state after it done; with several ranks it is refused;
+# an epoch smaller than one global batch is refused with "drop", not
+# silently empty.
+e0 = on_disk[0]
+n = EpochReader(edir, e0).samples
+order = np.concatenate([np.asarray(b["samples"]) for b in EpochReader(edir, e0, batch_size=1)])
+B = max(2, n // 3 + 1)
+for make in (lambda **kw: EpochReader(edir, e0, **kw), lambda **kw: Loader(edir, e0, **kw), lambda **kw: Loader(edir, e0, prefetch=0, **kw)):
+    r = make(batch_size=B, remainder="partial")
+    got = [np.asarray(b["samples"]).copy() for b in r]
+    assert len(got) == -(-n // B) and len(got[-1]) == n - (len(got) - 1) * B, ("partial", [len(g) for g in got], n, B)
+    assert np.array_equal(np.concatenate(got), order), "partial: not every sample once, in order"
+    st = r.state_dict()
+    assert st["consumed"] == n, ("partial: the state after the last batch", st)
+    for bad in (dict(rank=0, world_size=2, batch_size=B, remainder="partial"), dict(batch_size=n + 1)):
+        try:
+            list(make(**bad))
+            raise AssertionError("taken: %r" % (bad,))
+        except ValueError as err:
+            assert ("partial" in str(err) and "one rank" in str(err)) or ("fewer than one global batch" in str(err) and "%d samples" % n in str(err)), err
+    assert len(list(make(batch_size=n + 1, remainder="pad"))) == 1
+cases += 1
+# A batch spanning many shards (5 shards' samples): every shard of it is
+# read before any is closed (before, the Loader closed the first ones
+# while it opened the rest: "Bad file descriptor").
+S = man["shard_samples"]
+if n >= 5 * S:
+    for pf in (0, 4):
+        got = [np.asarray(b["samples"]).copy() for b in Loader(edir, e0, batch_size=5 * S - 1, prefetch=pf, remainder="partial")]
+        assert np.array_equal(np.concatenate(got), order), "a batch over many shards"
+    cases += 1
+
 msg = "ok: loader %d arrays equal, %d stop/resume cases" % (checked, cases)
 
 # -- torch ------------------------------------------------------------------
@@ -289,6 +324,13 @@ if torch is not None:
                     assert a[k].dtype == t.dtype and a[k].shape == t.shape, (k, a[k].dtype, t.dtype)
                     assert torch.equal(a[k].view(torch.uint8) if a[k].dim() else a[k], t.view(torch.uint8) if t.dim() else t), (dtype, k)
             ld.close()
+    # A partial last batch as tensors (float32: cast in the thread), and
+    # EpochDataset's.
+    from clipshard.torch import EpochDataset
+    got = list(TorchLoader(edir, e0, batch_size=B, remainder="partial", dtype=torch.float32))
+    assert [len(b["samples"]) for b in got][-1] == n - (len(got) - 1) * B and torch.equal(torch.cat([b["samples"] for b in got]), torch.from_numpy(order))
+    got = list(torch.utils.data.DataLoader(EpochDataset(edir, e0, batch_size=B, remainder="partial"), batch_size=None, num_workers=0))
+    assert torch.equal(torch.cat([b["samples"] for b in got]), torch.from_numpy(order)) and int(got[-1]["consumed"]) == n
     try:
         pinned = TorchLoader(edir, e0, batch_size=3, pin_memory=True)
         b = next(iter(pinned))

@@ -246,10 +246,17 @@ func TestInspectEpochs(t *testing.T) {
 }
 
 // TestInspectBadInput: neither kind of folder, a damaged manifest, a FIFO,
-// a wrong flag: one line each, exit 1 or 2, at once.
+// a wrong flag: one line each, exit 1 or 2, at once. A path that is not a
+// clipshard folder (none there, a file, a folder of something else) is
+// exit 2 for inspect as for verify.
 func TestInspectBadInput(t *testing.T) {
 	ds, _ := demo(t)
-	oneLine(t, clip(t, "inspect", t.TempDir()), 1, "clipshard inspect: ")
+	file := filepath.Join(t.TempDir(), "f")
+	os.WriteFile(file, []byte("x"), 0o644)
+	for _, p := range []string{t.TempDir(), filepath.Join(t.TempDir(), "none"), file} {
+		oneLine(t, clip(t, "inspect", p), 2, "clipshard inspect: ")
+		oneLine(t, clip(t, "verify", p), 2, "clipshard verify: ")
+	}
 	bad := filepath.Join(t.TempDir(), "ds")
 	clitest.CopyTree(t, ds, bad)
 	os.WriteFile(filepath.Join(bad, "dataset.json"), []byte("{not json"), 0o644)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"sort"
 	"strings"
 
 	convertcmd "github.com/clipshard/clipshard/internal/commands/convert"
@@ -88,12 +89,23 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if run, ok := commands[cmd]; ok {
 			return run("clipshard "+cmd, rest, stdout, stderr)
 		}
-		fmt.Fprintf(stderr, "clipshard: %q is not a command (%s; clipshard help)\n", cmd, names())
+		hint := ""
+		if near := ui.Nearest(cmd, strings.Split(names(), ", ")); near != "" {
+			hint = "; did you mean " + near + "?"
+		}
+		fmt.Fprintf(stderr, "clipshard: %q is not a command (%s%s; clipshard help)\n", cmd, names(), hint)
 		return 2
 	}
 }
 
-func names() string { return "convert, shuffle, verify, inspect, help, version" }
+func names() string {
+	var out []string
+	for name := range commands {
+		out = append(out, name)
+	}
+	sort.Strings(out)
+	return strings.Join(append(out, "help", "version"), ", ")
+}
 
 // version names the module version and the commit the binary was built
 // from (go build stamps it in a git checkout).

@@ -152,3 +152,43 @@ func TestSubcommandsAreTheCommands(t *testing.T) {
 		t.Fatalf("clipshard's subcommands wrote other bytes than the old commands:\n%s\n---\n%s", trees["new"], trees["old"])
 	}
 }
+
+// TestFirstHourMessages (#36.4): the mistakes of a newcomer's first hour
+// each get one line that says what to do: a mistyped flag or command
+// (did you mean), a missing --window, an epochs folder given as a dataset
+// (and back), a --out of the user's own files (named), a refused weight
+// schedule echoed as it was given (2:@..., not 2:0@...).
+func TestFirstHourMessages(t *testing.T) {
+	ds, ep := demo(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"shuffle", "--windwo", "3"}, "did you mean --window?"},
+		{[]string{"verify", "--deeep", ds}, "did you mean --deep?"},
+		{[]string{"shufle"}, "did you mean shuffle?"},
+		{[]string{"shuffle", "--dataset", ds, "--out", filepath.Join(t.TempDir(), "e"), "--epochs", "1"}, "--window W is required"},
+		{[]string{"shuffle", "--dataset", ep, "--out", filepath.Join(t.TempDir(), "e"), "--epochs", "1", "--window", "3"}, "is an epochs folder (it holds epochs.json), not a dataset"},
+	} {
+		r := clip(t, c.args...)
+		if r.Code != 2 || !strings.Contains(r.Stderr, c.want) || strings.Count(r.Stderr, "\n") != 1 {
+			t.Errorf("%v: exit %d, %q; want exit 2 and one line saying %q", c.args, r.Code, r.Stderr, c.want)
+		}
+	}
+	mine := t.TempDir()
+	os.WriteFile(filepath.Join(mine, "notes.txt"), []byte("mine"), 0o644)
+	os.Mkdir(filepath.Join(mine, "runs"), 0o755)
+	r := clip(t, "convert", "--clips", filepath.Join("..", "..", "testdata", "demo", "clips.txt"), "--out", mine, "-m", "whisper@2=whisper/{clip}.npy")
+	if r.Code != 2 || !strings.Contains(r.Stderr, "notes.txt, runs/") {
+		t.Errorf("convert --out a folder of the user's: exit %d, %q; want the files named", r.Code, r.Stderr)
+	}
+	out := filepath.Join(t.TempDir(), "mixed")
+	base := []string{"shuffle", "--quiet", "--source", "a=" + ds, "--source", "b=" + ds, "--out", out, "--window", "3"}
+	if r := clip(t, append(base, "--weights", "0:1@a=1,b=1", "--weights", "1:@a=1,b=2", "--epochs", "1")...); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	r = clip(t, append(base, "--weights", "0:1@a=1,b=1", "--weights", "1:@a=1,b=3", "--epoch-range", "1:2")...)
+	if r.Code != 2 || !strings.Contains(r.Stderr, "--weights 1:@a=1,b=2") || !strings.Contains(r.Stderr, "--weights 1:@a=1,b=3") || strings.Contains(r.Stderr, "1:0@") {
+		t.Errorf("a refused schedule: exit %d, %q", r.Code, r.Stderr)
+	}
+}

@@ -319,8 +319,11 @@ func verifyOK(t *testing.T, dir string) {
 	}
 }
 
-// TestCleanLeftovers: a failed run says where its work is kept and how to
-// drop it; convert --clean removes it (and nothing else).
+// TestCleanLeftovers: a failed run that started afresh and ran less than a
+// minute keeps nothing beside --out (it says so); a longer one (here:
+// CLIPSHARD_KEEP_AFTER=0s), or one that resumed work, says where its work
+// is kept and how to drop it; convert --clean removes it (and nothing
+// else).
 func TestCleanLeftovers(t *testing.T) {
 	src := copyDemo(t)
 	b := must(os.ReadFile(filepath.Join("..", "..", "testdata", "convert", "nan_emotion.npy")))
@@ -329,9 +332,18 @@ func TestCleanLeftovers(t *testing.T) {
 	out := filepath.Join(parent, "ds")
 	os.WriteFile(filepath.Join(parent, "mine.txt"), []byte("keep"), 0o644)
 	r := runConvert(t, nil, demoArgs(src, out, "--workers", "1", "--checkpoint", "0")...)
+	if entries := must(os.ReadDir(parent)); r.Code != 1 || !strings.Contains(r.Stderr, "nothing kept: a re-run starts over") || len(entries) != 1 {
+		t.Fatalf("a quick failed run: exit %d: %q, left %v", r.Code, r.Stderr, entries)
+	}
+	keep := []string{"CLIPSHARD_KEEP_AFTER=0s"}
+	r = runConvert(t, keep, demoArgs(src, out, "--workers", "1", "--checkpoint", "0")...)
 	staging := filepath.Join(parent, ".clipshard-partial-ds")
 	if r.Code != 1 || !strings.Contains(r.Stderr, "kept in "+staging) || !strings.Contains(r.Stderr, "convert --clean --out "+out) {
 		t.Fatalf("exit %d: %q", r.Code, r.Stderr)
+	}
+	// A quick failure of a run that resumed: the earlier work stays.
+	if r := runConvert(t, nil, demoArgs(src, out, "--workers", "1", "--checkpoint", "0")...); r.Code != 1 || !strings.Contains(r.Stderr, "kept in "+staging) {
+		t.Fatalf("a resumed run's quick failure: exit %d: %q", r.Code, r.Stderr)
 	}
 	r = runConvert(t, nil, "--clean", "--out", out)
 	if r.Code != 0 || !strings.Contains(r.Stdout, "removed") {

@@ -215,10 +215,20 @@ func TestLoader(t *testing.T) {
 // TestTrainDDP (#24.5): examples/train_ddp.py, real torch.distributed
 // (gloo, CPU) on 2 ranks, killed with SIGKILL after a checkpoint and
 // resumed on 3 ranks with another batch size, trains every sample of
-// every epoch once, in the epoch's order (testdata/check_ddp.py).
+// every epoch once, in the epoch's order (testdata/check_ddp.py); on a mixed
+// folder too (its samples have 4 columns).
 func TestTrainDDP(t *testing.T) {
 	numpytest.Module(t, "torch", "python3-torch")
 	checkThreeEpochs(t, "check_ddp.py", "ok: ddp")
+	// A mixed folder (samples of 4 columns) too.
+	ds := demoDataset(t)
+	out := filepath.Join(t.TempDir(), "mixed")
+	if r := shuffleRun(t, nil, "--source", "a="+ds, "--source", "b="+ds, "--weights", "a=1,b=2", "--out", out, "--epochs", "1", "--window", "5", "--shard-samples", "8"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	if got := numpytest.Run(t, filepath.Join("..", "..", "testdata", "check_ddp.py"), out); !strings.Contains(string(got), "ok: ddp") {
+		t.Fatalf("check_ddp on a mixed folder: %s", got)
+	}
 }
 
 // checkThreeEpochs runs testdata/SCRIPT on three epochs of the demo set

@@ -59,7 +59,15 @@ func Parse(fs *flag.FlagSet, args []string, stdout, stderr io.Writer, usage, exi
 			return true, 0
 		}
 		if err != nil {
-			fmt.Fprintf(stderr, "%s: %s (see --help)\n", fs.Name(), strings.Replace(err.Error(), " -", " --", 1))
+			msg := strings.Replace(err.Error(), " -", " --", 1)
+			if name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -"); ok {
+				var names []string
+				fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+				if near := Nearest(strings.TrimLeft(name, "-"), names); near != "" {
+					msg += "; did you mean --" + near + "?"
+				}
+			}
+			fmt.Fprintf(stderr, "%s: %s (see --help)\n", fs.Name(), msg)
 			return true, 2
 		}
 		rest := fs.Args()
@@ -277,4 +285,46 @@ func Named(text, cmd, name string) string {
 		}
 	}
 	return strings.Join(lines, "\n")
+}
+
+// Nearest is the one of names closest to s (a mistyped flag or command),
+// if it is close: at most 2 edits, or a third of its letters (a swap of
+// two letters counts as one edit); "" if none is.
+func Nearest(s string, names []string) string {
+	best, bestD := "", 1<<30
+	for _, n := range names {
+		if d := edits(s, n); d < bestD {
+			best, bestD = n, d
+		}
+	}
+	if best == "" || bestD > max(2, len(s)/3) || bestD >= len(best) {
+		return ""
+	}
+	return best
+}
+
+// edits is the optimal string alignment distance of a and b: insertions,
+// deletions, substitutions and swaps of neighbouring letters.
+func edits(a, b string) int {
+	d := make([][]int, len(a)+1)
+	for i := range d {
+		d[i] = make([]int, len(b)+1)
+		d[i][0] = i
+	}
+	for j := range d[0] {
+		d[0][j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
+			}
+		}
+	}
+	return d[len(a)][len(b)]
 }

@@ -87,3 +87,14 @@ func TestBytes(t *testing.T) {
 		}
 	}
 }
+
+// TestNearest: a mistyped flag or command finds its name (a letter off, two
+// swapped, one missing), and a word far from every name finds none.
+func TestNearest(t *testing.T) {
+	names := []string{"window", "windows-per-clip", "epochs", "epoch-range", "deep", "seed"}
+	for in, want := range map[string]string{"windwo": "window", "widow": "window", "epoch": "epochs", "epcohs": "epochs", "deeep": "deep", "zzz": "", "x": "", "sede": "seed"} {
+		if got := Nearest(in, names); got != want {
+			t.Errorf("Nearest(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

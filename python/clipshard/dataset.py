@@ -27,6 +27,9 @@ class Dataset:
     """
 
     def __init__(self, path: str) -> None:
+        if not os.path.lexists(os.path.join(path, "dataset.json")) and os.path.lexists(os.path.join(path, "epochs.json")):
+            raise ValueError("%s is an epochs folder (it holds epochs.json), not a dataset (no dataset.json): read it with "
+                             "clipshard.Loader or EpochReader, or give Dataset the folder convert wrote" % path)
         man = read_json(os.path.join(path, "dataset.json"))
         if man.get("format") != "clipshard.dataset":
             raise ValueError("%s: not a clipshard dataset" % path)

@@ -15,7 +15,8 @@ on from exactly there. What is left at the end of an epoch, too little for
 one more global batch, is dropped (`remainder="drop"`, the default) or
 filled with samples from the start of the epoch (`remainder="pad"`, as
 torch's DistributedSampler pads), so that every rank gets the same number
-of batches.
+of batches; one rank alone may keep it as a shorter last batch
+(`remainder="partial"`).
 """
 from __future__ import annotations
 
@@ -60,6 +61,10 @@ def load_epochs(edir: str) -> dict[str, Any]:
         [m["name"] for m in man["modalities"]]     # what each batch holds
         man["seed"], man["window"], man["shard_samples"]
     """
+    if not os.path.lexists(os.path.join(edir, "epochs.json")) and os.path.lexists(os.path.join(edir, "dataset.json")):
+        raise ValueError("%s is a dataset (it holds dataset.json), not an epochs folder (no epochs.json): cut epochs from it "
+                         "with clipshard shuffle --dataset %s --out EDIR --window W --epochs N, or read its clips with "
+                         "clipshard.Dataset" % (edir, edir))
     man = read_json(os.path.join(edir, "epochs.json"))
     if man.get("format") != "clipshard.epochs":
         raise ValueError("%s: not a clipshard epochs directory" % edir)
@@ -123,7 +128,9 @@ class EpochReader:
     rank, world_size: this process's place in the job (any world size: the
         epoch does not depend on it).
     batch_size: samples per rank per batch (B).
-    remainder: "drop" or "pad" (see the module doc).
+    remainder: "drop", "pad" or, for one rank, "partial" (see the module
+        doc). Reading an epoch too small for one global batch is refused
+        with "drop" (it would give no batch).
     replay_seed, virtual_epoch: read a materialised epoch in a seeded shard
         order for a later training epoch (1x storage, a coarser shuffle).
     mix_shards: read K consecutive shards (of that order) as one block and
@@ -174,8 +181,12 @@ class EpochReader:
             raise ValueError("rank %r not in [0, world_size=%r)" % (rank, world_size))
         if not (isinstance(batch_size, int) and batch_size >= 1):
             raise ValueError("batch_size %r: want an int >= 1" % (batch_size,))
-        if remainder not in ("drop", "pad"):
-            raise ValueError("remainder %r: want 'drop' or 'pad'" % (remainder,))
+        if remainder not in ("drop", "pad", "partial"):
+            raise ValueError("remainder %r: want 'drop', 'pad' or (one rank) 'partial'" % (remainder,))
+        if remainder == "partial" and world_size != 1:
+            raise ValueError("remainder='partial' is for one rank: with world_size %d every rank must get as many batches "
+                             "of as many samples (a rank with one batch fewer would leave the others waiting): give 'pad' or "
+                             "'drop'" % world_size)
         self.dir, self.manifest, self.epoch = edir, man, epoch
         self.virtual_epoch = epoch if virtual_epoch is None else virtual_epoch
         self.rank, self.world_size, self.batch_size, self.remainder = rank, world_size, batch_size, remainder
@@ -225,6 +236,7 @@ class EpochReader:
                              "shards; give read=False (the mix block is asked of the kernel ahead of time)")
         self.mix_seed = mix_seed
         self._perms: dict[int, np.ndarray] = {}  # block -> permutation of its samples
+        self._hold: Optional[int] = None  # no shard from this one on is closed (a batch spanning shards: hold)
         self.start = 0  # samples consumed when this reader was resumed
         self.consumed = 0
         self._ranged = False  # a bucket's shard files fetched by the block ranges this rank reads (else whole)
@@ -312,6 +324,7 @@ class EpochReader:
         B, R = self.batch_size, self.world_size
         if first is not None and (first < worker_id or (first - worker_id) % num_workers):
             raise ValueError("first batch %r is not one of worker %d of %d's" % (first, worker_id, num_workers))
+        self.check_fits()
         mine = range(worker_id if first is None else first, self.batches_left(), num_workers)
         try:
             for i, g in enumerate(mine):
@@ -323,14 +336,37 @@ class EpochReader:
                     for h in ahead:
                         a = self.start + h * B * R + self.rank * B
                         self._advise(a, a + B)
-                batch = self._gather(lo, lo + B)
+                batch = self._gather(lo, self._end(lo))
                 if self.mixed:
                     batch["source"] = _sources(batch["samples"], len(self.sources),
                                                lambda: "%s (the batch at %d)" % (self._path(self._segments(lo, lo + 1)[0][0], "samples"), lo))
-                self.consumed = self.start + (g + 1) * B * R
+                self.consumed = self._consumed(g)
                 yield batch
         finally:
             self.close()
+
+    def check_fits(self) -> None:
+        """Refuse to read an epoch that would give no batch: fewer samples
+        than one global batch, with remainder="drop" (a resumed epoch near
+        its end may have none left: that is not this)."""
+        B, R = self.batch_size, self.world_size
+        if self.remainder == "drop" and 0 < self.samples < B * R:
+            raise ValueError("%s: epoch %d has %d samples, fewer than one global batch (batch_size %d x world_size %d = %d): it "
+                             "would give no batch; give a smaller batch_size, or remainder='pad' (the last batch filled from the "
+                             "epoch's start)%s" % (self.dir, self.epoch, self.samples, B, R, B * R,
+                                                   ", or 'partial' (one short batch)" if R == 1 else ""))
+
+    def _end(self, lo: int) -> int:
+        """Where the batch from position lo ends: a batch on, but with
+        remainder="partial" not past the epoch's end."""
+        hi = lo + self.batch_size
+        return min(hi, self.samples) if self.remainder == "partial" else hi
+
+    def _consumed(self, g: int) -> int:
+        """The samples of the epoch consumed once global batch g (of this
+        reading) is: a padded epoch's last counts past the end."""
+        c = self.start + (g + 1) * self.batch_size * self.world_size
+        return min(c, self.samples) if self.remainder == "partial" else c
 
     def close(self) -> None:
         """Close every file (the reader reopens what it needs)."""
@@ -477,14 +513,20 @@ class EpochReader:
             self._pin = (st.st_dev, st.st_ino)
         return self._pin
 
+    def hold(self, segs) -> None:
+        """Keep open every shard of these segments (a batch's, which may
+        span many shards) while they are opened and read."""
+        self._hold = min((k for k, _, _ in segs), default=None)
+
     def _shard(self, k):
         """Shard position k's files, opened inside the epoch folder pinned
         (a folder replaced since is refused, naming the shard) and checked
         against the manifest, the samples' every column too (the files of
-        shards well behind are closed)."""
+        shards well behind, and behind the batch held, are closed)."""
         files = self._shards.get(k)
         if files is None:
-            for old in [x for x in self._shards if x < k - self.mix]:
+            floor = k - self.mix if self._hold is None else min(k - self.mix, self._hold)
+            for old in [x for x in self._shards if x < floor]:
                 self._files.pop(old, None)
                 for f in self._shards.pop(old).values():
                     f.close()

@@ -68,8 +68,9 @@ class Loader:
         a shard order seeded by replay_seed and e (EpochReader's
         replay_seed and virtual_epoch), optionally mixed (mix_shards,
         mix_seed, mix_mem).
-    rank, world_size, batch_size, remainder: as EpochReader ("drop" or
-        "pad"); a world_size without a rank is refused.
+    rank, world_size, batch_size, remainder: as EpochReader ("drop", "pad",
+        or for one rank "partial"); a world_size without a rank is
+        refused.
     prefetch: batches read ahead (0: read in the consumer, no thread).
     threads: threads that share each batch's reads and casts (2: one core
         copies from the page cache at ~4.5 GB/s here, two at ~7.5 GB/s,
@@ -292,6 +293,12 @@ class Loader:
         if self._pos >= len(self.epochs):
             return
         pos, start = self._pos, self._start
+        if start == 0:
+            r = self._reader(self._plans[pos])
+            try:
+                r.check_fits()  # (an epoch too small for one global batch: refused, not silently empty)
+            finally:
+                r.close()
         if len(self) == 0:
             self._next_epoch()
             return
@@ -386,17 +393,19 @@ class Loader:
             r._rows_ready(lo, hi, ahead)  # (a bucket's: the rows fetched into the cache first)
         out, pieces, casts = {}, [], []
         segs = r._segments(lo, hi)
+        r.hold(segs)  # (the pieces are read after every shard of the batch is opened)
         for name in self.names:
             dtype, shape = self._out[name]
-            arr = np.frombuffer(self._buffer(name), dtype=np.uint8, count=self._sizes[name]).view(dtype).reshape(shape)
+            # (a partial last batch: the first hi - lo rows of the buffer)
+            arr = np.frombuffer(self._buffer(name), dtype=np.uint8, count=self._sizes[name]).view(dtype).reshape(shape)[:hi - lo]
             dst = arr
             if name in self._casting:
                 src_dtype, src_shape = self._src[name]
                 raw = self._raw.get(name)
                 if raw is None:
                     raw = self._raw[name] = np.empty(src_shape, dtype=src_dtype)
-                dst = raw
-                casts.append((name, arr, raw))
+                dst = raw[:hi - lo]
+                casts.append((name, arr, dst))
             view, at = dst.data.cast("B"), 0
             for k, a, b in segs:
                 f = r._shard(k)[name]
@@ -477,9 +486,9 @@ def _produce(ref: "weakref.ref[Loader]", pos: int, start: int, stop: Optional[th
                 lo = r.start + g * B * R + r.rank * B
                 if g + 1 < n:
                     r._advise(lo + B * R, lo + B * R + B)  # the disk works on the next one meanwhile
-                arrays = loader._finish(loader._read(r, lo, lo + B, [lo + h * B * R for h in range(1, 5) if g + h < n]))
+                arrays = loader._finish(loader._read(r, lo, r._end(lo), [lo + h * B * R for h in range(1, 5) if g + h < n]))
                 del loader
-                yield _Batch(pos, g, arrays, r.start + (g + 1) * B * R, g + 1 == n)
+                yield _Batch(pos, g, arrays, r._consumed(g), g + 1 == n)
             r.close()
             r = None
             yield _END

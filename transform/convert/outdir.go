@@ -47,7 +47,16 @@ func checkOut(out string) (map[string]bool, error) {
 	d, err := manifests.LoadDataset(out)
 	if err != nil {
 		if _, serr := os.Lstat(filepath.Join(out, manifests.DatasetFile)); serr != nil {
-			return nil, fmt.Errorf("%w: --out %s exists, is not empty and holds no %s: refusing to replace it (choose another --out)", ErrUsage, out, manifests.DatasetFile)
+			var names []string
+			for _, e := range entries {
+				n := e.Name()
+				if e.IsDir() {
+					n += "/"
+				}
+				names = append(names, n)
+			}
+			return nil, fmt.Errorf("%w: --out %w (no %s: not a dataset): refusing to replace it (move them elsewhere, or choose another --out)",
+				ErrUsage, manifests.NotOurs(out, names), manifests.DatasetFile)
 		}
 		return nil, fmt.Errorf("%w: --out %s is not a clipshard dataset (%v): refusing to replace it (choose another --out)", ErrUsage, out, err)
 	}

@@ -80,6 +80,10 @@ type modState struct {
 	stats      f16.Stats
 }
 
+// KeepAfter is how long a run that started afresh must have run for its
+// work to be kept when it fails (a var for the tests).
+var KeepAfter = time.Minute
+
 // Run converts the clips of o.ClipList into the dataset directory o.Out.
 // See the package doc. Errors wrap ErrUsage or ErrInput where they are the
 // user's to fix; on error no dataset.json is written or replaced.
@@ -89,10 +93,20 @@ func Run(ctx context.Context, o Options) (res *Result, err error) {
 	if err != nil {
 		return nil, err
 	}
+	fresh := false // the run started with nothing to resume
 	defer func() {
-		// The work done is kept for a resume: say where, and how to drop it.
+		// The work done is kept for a resume: say where, and how to drop
+		// it. A run that started afresh and failed within KeepAfter keeps
+		// nothing (a re-run redoes that much at once): no litter beside
+		// --out after a quick mistake.
 		if err != nil && !errors.Is(err, ErrUsage) && ctx.Err() == nil {
 			if _, serr := os.Stat(j.staging); serr == nil {
+				if fresh && time.Since(began) < KeepAfter {
+					if ok, cerr := Clean(j.opts.Out); ok && cerr == nil {
+						err = fmt.Errorf("%w (nothing kept: a re-run starts over)", err)
+						return
+					}
+				}
 				err = fmt.Errorf("%w (the clips done so far are kept in %s for a re-run to resume; convert --clean --out %s removes them)", err, j.staging, j.opts.Out)
 			}
 		}
@@ -127,6 +141,7 @@ func Run(ctx context.Context, o Options) (res *Result, err error) {
 	if err != nil {
 		return nil, err
 	}
+	fresh = w.next == 0
 	defer w.closeBlobs()
 	res.Resumed = w.next
 	defer j.dirs.Close()

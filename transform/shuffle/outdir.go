@@ -52,6 +52,33 @@ func datasetKey(m *manifests.Epochs) string {
 	return strings.Join(parts, ",")
 }
 
+// scheduleWords words a weights token of an options key (MixWeights.Key:
+// "N/A:B@name=w,.../...", B 0 when open-ended) as the flags that give it:
+// "--weights 0:2@a=1,b=1 --weights 2:@a=1,b=2 --epoch-samples N".
+func scheduleWords(key string) string {
+	parts := strings.Split(key, "/")
+	var words []string
+	samples := parts[0]
+	if parts[0] == "natural" {
+		words = append(words, "no --weights (each source its own samples)")
+		samples = parts[len(parts)-1]
+		parts = nil
+	} else {
+		parts = parts[1:]
+	}
+	for _, r := range parts {
+		rng, body, _ := strings.Cut(r, "@")
+		if from, ok := strings.CutSuffix(rng, ":0"); ok {
+			rng = from + ":"
+		}
+		words = append(words, "--weights "+rng+"@"+body)
+	}
+	if samples != "0" {
+		words = append(words, "--epoch-samples "+samples)
+	}
+	return strings.Join(words, " ")
+}
+
 // keyDiff words how two options keys differ: "seed 8, this run's 7".
 func keyDiff(theirs, ours string) string {
 	a, b := strings.Fields(theirs), strings.Fields(ours)
@@ -65,7 +92,7 @@ func keyDiff(theirs, ours string) string {
 				continue
 			}
 			if name == "weights" {
-				d = append(d, fmt.Sprintf("weights and --epoch-samples %s, this run's %s", x, y))
+				d = append(d, fmt.Sprintf("weights and --epoch-samples: %s; this run's: %s", scheduleWords(x), scheduleWords(y)))
 				continue
 			}
 			d = append(d, fmt.Sprintf("%s %s, this run's %s", strings.ReplaceAll(name, "_", "-"), x, y))

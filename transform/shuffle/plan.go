@@ -199,6 +199,9 @@ func (j *job) srcWords(s int) string {
 // job's.
 func (j *job) addSource(name, dir string) error {
 	ds, err := manifests.LoadDataset(dir)
+	if errors.Is(err, manifests.ErrWrongKind) {
+		return fmt.Errorf("%w: %s", ErrUsage, strings.TrimPrefix(err.Error(), manifests.ErrWrongKind.Error()+": "))
+	}
 	if err != nil {
 		return err
 	}

@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/clipshard/clipshard/internal/ui"
 	"github.com/clipshard/clipshard/transform/convert"
@@ -158,6 +159,10 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 	fs.Bool("merge", false, "merge the part directories that follow (convert --merge PART_DIR... --out DIR) into one dataset")
 	if done, code := ui.Parse(fs, args, stdout, stderr, ui.Named(usage, "convert", name), ui.Named(exitCodes, "convert", name), false); done {
 		return code
+	}
+	// (the tests: CLIPSHARD_KEEP_AFTER=0s keeps a quick failed run's work)
+	if d, err := time.ParseDuration(os.Getenv("CLIPSHARD_KEEP_AFTER")); err == nil {
+		convert.KeepAfter = d
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -63,7 +63,7 @@ Flags:
 
 const exitCodes = `
 Exit status: 0 shown; 1 unreadable or damaged input (one line names the
-file); 2 usage error.
+file); 2 usage error, or DIR is not a dataset or epochs folder (as verify).
 `
 
 // Run runs the command as name ("clipshard inspect").
@@ -140,8 +140,15 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 			r.Dir = shown
 		}
 	default:
-		fmt.Fprintf(stderr, "%s: %s: neither a dataset (no dataset.json) nor an epochs folder (no epochs.json)\n", name, dir)
-		return 1
+		// As verify: a path that is not a clipshard folder is a usage error.
+		if st, err := os.Stat(dir); err != nil {
+			fmt.Fprintf(stderr, "%s: %s does not exist (or cannot be read: %v)\n", name, shown, errors.Unwrap(err))
+		} else if !st.IsDir() {
+			fmt.Fprintf(stderr, "%s: %s is not a directory: give a dataset or epochs folder\n", name, shown)
+		} else {
+			fmt.Fprintf(stderr, "%s: %s: neither a dataset (no dataset.json) nor an epochs folder (no epochs.json)\n", name, shown)
+		}
+		return 2
 	}
 	if err != nil && mirror != nil {
 		err = errors.New(strings.ReplaceAll(err.Error(), mirror.Dir, shown)) // name the objects, not the mirror

@@ -31,9 +31,10 @@ Materialise, for each epoch, the windows a trainer would sample from the
 dataset, in one shuffled order, into shard files read strictly in order:
 EDIR/epoch-0003/shard-00000.NAME.npy [S, W*RATE, ...] (a per-clip
 modality, convert's NAME@clip: [S, ...], each sample's clip value) and
-shard-00000.samples.npy int64 [S, 3] (clip, start, valid). A job of any
-world size reads an epoch (rank r takes its slice of each global batch:
-python/clipshard). Same seed, same bytes, whatever --mem or --workers.
+shard-00000.samples.npy int64 [S, 3] (clip, start, valid; mixed epochs:
+[S, 4], and source). A job of any world size reads an epoch (rank r takes
+its slice of each global batch: python/clipshard). Same seed, same bytes,
+whatever --mem or --workers.
 Each epoch is committed atomically; a re-run skips finished epochs.
 
 Example:
@@ -145,6 +146,10 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 		o.EpochStart, o.EpochEnd = 0, epochs
 	default:
 		fmt.Fprintln(stderr, name+": --epochs N or --epoch-range A:B is required")
+		return 2
+	}
+	if !given(fs, "window") {
+		fmt.Fprintln(stderr, name+": --window W is required: the clip frames of a sample (the window the trainer reads, e.g. --window 15)")
 		return 2
 	}
 	var err error
@@ -354,4 +359,11 @@ func runDrop(name string, fs *flag.FlagSet, out, drop string, jsonOut bool, stdo
 	}
 	fmt.Fprintf(stdout, "dropped epochs %v from %s\n", dropped, out)
 	return 0
+}
+
+// given reports whether flag name was on the command line.
+func given(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
