@@ -7,6 +7,14 @@ python := env_var_or_default("CLIPSHARD_PYTHON", "/usr/bin/python3")
 test:
     go test ./...
 
+# The test suite with the exhaustive cases on (as CI runs it: e.g. 200 torn-read runs instead of 15).
+test-long:
+    CLIPSHARD_EXHAUSTIVE=1 go test ./...
+
+# The wheel with the clipshard command for this machine into dist/ (pip install dist/clipshard-*.whl); `just wheel --all`: linux x86_64 and aarch64 too (into dist/linux-ARCH/).
+wheel *ARGS:
+    python3 python/_build.py wheels {{ARGS}}
+
 # Fuzz every parser for FUZZTIME each (default 10m).
 fuzz FUZZTIME="10m":
     cd formats/npy && go test -run '^$' -fuzz '^FuzzRead$' -fuzztime {{FUZZTIME}} -fuzzminimizetime 10s
