@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -189,7 +191,9 @@ func TestInspectEpochs(t *testing.T) {
 	}
 	e := man.Epochs[0]
 	// The tail: every sample of the last tenth from clip 5.
-	tail := e.Samples * 9 / 10 // where inspect's last tenth starts
+	// Where inspect's last tenth starts: a tenth is a tenth of the whole
+	// batches (of --batch 16), the remainder in the last.
+	tail := e.Samples / 16 * 9 / 10 * 16
 	for _, s := range e.Shards {
 		p := filepath.Join(ep, s.Files["samples"])
 		b, err := os.ReadFile(p)
@@ -295,7 +299,7 @@ func TestInspectBadInput(t *testing.T) {
 func TestInspectHTML(t *testing.T) {
 	ds, ep := demo(t)
 	dir := t.TempDir()
-	pages := map[string]int{filepath.Join(dir, "ds.html"): 4, filepath.Join(dir, "ep.html"): 4} // plots: lengths + 3 modalities; 2 epochs x 2
+	pages := map[string]int{filepath.Join(dir, "ds.html"): 4, filepath.Join(dir, "ep.html"): 6} // plots: lengths + 3 modalities; 2 epochs x 2, and 2 across epochs
 	for page, plots := range pages {
 		target := ds
 		if strings.HasSuffix(page, "ep.html") {
@@ -446,4 +450,112 @@ func TestInspectHTMLKilled(t *testing.T) {
 	if st, _ := os.Stat(page); st.Mode().Perm() != 0o644 {
 		t.Fatalf("page mode %v", st.Mode())
 	}
+}
+
+// TestInspectPlots (#36.5): the page answers its questions. One clip of
+// 6,000 frames among 100-frame ones: the others are binned over their own
+// range (not all in one bar) and the long clip is named, apart; each value
+// histogram's caption gives the whole blob's NaN/Inf counts from
+// dataset.json. A mixed folder with a curriculum: each source's share
+// along the epoch on a fixed 0-1 axis, and the weights by epoch. Every
+// tick is a round number (no 29.8 or 1.53e+03).
+func TestInspectPlots(t *testing.T) {
+	src := t.TempDir()
+	var ids strings.Builder
+	for i := range 20 {
+		id := fmt.Sprintf("c%02d", i)
+		ids.WriteString(id + "\n")
+		n := 100 + i
+		if i == 7 {
+			n = 6000
+		}
+		writeNPY(t, filepath.Join(src, "x", id+".npy"), n, 4, func(r, c int) float32 { return float32(r%97) / 10 })
+	}
+	os.WriteFile(filepath.Join(src, "clips.txt"), []byte(ids.String()), 0o644)
+	ds := filepath.Join(t.TempDir(), "ds")
+	if r := clip(t, "convert", "--quiet", "--clips", filepath.Join(src, "clips.txt"), "--out", ds, "-m", "x=x/{clip}.npy"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	v := inspectJSON(t, ds)
+	if v["length_scale"] != "clipped" {
+		t.Fatalf("length_scale %v, want clipped", v["length_scale"])
+	}
+	counts := v["length_histogram"].([]any)
+	biggest := 0.0
+	for _, c := range counts {
+		biggest = max(biggest, c.(float64))
+	}
+	if biggest > 15 {
+		t.Fatalf("one bar holds %v of 20 clips: %v", biggest, counts)
+	}
+	ep := filepath.Join(t.TempDir(), "ep")
+	if r := clip(t, "shuffle", "--quiet", "--source", "a="+ds, "--source", "b="+ds, "--weights", "0:1@a=1,b=1", "--weights", "1:@a=1,b=3",
+		"--epoch-samples", "2000", "--out", ep, "--window", "4", "--epochs", "3"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	dir := t.TempDir()
+	label := regexp.MustCompile(`text-anchor="(?:middle|end)">([^<]*)</text>`)
+	for _, c := range []struct {
+		target string
+		want   []string
+	}{
+		{ds, []string{"1 clip longer, up to 6000 frames, left out of the axis: c07 (6000)", "In the whole blob (dataset.json): NaN 0, Inf 0"}},
+		{ep, []string{`id="sources-0"`, `id="curriculum"`, "dashed: its share of the epoch", "dashed: a uniform shuffle", "&nbsp;a", "&nbsp;b"}},
+	} {
+		page := filepath.Join(dir, filepath.Base(c.target)+".html")
+		if r := clip(t, "inspect", "--html", page, c.target); r.Code != 0 {
+			t.Fatal(r.Stderr)
+		}
+		b, _ := os.ReadFile(page)
+		for _, w := range c.want {
+			if !strings.Contains(string(b), w) {
+				t.Errorf("%s: the page lacks %q", c.target, w)
+			}
+		}
+		// Each axis's ticks are a round step apart (1, 2, 2.5 or 5 times a
+		// power of ten) and written with no exponent.
+		for _, fig := range regexp.MustCompile(`(?s)<svg.*?</svg>`).FindAllString(string(b), -1) {
+			for _, anchor := range []string{"middle", "end"} {
+				var ticks []float64
+				for _, m := range label.FindAllStringSubmatch(fig, -1) {
+					if v, err := strconv.ParseFloat(m[1], 64); err == nil && strings.Contains(m[0], anchor) {
+						if strings.Contains(m[1], "e") {
+							t.Errorf("%s: tick %q", c.target, m[1])
+						}
+						ticks = append(ticks, v)
+					}
+				}
+				if len(ticks) < 2 {
+					continue
+				}
+				step := math.Abs(ticks[1] - ticks[0])
+				mant := step / math.Pow(10, math.Floor(math.Log10(step)))
+				round := false
+				for _, r := range []float64{1, 2, 2.5, 5} {
+					round = round || math.Abs(mant-r) < 1e-6
+				}
+				for i := 1; i < len(ticks); i++ {
+					round = round && math.Abs(math.Abs(ticks[i]-ticks[i-1])-step) < 1e-6*step
+				}
+				if !round {
+					t.Errorf("%s: ticks %v are not a round step apart", c.target, ticks)
+				}
+			}
+		}
+	}
+	share := regexp.MustCompile(`(?s)<figure id="sources-0">.*?</figure>`).FindString(string(mustRead(t, filepath.Join(dir, "ep.html"))))
+	for _, tick := range []string{">0.0<", ">0.2<", ">1.0<"} {
+		if !strings.Contains(share, tick) {
+			t.Errorf("the shares' axis is not 0 to 1 in steps of 0.2: no %s", tick)
+		}
+	}
+}
+
+func mustRead(t *testing.T, p string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -273,6 +274,11 @@ type DatasetReport struct {
 	SourceSize int64            `json:"source_bytes"`
 	Histogram  []int64          `json:"length_histogram"` // clip counts over LengthEdges
 	LengthEdge []float64        `json:"length_edges"`
+	// LengthScale is "clipped" when some clips are more than 4 times the
+	// 90th percentile (a huge clip among short ones): the last bin then
+	// holds them (from the others' longest to the longest), the others
+	// are binned over their own range.
+	LengthScale string `json:"length_scale"`
 	Clip       *ClipReport      `json:"clip,omitempty"`
 }
 
@@ -349,7 +355,7 @@ func inspectDataset(dir, clip string, fps float64, maxRows int, open opener) (*D
 		r.Skipped = append(r.Skipped, s.Clip+": "+s.Reason)
 	}
 	r.Lengths, r.Longest, r.Shortest = lengthFigures(lengths, id)
-	r.LengthEdge, r.Histogram = lengthHistogram(lengths)
+	r.LengthEdge, r.Histogram, r.LengthScale = lengthHistogram(lengths)
 	// The sources' sizes, of every clip and modality.
 	for _, c := range clipRows {
 		for _, s := range c.Sources {
@@ -429,25 +435,42 @@ func lengthFigures(lengths []int64, id func(int) string) (Distribution, []ClipLe
 	return dist, longest, shortest
 }
 
-func lengthHistogram(lengths []int64) ([]float64, []int64) {
+// lengthHistogram bins the clip lengths into 20 bins of equal width over
+// [shortest, longest], or (scale "clipped", when some clips are more than
+// 4 times the 90th percentile: a huge clip among short ones) 19 bins over
+// the others' range and a last one holding the long clips, up to the
+// longest, so that the rest are not all in one bar.
+func lengthHistogram(lengths []int64) ([]float64, []int64, string) {
 	if len(lengths) == 0 {
-		return nil, nil
+		return nil, nil, "linear"
 	}
-	lo, hi := slices.Min(lengths), slices.Max(lengths)
-	bins := 20
+	sorted := slices.Sorted(slices.Values(lengths))
+	lo, hi := sorted[0], sorted[len(sorted)-1]
+	q := sorted[(len(sorted)-1)*9/10]
+	bulk := sorted[sort.Search(len(sorted), func(i int) bool { return sorted[i] > 4*q })-1]
+	bins, scale := 20, "linear"
+	if bulk < hi && bulk > lo {
+		bins, scale = 19, "clipped"
+	} else {
+		bulk = hi
+	}
 	edges := make([]float64, bins+1)
 	for i := range edges {
-		edges[i] = float64(lo) + float64(hi-lo)*float64(i)/float64(bins)
+		edges[i] = float64(lo) + float64(bulk-lo)*float64(i)/float64(bins)
 	}
-	counts := make([]int64, bins)
+	edges[bins] = float64(bulk)
+	if scale == "clipped" {
+		edges = append(edges, float64(hi))
+	}
+	counts := make([]int64, len(edges)-1)
 	for _, l := range lengths {
-		b := bins - 1
-		if hi > lo {
-			b = min(bins-1, int(float64(l-lo)/float64(hi-lo)*float64(bins)))
+		b := min(bins-1, sort.Search(bins, func(i int) bool { return float64(l) < edges[i+1] }))
+		if l > bulk {
+			b = bins // the long clips' bin
 		}
 		counts[b]++
 	}
-	return edges, counts
+	return edges, counts, scale
 }
 
 // decoder returns a function reading value j of a row's bytes as float64.
@@ -698,6 +721,16 @@ type EpochReport struct {
 	// batch are in Quality.Sources, and per tenth in Tenths).
 	Counts  map[string]int64  `json:"source_counts,omitempty"`
 	Weights map[string]string `json:"source_weights,omitempty"`
+	// ShareByBatch (a mixed epoch): each source's share of the measured
+	// whole batches, in order, each point over GroupBatches consecutive
+	// batches (at most 100 points).
+	ShareByBatch map[string][]float64 `json:"source_share_by_batch,omitempty"`
+	GroupBatches int                  `json:"share_group_batches,omitempty"`
+	// What a uniform shuffle of the measured samples would give: distinct
+	// clips per batch, sum over clips of 1-(1-p)^batch, and the share of
+	// same-clip neighbours, sum of p^2 (p: a clip's share of the samples).
+	UniformDistinct   float64 `json:"distinct_clips_uniform"`
+	UniformNeighbours float64 `json:"same_clip_neighbours_uniform"`
 }
 
 // SampleReport is one sample of an epoch.
@@ -759,16 +792,25 @@ func inspectEpochs(dir, sample string, batch int, mem int64, open opener) (*Epoc
 		}
 		// Within --mem (24 bytes a sample, 32 mixed): the whole order, or, for a
 		// larger epoch, a stretch of each tenth from its start (the
-		// figures say how many samples they measured).
+		// figures say how many samples they measured). A tenth is a
+		// tenth of the whole batches (so its figures are over the batches
+		// the epoch's are: the remainder is in the last).
 		budget := max(int64(10*batch), mem/int64(8*cols))
 		per := e.Samples
 		if e.Samples > budget {
-			per = budget / 10
+			per = budget / 10 / int64(batch) * int64(batch)
+		}
+		unit, units := int64(batch), e.Samples/int64(batch)
+		if units < 10 {
+			unit, units = 1, e.Samples // (fewer than 10 batches: tenths of the samples)
 		}
 		var order []manifests.Sample
 		for t := int64(0); t < 10; t++ {
-			lo := e.Samples * t / 10
-			hi := min(e.Samples*(t+1)/10, lo+per)
+			lo, end := units*t/10*unit, units*(t+1)/10*unit
+			if t == 9 {
+				end = e.Samples
+			}
+			hi := min(end, lo+per)
 			got, err := readRange(dir, man, shards, lo, hi, cols, len(names))
 			if err != nil {
 				return nil, err
@@ -785,6 +827,10 @@ func inspectEpochs(dir, sample string, batch int, mem int64, open opener) (*Epoc
 			shuffle.MeasureSources(&er.Quality, order, batch, names, scaled(counts, e.Samples, int64(len(order))), sourceOf)
 		}
 		er.Measured = int64(len(order))
+		er.UniformDistinct, er.UniformNeighbours = uniform(order, batch)
+		if cols == 4 {
+			er.ShareByBatch, er.GroupBatches = shareByBatch(order, batch, names)
+		}
 		r.Epochs = append(r.Epochs, er)
 	}
 	if sample != "" {
@@ -793,6 +839,51 @@ func inspectEpochs(dir, sample string, batch int, mem int64, open opener) (*Epoc
 		}
 	}
 	return r, nil
+}
+
+// uniform is what a uniform shuffle of these samples gives: the expected
+// distinct clips in a batch of batch, and the share of same-clip
+// neighbours.
+func uniform(order []manifests.Sample, batch int) (distinct, neighbours float64) {
+	if len(order) == 0 {
+		return 0, 0
+	}
+	per := map[int64]int{}
+	for _, smp := range order {
+		per[smp.Clip]++
+	}
+	n := float64(len(order))
+	for _, clip := range slices.Sorted(maps.Keys(per)) { // (in order: the same figures from a folder and its bucket)
+		p := float64(per[clip]) / n
+		distinct += 1 - math.Pow(1-p, float64(batch))
+		neighbours += p * p
+	}
+	return distinct, neighbours
+}
+
+// shareByBatch is each source's share of the whole batches of order, in
+// points over groups of consecutive batches (at most 100 points), and the
+// batches a point is over.
+func shareByBatch(order []manifests.Sample, batch int, names []string) (map[string][]float64, int) {
+	nb := len(order) / batch
+	if nb == 0 {
+		return nil, 0
+	}
+	group := (nb + 99) / 100
+	out := map[string][]float64{}
+	for g := 0; g*group < nb; g++ {
+		counts := make([]int, len(names))
+		lo, hi := g*group*batch, min(nb, (g+1)*group)*batch
+		for _, smp := range order[lo:hi] {
+			if k := sourceOf(smp.Clip); k < len(names) {
+				counts[k]++
+			}
+		}
+		for k, n := range names {
+			out[n] = append(out[n], float64(counts[k])/float64(hi-lo))
+		}
+	}
+	return out, group
 }
 
 // sourceShift puts a mixed sample's source above its clip number in
