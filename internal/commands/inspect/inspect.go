@@ -278,8 +278,8 @@ type DatasetReport struct {
 	// 90th percentile (a huge clip among short ones): the last bin then
 	// holds them (from the others' longest to the longest), the others
 	// are binned over their own range.
-	LengthScale string `json:"length_scale"`
-	Clip       *ClipReport      `json:"clip,omitempty"`
+	LengthScale string      `json:"length_scale"`
+	Clip        *ClipReport `json:"clip,omitempty"`
 }
 
 // ModalityReport is one blob's figures.
