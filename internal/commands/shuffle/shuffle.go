@@ -61,7 +61,7 @@ column, the source (epochs format version 3).
 Storage: N epochs take N times the dataset. Produce epoch e+1 while epoch e
 trains and drop e-1 (--epoch-range E:E+1, then --drop E-1:E: the manifests
 are rewritten without it, then its files removed), or replay one epoch in a
-seeded shard order (see the README). A re-run writes again an epoch whose
+seeded shard order (docs/PYTHON.md). A re-run writes again an epoch whose
 files are gone.
 
 Flags:
@@ -126,7 +126,7 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 		return 2
 	}
 	if worldSize != 0 {
-		fmt.Fprintln(stderr, name+": --world-size is gone: an epoch is now one global order that any world size reads; give world_size to the reader (clipshard.EpochReader, see README)")
+		fmt.Fprintln(stderr, name+": --world-size is gone: an epoch is now one global order that any world size reads; give world_size to the reader (clipshard.Loader, docs/PYTHON.md)")
 		return 2
 	}
 	if drop != "" {
