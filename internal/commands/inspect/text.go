@@ -1,0 +1,111 @@
+// The reports as text.
+package inspectcmd
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/clipshard/clipshard/internal/inspect"
+	"github.com/clipshard/clipshard/internal/ui"
+)
+
+// -- text -----------------------------------------------------------------
+
+func printText(w io.Writer, rep any) {
+	switch r := rep.(type) {
+	case *inspect.DatasetReport:
+		fmt.Fprintf(w, "dataset %s: %d clips, %d frames (%.2f h at %g fps), sources %s\n", r.Dir, r.Clips, r.Frames, r.Hours, r.FPS, ui.Bytes(r.SourceSize))
+		l := r.Lengths
+		fmt.Fprintf(w, "clip lengths (frames): min %d, quartiles %d / %d / %d, max %d, mean %.1f\n", l.Min, l.Q1, l.Median, l.Q3, l.Max, l.Mean)
+		fmt.Fprintf(w, "  longest:  %s\n  shortest: %s\n", clipList(r.Longest), clipList(r.Shortest))
+		fmt.Fprintf(w, "skipped %d, trimmed %d frames\n", len(r.Skipped), r.Trimmed)
+		for _, s := range r.Skipped {
+			fmt.Fprintf(w, "  skipped %s\n", ui.OneLine(s))
+		}
+		for _, m := range r.Modalities {
+			rate := fmt.Sprintf("rate %d", m.Rate)
+			if m.PerClip {
+				rate = "per clip"
+			}
+			fmt.Fprintf(w, "  %-12s %s %v %s, %d rows, %s; nan %d inf %d overflow %d underflow %d max|x| %g\n", m.Name, m.DType,
+				m.FrameShape, rate, m.Rows, ui.Bytes(m.Bytes), m.Stats.NaN, m.Stats.InfIn, m.Stats.Overflow, m.Stats.Underflow, m.Stats.MaxAbs)
+			fmt.Fprintf(w, "               values of %d sampled rows: %s\n", m.Sampled, histText(m.Values))
+		}
+		if c := r.Clip; c != nil {
+			fmt.Fprintf(w, "clip %s (row %d): start %d, %d frames\n", c.Clip, c.Row, c.Start, c.Frames)
+			for _, f := range c.Modalities {
+				printFeatures(w, f)
+			}
+		}
+	case *inspect.EpochsReport:
+		of := r.Dataset
+		if len(r.Sources) > 0 {
+			var s []string
+			for _, src := range r.Sources {
+				s = append(s, src.Name+"="+src.Dir)
+			}
+			of = "sources " + strings.Join(s, ", ")
+		}
+		fmt.Fprintf(w, "epochs %s: of %s, seed %d, window %d, %d epochs\n", r.Dir, of, r.Seed, r.Window, len(r.Epochs))
+		for _, e := range r.Epochs {
+			q := e.Quality
+			fmt.Fprintf(w, "  epoch %d: %d samples in %d shards, %s; batches of %d: %.1f distinct clips (min %d), same-clip neighbours %.3f, spearman %.3f\n",
+				e.Epoch, e.Samples, e.Shards, ui.Bytes(e.Bytes), r.Batch, q.DistinctClipsMean, q.DistinctClipsMin, q.SameClipNeighbours, q.Spearman)
+			for _, s := range q.Sources {
+				fmt.Fprintf(w, "    source %s: %d samples (weight %s), %.1f%% of the epoch; per batch %.1f%% on average, at worst %.1f samples off its share\n",
+					s.Name, e.Counts[s.Name], e.Weights[s.Name], 100*s.Share, 100*s.MeanShare, s.WorstDeviation)
+			}
+			var d, n []string
+			for _, t := range e.Tenths {
+				d = append(d, fmt.Sprintf("%.0f", t.DistinctClipsMean))
+				n = append(n, fmt.Sprintf("%.2f", t.SameClipNeighbours))
+			}
+			fmt.Fprintf(w, "    by tenth: distinct clips %s; same-clip neighbours %s\n", strings.Join(d, " "), strings.Join(n, " "))
+			if e.Measured < e.Samples {
+				fmt.Fprintf(w, "    (measured on %d of the %d samples: the start of each tenth; --mem holds more)\n", e.Measured, e.Samples)
+			}
+		}
+		if s := r.Sample; s != nil {
+			src := ""
+			if s.Source != "" {
+				src = "source " + s.Source + ", "
+			}
+			fmt.Fprintf(w, "sample %d:%d: %sclip row %d %s, start %d, valid %d (%s)\n", s.Epoch, s.Index, src, s.Clip, s.ClipID, s.Start, s.Valid, s.Shard)
+			for _, f := range s.Modalities {
+				printFeatures(w, f)
+			}
+		}
+	}
+}
+
+func clipList(cs []inspect.ClipLength) string {
+	var out []string
+	for _, c := range cs {
+		out = append(out, fmt.Sprintf("%s %d", c.Clip, c.Frames))
+	}
+	return strings.Join(out, ", ")
+}
+
+func histText(h inspect.Histogram) string {
+	return fmt.Sprintf("%d values in [%g, %g], nan %d, inf %d", h.Values, h.Lo, h.Hi, h.NaN, h.Inf)
+}
+
+func printFeatures(w io.Writer, f inspect.FeatureReport) {
+	fmt.Fprintf(w, "  %-12s %d rows x %d features; nan %d inf %d", f.Name, f.Rows, len(f.Mean), f.NaN, f.Infinite)
+	if len(f.NaNAt) > 0 {
+		var at []string
+		for _, p := range f.NaNAt {
+			at = append(at, fmt.Sprintf("[%d,%d]", p[0], p[1]))
+		}
+		fmt.Fprintf(w, " at %s", strings.Join(at, " "))
+	}
+	fmt.Fprintln(w)
+	show := min(len(f.Mean), 8)
+	for j := 0; j < show; j++ {
+		fmt.Fprintf(w, "    feature %d: mean %.4g std %.4g min %.4g max %.4g\n", j, f.Mean[j], f.Std[j], f.Min[j], f.Max[j])
+	}
+	if len(f.Mean) > show {
+		fmt.Fprintf(w, "    (%d more features: --json has them all)\n", len(f.Mean)-show)
+	}
+}

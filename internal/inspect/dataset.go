@@ -1,0 +1,232 @@
+// What a dataset holds: its figures, clip lengths, modalities.
+package inspect
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/clipshard/clipshard/formats/regfile"
+	"github.com/clipshard/clipshard/manifests"
+)
+
+// -- dataset --------------------------------------------------------------
+
+// DatasetReport is what inspect shows of a dataset.
+type DatasetReport struct {
+	Kind       string           `json:"kind"` // "dataset"
+	Dir        string           `json:"dir"`
+	Clips      int64            `json:"clips"`
+	Frames     int64            `json:"frames"`
+	FPS        float64          `json:"fps"`
+	Hours      float64          `json:"hours"`
+	Modalities []ModalityReport `json:"modalities"`
+	Lengths    Distribution     `json:"clip_lengths"` // in clip frames
+	Longest    []ClipLength     `json:"longest"`
+	Shortest   []ClipLength     `json:"shortest"`
+	Skipped    []string         `json:"skipped"`
+	Trimmed    int64            `json:"trimmed_frames"`
+	SourceSize int64            `json:"source_bytes"`
+	Histogram  []int64          `json:"length_histogram"` // clip counts over LengthEdges
+	LengthEdge []float64        `json:"length_edges"`
+	// LengthScale is "clipped" when some clips are more than 4 times the
+	// 90th percentile (a huge clip among short ones): the last bin then
+	// holds them (from the others' longest to the longest), the others
+	// are binned over their own range.
+	LengthScale string      `json:"length_scale"`
+	Clip        *ClipReport `json:"clip,omitempty"`
+}
+
+// ModalityReport is one blob's figures.
+type ModalityReport struct {
+	Name       string          `json:"name"`
+	DType      string          `json:"dtype"`
+	FrameShape []int           `json:"frame_shape"`
+	Rate       int             `json:"rate"`
+	PerClip    bool            `json:"per_clip,omitempty"`
+	Rows       int64           `json:"rows"`
+	Bytes      int64           `json:"bytes"`
+	Stats      manifests.Stats `json:"conversion"`
+	Sampled    int64           `json:"sampled_rows"` // rows read for the histogram
+	Values     Histogram       `json:"values"`
+}
+
+// Distribution is a five-number summary.
+type Distribution struct {
+	Min, Q1, Median, Q3, Max int64
+	Mean                     float64
+}
+
+// ClipLength is a clip and its length in clip frames.
+type ClipLength struct {
+	Clip   string `json:"clip"`
+	Row    int    `json:"row"`
+	Frames int64  `json:"frames"`
+}
+
+// Histogram counts values in equal bins over [Lo, Hi]; NaN and Inf apart.
+type Histogram struct {
+	Lo, Hi float64
+	Counts []int64
+	NaN    int64
+	Inf    int64
+	Values int64
+}
+
+func Dataset(dir, clip string, fps float64, maxRows int, open Opener) (*DatasetReport, error) {
+	// The structure check of verify: manifests, index, ids and blob
+	// headers agree (a damaged manifest is refused, naming the file and
+	// what is wrong, before any figure is made of it).
+	d, clipRows, err := manifests.Vouch(dir)
+	if err != nil {
+		return nil, err
+	}
+	starts, lengths := make([]int64, len(clipRows)), make([]int64, len(clipRows))
+	for i, c := range clipRows {
+		starts[i], lengths[i] = c.Start, c.Length
+	}
+	var ids []string
+	if d.Files.IDs != "" {
+		p, err := manifests.Join(dir, d.Files.IDs)
+		if err != nil {
+			return nil, err
+		}
+		if ids, err = readIDs(p); err != nil {
+			return nil, err
+		}
+		if len(ids) != len(lengths) {
+			return nil, fmt.Errorf("%s: %d ids, index.npy has %d clips", p, len(ids), len(lengths))
+		}
+	}
+	id := func(i int) string {
+		if ids == nil {
+			return "#" + strconv.Itoa(i)
+		}
+		return ids[i]
+	}
+	r := &DatasetReport{Kind: "dataset", Dir: dir, Clips: d.Clips, Frames: d.Frames, FPS: fps,
+		Hours: float64(d.Frames) / fps / 3600, Trimmed: d.Trimmed, Skipped: []string{}}
+	for _, s := range d.Skipped {
+		r.Skipped = append(r.Skipped, s.Clip+": "+s.Reason)
+	}
+	r.Lengths, r.Longest, r.Shortest = lengthFigures(lengths, id)
+	r.LengthEdge, r.Histogram, r.LengthScale = lengthHistogram(lengths)
+	// The sources' sizes, of every clip and modality.
+	for _, c := range clipRows {
+		for _, s := range c.Sources {
+			r.SourceSize += max(0, s.Size)
+		}
+	}
+	for _, m := range d.Modalities {
+		mr := ModalityReport{Name: m.Name, DType: m.DType, FrameShape: m.FrameShape, Rate: m.Rate, PerClip: m.PerClip,
+			Rows: m.Rows, Bytes: m.Size, Stats: d.Stats[m.Name]}
+		blob, err := manifests.Join(dir, m.File)
+		if err != nil {
+			return nil, err
+		}
+		if mr.Sampled, mr.Values, err = sampleValues(blob, m, maxRows, open); err != nil {
+			return nil, err
+		}
+		r.Modalities = append(r.Modalities, mr)
+	}
+	if clip != "" {
+		i := slices.Index(ids, clip)
+		if i < 0 {
+			if n, err := strconv.Atoi(strings.TrimPrefix(clip, "#")); err == nil && strings.HasPrefix(clip, "#") && n >= 0 && n < len(lengths) {
+				i = n
+			} else {
+				return nil, UsageError{Msg: fmt.Sprintf("--clip %q: no such clip in %s (give an id of its clips.txt, or #ROW)", clip, dir)}
+			}
+		}
+		if r.Clip, err = clipReport(dir, d, i, id(i), starts[i], lengths[i], open); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+// maxIDs bounds a dataset's clips.txt (as every manifest: 256 MiB, about
+// ten million ids).
+const maxIDs = manifests.MaxManifest
+
+// readIDs reads the clip ids a dataset lists one a line (convert's
+// clips.txt), opened as a regular file only (a FIFO is named, not
+// waited on) and bounded in size.
+func readIDs(path string) ([]string, error) {
+	b, err := regfile.ReadFile(path, maxIDs)
+	if err != nil {
+		return nil, err
+	}
+	ids := strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
+	if len(b) == 0 {
+		ids = nil
+	}
+	return ids, nil
+}
+
+func lengthFigures(lengths []int64, id func(int) string) (Distribution, []ClipLength, []ClipLength) {
+	if len(lengths) == 0 {
+		return Distribution{}, nil, nil
+	}
+	order := make([]int, len(lengths))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(a, b int) bool { return lengths[order[a]] < lengths[order[b]] })
+	q := func(f float64) int64 { return lengths[order[int(math.Round(f*float64(len(order)-1)))]] }
+	var sum float64
+	for _, l := range lengths {
+		sum += float64(l)
+	}
+	dist := Distribution{Min: q(0), Q1: q(0.25), Median: q(0.5), Q3: q(0.75), Max: q(1), Mean: sum / float64(len(lengths))}
+	k := min(5, len(order))
+	var longest, shortest []ClipLength
+	for j := 0; j < k; j++ {
+		i := order[len(order)-1-j]
+		longest = append(longest, ClipLength{id(i), i, lengths[i]})
+		i = order[j]
+		shortest = append(shortest, ClipLength{id(i), i, lengths[i]})
+	}
+	return dist, longest, shortest
+}
+
+// lengthHistogram bins the clip lengths into 20 bins of equal width over
+// [shortest, longest], or (scale "clipped", when some clips are more than
+// 4 times the 90th percentile: a huge clip among short ones) 19 bins over
+// the others' range and a last one holding the long clips, up to the
+// longest, so that the rest are not all in one bar.
+func lengthHistogram(lengths []int64) ([]float64, []int64, string) {
+	if len(lengths) == 0 {
+		return nil, nil, "linear"
+	}
+	sorted := slices.Sorted(slices.Values(lengths))
+	lo, hi := sorted[0], sorted[len(sorted)-1]
+	q := sorted[(len(sorted)-1)*9/10]
+	bulk := sorted[sort.Search(len(sorted), func(i int) bool { return sorted[i] > 4*q })-1]
+	bins, scale := 20, "linear"
+	if bulk < hi && bulk > lo {
+		bins, scale = 19, "clipped"
+	} else {
+		bulk = hi
+	}
+	edges := make([]float64, bins+1)
+	for i := range edges {
+		edges[i] = float64(lo) + float64(bulk-lo)*float64(i)/float64(bins)
+	}
+	edges[bins] = float64(bulk)
+	if scale == "clipped" {
+		edges = append(edges, float64(hi))
+	}
+	counts := make([]int64, len(edges)-1)
+	for _, l := range lengths {
+		b := min(bins-1, sort.Search(bins, func(i int) bool { return float64(l) < edges[i+1] }))
+		if l > bulk {
+			b = bins // the long clips' bin
+		}
+		counts[b]++
+	}
+	return edges, counts, scale
+}

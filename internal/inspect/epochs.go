@@ -1,0 +1,219 @@
+// What an epochs folder holds: each epoch's size, shuffle quality and
+// sources' shares, overall and per tenth.
+package inspect
+
+import (
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"sort"
+
+	"github.com/clipshard/clipshard/formats/regfile"
+	"github.com/clipshard/clipshard/manifests"
+	"github.com/clipshard/clipshard/transform/shuffle"
+)
+
+// -- epochs ---------------------------------------------------------------
+
+// EpochsReport is what inspect shows of an epochs folder.
+type EpochsReport struct {
+	Kind    string `json:"kind"` // "epochs"
+	Dir     string `json:"dir"`
+	Dataset string `json:"dataset,omitempty"`
+	// Sources of a mixed folder (epochs format version 3).
+	Sources []manifests.SourceRef `json:"sources,omitempty"`
+	Seed    uint64                `json:"seed"`
+	Window  int                   `json:"window"`
+	Batch   int                   `json:"batch"`
+	Epochs  []EpochReport         `json:"epochs"`
+	Sample  *SampleReport         `json:"sample,omitempty"`
+	Names   []string              `json:"modalities"`
+	Shapes  map[string]any        `json:"sample_shapes"`
+}
+
+// EpochReport is one epoch's figures, and its shuffle quality per tenth.
+type EpochReport struct {
+	Epoch   int             `json:"epoch"`
+	Samples int64           `json:"samples"`
+	Shards  int             `json:"shards"`
+	Bytes   int64           `json:"bytes"`
+	Quality shuffle.Quality `json:"quality"`
+	// Measured is how many samples the quality figures were measured on
+	// (all of them, unless the epoch's order is larger than --mem).
+	Measured int64             `json:"measured_samples"`
+	Tenths   []shuffle.Quality `json:"quality_by_tenth"`
+	// Mixed epochs: the samples and weight of each source (the shares per
+	// batch are in Quality.Sources, and per tenth in Tenths).
+	Counts  map[string]int64  `json:"source_counts,omitempty"`
+	Weights map[string]string `json:"source_weights,omitempty"`
+	// ShareByBatch (a mixed epoch): each source's share of the measured
+	// whole batches, in order, each point over GroupBatches consecutive
+	// batches (at most 100 points).
+	ShareByBatch map[string][]float64 `json:"source_share_by_batch,omitempty"`
+	GroupBatches int                  `json:"share_group_batches,omitempty"`
+	// What a uniform shuffle of the measured samples would give: distinct
+	// clips per batch, sum over clips of 1-(1-p)^batch, and the share of
+	// same-clip neighbours, sum of p^2 (p: a clip's share of the samples).
+	UniformDistinct   float64 `json:"distinct_clips_uniform"`
+	UniformNeighbours float64 `json:"same_clip_neighbours_uniform"`
+}
+
+func Epochs(dir, sample string, batch int, mem int64, open Opener) (*EpochsReport, error) {
+	man, err := manifests.VouchEpochs(dir) // verify's structure check
+	if err != nil {
+		return nil, err
+	}
+	r := &EpochsReport{Kind: "epochs", Dir: dir, Dataset: man.Dataset.Dir, Sources: man.Sources, Seed: man.Seed, Window: man.Window, Batch: batch,
+		Shapes: map[string]any{}}
+	cols := man.SampleCols()
+	names := man.SourceNames()
+	for _, m := range man.Modalities {
+		r.Names = append(r.Names, m.Name)
+		r.Shapes[m.Name] = m.SampleShape()
+	}
+	for _, e := range man.Epochs {
+		er := EpochReport{Epoch: e.Epoch, Samples: e.Samples, Shards: len(e.Shards)}
+		var counts []int64
+		if cols == 4 {
+			er.Counts, er.Weights = e.Counts, map[string]string{}
+			for _, n := range names {
+				er.Weights[n] = string(e.Weights[n])
+				counts = append(counts, e.Counts[n])
+			}
+		}
+		shards := slices.Clone(e.Shards)
+		sort.Slice(shards, func(a, b int) bool { return shards[a].Shard < shards[b].Shard })
+		var held int64
+		for _, s := range shards {
+			for _, rel := range s.Files {
+				p, err := manifests.Join(dir, rel)
+				if err != nil {
+					return nil, err
+				}
+				f, fi, err := regfile.Open(p)
+				if err != nil {
+					return nil, err
+				}
+				f.Close()
+				er.Bytes += fi.Size()
+			}
+			held += int64(s.Samples)
+		}
+		if held != e.Samples {
+			return nil, fmt.Errorf("%s: epoch %d: the shards hold %d samples, epochs.json says %d", dir, e.Epoch, held, e.Samples)
+		}
+		// Within --mem (24 bytes a sample, 32 mixed): the whole order, or, for a
+		// larger epoch, a stretch of each tenth from its start (the
+		// figures say how many samples they measured). A tenth is a
+		// tenth of the whole batches (so its figures are over the batches
+		// the epoch's are: the remainder is in the last).
+		budget := max(int64(10*batch), mem/int64(8*cols))
+		per := e.Samples
+		if e.Samples > budget {
+			per = budget / 10 / int64(batch) * int64(batch)
+		}
+		unit, units := int64(batch), e.Samples/int64(batch)
+		if units < 10 {
+			unit, units = 1, e.Samples // (fewer than 10 batches: tenths of the samples)
+		}
+		var order []manifests.Sample
+		for t := int64(0); t < 10; t++ {
+			lo, end := units*t/10*unit, units*(t+1)/10*unit
+			if t == 9 {
+				end = e.Samples
+			}
+			hi := min(end, lo+per)
+			got, err := readRange(dir, man, shards, lo, hi, cols, len(names))
+			if err != nil {
+				return nil, err
+			}
+			q := shuffle.Measure(got, min(batch, max(1, len(got))))
+			if cols == 4 {
+				shuffle.MeasureSources(&q, got, min(batch, max(1, len(got))), names, scaled(counts, e.Samples, int64(len(got))), sourceOf)
+			}
+			er.Tenths = append(er.Tenths, q)
+			order = append(order, got...)
+		}
+		er.Quality = shuffle.Measure(order, batch)
+		if cols == 4 {
+			shuffle.MeasureSources(&er.Quality, order, batch, names, scaled(counts, e.Samples, int64(len(order))), sourceOf)
+		}
+		er.Measured = int64(len(order))
+		er.UniformDistinct, er.UniformNeighbours = uniform(order, batch)
+		if cols == 4 {
+			er.ShareByBatch, er.GroupBatches = shareByBatch(order, batch, names)
+		}
+		r.Epochs = append(r.Epochs, er)
+	}
+	if sample != "" {
+		if r.Sample, err = sampleReport(dir, man, sample, open); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+// uniform is what a uniform shuffle of these samples gives: the expected
+// distinct clips in a batch of batch, and the share of same-clip
+// neighbours.
+func uniform(order []manifests.Sample, batch int) (distinct, neighbours float64) {
+	if len(order) == 0 {
+		return 0, 0
+	}
+	per := map[int64]int{}
+	for _, smp := range order {
+		per[smp.Clip]++
+	}
+	n := float64(len(order))
+	for _, clip := range slices.Sorted(maps.Keys(per)) { // (in order: the same figures from a folder and its bucket)
+		p := float64(per[clip]) / n
+		distinct += 1 - math.Pow(1-p, float64(batch))
+		neighbours += p * p
+	}
+	return distinct, neighbours
+}
+
+// shareByBatch is each source's share of the whole batches of order, in
+// points over groups of consecutive batches (at most 100 points), and the
+// batches a point is over.
+func shareByBatch(order []manifests.Sample, batch int, names []string) (map[string][]float64, int) {
+	nb := len(order) / batch
+	if nb == 0 {
+		return nil, 0
+	}
+	group := (nb + 99) / 100
+	out := map[string][]float64{}
+	for g := 0; g*group < nb; g++ {
+		counts := make([]int, len(names))
+		lo, hi := g*group*batch, min(nb, (g+1)*group)*batch
+		for _, smp := range order[lo:hi] {
+			if k := sourceOf(smp.Clip); k < len(names) {
+				counts[k]++
+			}
+		}
+		for k, n := range names {
+			out[n] = append(out[n], float64(counts[k])/float64(hi-lo))
+		}
+	}
+	return out, group
+}
+
+// sourceShift puts a mixed sample's source above its clip number in
+// Sample.Clip (clips of different sources are different clips to the
+// quality figures); sourceOf takes it back out.
+const sourceShift = 40
+
+func sourceOf(c int64) int { return int(c >> sourceShift) }
+
+// scaled is the counts of an epoch of n samples, scaled to m of them (the
+// shares a measured stretch is held to).
+func scaled(counts []int64, n, m int64) []int64 {
+	out := make([]int64, len(counts))
+	for i, c := range counts {
+		if n > 0 {
+			out[i] = c * m / n
+		}
+	}
+	return out
+}
