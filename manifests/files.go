@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"path/filepath"
@@ -39,6 +40,34 @@ func WriteIndex(path string, starts, lengths []int64) error {
 		return err
 	}
 	return f.Commit()
+}
+
+// A FileError is a problem of the content of one file: Path is the file,
+// Err what is wrong with it (without the path, as verify reports it).
+type FileError struct {
+	Path string
+	Err  error
+}
+
+func (e *FileError) Error() string { return e.Path + ": " + e.Err.Error() }
+func (e *FileError) Unwrap() error { return e.Err }
+
+// ReadIDs reads a dataset's clips.txt at path: its clip ids, one a line
+// in row order, each line ending in a newline; a regular file (a FIFO is
+// named, not waited on) of at most MaxManifest bytes.
+func ReadIDs(path string) ([]string, error) {
+	b, err := regfile.ReadFile(path, MaxManifest)
+	if err != nil {
+		return nil, err
+	}
+	if len(b) == 0 {
+		return nil, nil
+	}
+	ids := strings.Split(string(b), "\n")
+	if ids[len(ids)-1] != "" {
+		return nil, &FileError{Path: path, Err: errors.New("does not end with a newline")}
+	}
+	return ids[:len(ids)-1], nil
 }
 
 // ReadIndex reads index.npy and returns starts and lengths.

@@ -1,4 +1,5 @@
 // One clip's rows: per feature mean, std, min, max and its NaN positions.
+
 package inspect
 
 import (

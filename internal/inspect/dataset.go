@@ -1,4 +1,5 @@
 // What a dataset holds: its figures, clip lengths, modalities.
+
 package inspect
 
 import (
@@ -9,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/clipshard/clipshard/formats/regfile"
 	"github.com/clipshard/clipshard/manifests"
 )
 
@@ -88,17 +88,11 @@ func Dataset(dir, clip string, fps float64, maxRows int, open Opener) (*DatasetR
 	for i, c := range clipRows {
 		starts[i], lengths[i] = c.Start, c.Length
 	}
-	var ids []string
+	var ids []string // clips.txt's, which Vouch found equal to clips.parquet's
 	if d.Files.IDs != "" {
-		p, err := manifests.Join(dir, d.Files.IDs)
-		if err != nil {
-			return nil, err
-		}
-		if ids, err = readIDs(p); err != nil {
-			return nil, err
-		}
-		if len(ids) != len(lengths) {
-			return nil, fmt.Errorf("%s: %d ids, index.npy has %d clips", p, len(ids), len(lengths))
+		ids = make([]string, len(clipRows))
+		for i, c := range clipRows {
+			ids[i] = c.Clip
 		}
 	}
 	id := func(i int) string {
@@ -146,25 +140,6 @@ func Dataset(dir, clip string, fps float64, maxRows int, open Opener) (*DatasetR
 		}
 	}
 	return r, nil
-}
-
-// maxIDs bounds a dataset's clips.txt (as every manifest: 256 MiB, about
-// ten million ids).
-const maxIDs = manifests.MaxManifest
-
-// readIDs reads the clip ids a dataset lists one a line (convert's
-// clips.txt), opened as a regular file only (a FIFO is named, not
-// waited on) and bounded in size.
-func readIDs(path string) ([]string, error) {
-	b, err := regfile.ReadFile(path, maxIDs)
-	if err != nil {
-		return nil, err
-	}
-	ids := strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
-	if len(b) == 0 {
-		ids = nil
-	}
-	return ids, nil
 }
 
 func lengthFigures(lengths []int64, id func(int) string) (Distribution, []ClipLength, []ClipLength) {

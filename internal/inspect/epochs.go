@@ -1,5 +1,6 @@
 // What an epochs folder holds: each epoch's size, shuffle quality and
 // sources' shares, overall and per tenth.
+
 package inspect
 
 import (
@@ -124,7 +125,7 @@ func Epochs(dir, sample string, batch int, mem int64, open Opener) (*EpochsRepor
 				end = e.Samples
 			}
 			hi := min(end, lo+per)
-			got, err := readRange(dir, man, shards, lo, hi, cols, len(names))
+			got, err := readRange(dir, man, shards, lo, hi, len(names))
 			if err != nil {
 				return nil, err
 			}

@@ -1,5 +1,6 @@
 // Opening the data a report samples: a file, or a bucket's object by
 // bounded ranged GETs; and the error of a usage mistake.
+
 package inspect
 
 import (

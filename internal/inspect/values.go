@@ -1,4 +1,5 @@
 // A blob's values, sampled: rows read evenly across it, histogrammed.
+
 package inspect
 
 import (

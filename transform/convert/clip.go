@@ -8,18 +8,13 @@ import (
 	"fmt"
 	"io/fs"
 	"math"
-	"math/bits"
-	"os"
 	"slices"
-
-	"sync"
 
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/clipshard/clipshard/formats"
 	"github.com/clipshard/clipshard/formats/array"
 	"github.com/clipshard/clipshard/formats/f16"
-	"github.com/clipshard/clipshard/internal/faults"
 	"github.com/clipshard/clipshard/manifests"
 )
 
@@ -50,58 +45,6 @@ type modOut struct {
 	reuse       *reused // data is nil: the writer copies the rows from the previous dataset
 	stats       f16.Stats
 	src         manifests.ClipSource
-}
-
-// bufPools recycle byte buffers between clips, by size class: class c
-// holds buffers of a capacity of at least classSize(c), so that a buffer
-// taken for n bytes is large enough without a new allocation (whose first
-// touch costs a page fault and the zeroing of every 4 KiB: 10 % of a
-// convert's cycles when one pool handed out buffers of any size).
-var bufPools [64 * 4]sync.Pool
-
-// sizeClass returns the smallest class whose size is >= n: four classes
-// per power of two (a buffer is at most 19 % larger than asked), and
-// classSize its size.
-func sizeClass(n int) int {
-	if n <= 64 {
-		return 0
-	}
-	e := bits.Len(uint(n-1)) - 1 // 2^e < n <= 2^(e+1)
-	q := (n - 1 - 1<<e) >> (e - 2)
-	return 4*e + q + 1 - 4*6 + 4 // class 0 is 64 bytes
-}
-
-func classSize(c int) int {
-	if c == 0 {
-		return 64
-	}
-	c += 4*6 - 4 - 1
-	e, q := c/4, c%4
-	return 1<<e + (q+1)<<(e-2)
-}
-
-func getBuf(n int) *[]byte {
-	c := sizeClass(n)
-	b, _ := bufPools[c].Get().(*[]byte)
-	if b == nil {
-		b = new([]byte)
-		*b = make([]byte, n, classSize(c))
-	}
-	*b = (*b)[:n]
-	return b
-}
-
-// putBuf returns b to the class its capacity fills (a buffer grown by a
-// reader goes to its new class).
-func putBuf(b *[]byte) {
-	if b == nil || cap(*b) < 64 {
-		return
-	}
-	c := sizeClass(cap(*b))
-	if classSize(c) > cap(*b) {
-		c--
-	}
-	bufPools[c].Put(b)
 }
 
 func (c *clipOut) release() {
@@ -346,39 +289,6 @@ func audit16(src []byte, frameElems int) converted {
 	return c
 }
 
-// convertPiece converts src (rows of frameElems elements of dt, C order,
-// little-endian) into dst as convert writes them (float16, or a copy with
-// keep), and returns what it found; row0 is the clip row of src's first.
-func convertPiece(dst, src []byte, dt array.DType, keep bool, frameElems int, row0 int64) (converted, error) {
-	c := converted{firstBad: -1, firstOverflw: -1}
-	if keep {
-		copy(dst, src)
-		// Audit only: NaN/Inf counts and the largest magnitude.
-		scratch := getBuf(2 * (len(src) / dt.Size))
-		err := f16.Convert(*scratch, src, dt, &c.stats)
-		putBuf(scratch)
-		if err != nil {
-			return c, err
-		}
-		c.stats.Overflow, c.stats.Underflow = 0, 0
-		dst = dst[:len(src)]
-	} else {
-		dst = dst[:2*(len(src)/dt.Size)]
-		if err := f16.Convert(dst, src, dt, &c.stats); err != nil {
-			return c, err
-		}
-	}
-	if c.stats.NaN+c.stats.InfIn > 0 {
-		c.firstBad = row0 + int64(firstRow(src, dt, frameElems, isNonFinite))
-	}
-	if c.stats.Overflow > 0 {
-		c.firstOverflw = row0 + int64(firstRow(src, dt, frameElems, overflows))
-	}
-	c.xxh = xxhash.Sum64(dst)
-	c.size = int64(len(dst))
-	return c, nil
-}
-
 // checkStats refuses non-finite values and float16 overflow unless
 // allowed.
 func (j *job) checkStats(m Modality, c converted) error {
@@ -390,96 +300,6 @@ func (j *job) checkStats(m Modality, c converted) error {
 	if st.Overflow > 0 && !j.opts.AllowOverflow {
 		return fmt.Errorf("%d finite values overflow float16 to ±Inf (|x| >= 65520; largest %g), first at row %d (pass --allow-overflow, or --keep-dtype %s)",
 			st.Overflow, st.MaxAbs, c.firstOverflw, m.Name)
-	}
-	return nil
-}
-
-// streamed reports whether the source of modality m at path is converted
-// a piece at a time: a .npy file larger than j.streamMin; and the size of
-// a .npy file (0 for a pickle or on error), for its read buffer.
-func (j *job) streamed(m Modality, path string) (bool, int64) {
-	if f, _ := formats.FormatOf(path); f != formats.NPY || m.Keys != "" {
-		return false, 0
-	}
-	st, err := os.Stat(path)
-	if err != nil || !st.Mode().IsRegular() {
-		return false, 0
-	}
-	return st.Size() > j.streamMin && !m.PerClip, st.Size()
-}
-
-// pieceBytes is about how much of a source convertStream reads at a time.
-var pieceBytes int64 = 4 << 20
-
-// convertStream reads rows [0, rows) of s a piece at a time, converts
-// each, and hands it to write (if not nil); it returns what it found over
-// all pieces. It checks ctx between pieces.
-func (j *job) convertStream(ctx context.Context, s *formats.NPYRows, rows int64, keep bool, write func([]byte) error) (converted, error) {
-	all := converted{firstBad: -1, firstOverflw: -1}
-	h := xxhash.New()
-	step := max(1, pieceBytes/s.RowBytes())
-	raw, dst := getBuf(0), getBuf(0)
-	defer putBuf(raw)
-	defer putBuf(dst)
-	dt := s.Header.DType
-	outSize := 2
-	if keep {
-		outSize = dt.Size
-	}
-	out := getBuf(int(step * s.RowBytes() / int64(dt.Size) * int64(outSize)))
-	defer putBuf(out)
-	frameElems := int(s.RowBytes()) / dt.Size
-	for r := int64(0); r < rows; r += step {
-		if err := ctx.Err(); err != nil {
-			return all, err
-		}
-		faults.Point("convert.piece")
-		src, err := s.Read(r, min(rows, r+step), raw, dst)
-		if err != nil {
-			return all, err
-		}
-		c, err := convertPiece(*out, src, dt, keep, frameElems, r)
-		if err != nil {
-			return all, err
-		}
-		piece := (*out)[:c.size]
-		h.Write(piece)
-		all.stats.Add(c.stats)
-		all.size += c.size
-		if all.firstBad < 0 {
-			all.firstBad = c.firstBad
-		}
-		if all.firstOverflw < 0 {
-			all.firstOverflw = c.firstOverflw
-		}
-		if write != nil {
-			if err := write(piece); err != nil {
-				return all, err
-			}
-		}
-	}
-	all.xxh = h.Sum64()
-	return all, nil
-}
-
-// writeStream appends a streamed modality of a clip (see processClip) to
-// w: the source is read and converted again, a piece at a time, and must
-// give the bytes the worker hashed.
-func (j *job) writeStream(ctx context.Context, mo *modOut, keep bool, write func([]byte) error) error {
-	s, err := formats.OpenNPYRows(&j.dirs, mo.src.Path)
-	if err != nil {
-		return err
-	}
-	defer s.Close()
-	if d := mo.src.Stamp().Differs(manifests.StampOf(mo.src.Path, s.Info)); d != "" {
-		return fmt.Errorf("%w: %s changed while it was being converted (%s; run again)", ErrInput, mo.src.Path, d)
-	}
-	c, err := j.convertStream(ctx, s, mo.rows, keep, write)
-	if err != nil {
-		return err
-	}
-	if c.xxh != mo.xxh || c.size != mo.size {
-		return fmt.Errorf("%w: %s changed while it was being converted (its bytes differ from a moment ago; run again)", ErrInput, mo.src.Path)
 	}
 	return nil
 }

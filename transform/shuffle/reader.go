@@ -9,10 +9,8 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"sort"
 
-	"github.com/clipshard/clipshard/formats/npy"
 	"github.com/clipshard/clipshard/manifests"
 )
 
@@ -27,8 +25,8 @@ type Reader struct {
 	left   int // samples left in the open shard
 	files  []*os.File
 	rd     []*bufio.Reader
-	sizes  []int // window bytes per modality
-	buf    [24]byte
+	sizes  []int  // window bytes per modality
+	buf    []byte // one row of the samples file
 }
 
 // Open opens the samples of epoch in the epochs directory dir.
@@ -46,7 +44,7 @@ func Open(dir string, epoch int) (*Reader, error) {
 	if entry == nil {
 		return nil, fmt.Errorf("shuffle: %s: epoch %d is not there", dir, epoch)
 	}
-	r := &Reader{dir: dir, man: man, shards: append([]manifests.ShardEntry(nil), entry.Shards...)}
+	r := &Reader{dir: dir, man: man, shards: append([]manifests.ShardEntry(nil), entry.Shards...), buf: make([]byte, 8*man.SampleCols())}
 	sort.Slice(r.shards, func(a, b int) bool { return r.shards[a].Shard < r.shards[b].Shard })
 	for _, m := range man.Modalities {
 		n, err := m.SampleBytes()
@@ -88,7 +86,7 @@ func (r *Reader) Next(windows [][]byte) (manifests.Sample, [][]byte, error) {
 			return manifests.Sample{}, windows, fmt.Errorf("shuffle: %s: %w", r.files[k].Name(), err)
 		}
 	}
-	if _, err := io.ReadFull(r.rd[len(r.sizes)], r.buf[:]); err != nil {
+	if _, err := io.ReadFull(r.rd[len(r.sizes)], r.buf); err != nil {
 		return manifests.Sample{}, windows, fmt.Errorf("shuffle: %s: %w", r.files[len(r.sizes)].Name(), err)
 	}
 	r.left--
@@ -109,23 +107,10 @@ func (r *Reader) openNext() error {
 	names := append(r.Modalities(), "samples")
 	r.files, r.rd = nil, nil
 	for _, n := range names {
-		f, err := os.Open(filepath.Join(r.dir, filepath.FromSlash(s.Files[n])))
+		f, h, err := r.man.ShardFile(r.dir, s, n)
 		if err != nil {
-			return err
-		}
-		st, err := f.Stat()
-		if err != nil {
-			f.Close()
-			return err
-		}
-		h, err := npy.ReadHeader(f, st.Size())
-		if err != nil {
-			f.Close()
-			return fmt.Errorf("shuffle: %s: %w", f.Name(), err)
-		}
-		if len(h.Shape) == 0 || h.Shape[0] != s.Samples {
-			f.Close()
-			return fmt.Errorf("shuffle: %s: %d samples, epochs.json says %d", f.Name(), h.Shape[0], s.Samples)
+			r.Close()
+			return fmt.Errorf("shuffle: %w", err)
 		}
 		r.files = append(r.files, f)
 		r.rd = append(r.rd, bufio.NewReaderSize(io.NewSectionReader(f, h.DataOffset, h.DataSize), 1<<20))

@@ -85,6 +85,68 @@ func TestReaderAgainstDataset(t *testing.T) {
 	}
 }
 
+// TestReaderMixed reads a mixed folder's epochs (samples files of four
+// columns) with Reader: the samples in the files' order, as many as the
+// epoch holds, each with its window of the dataset's rows.
+func TestReaderMixed(t *testing.T) {
+	ds := filepath.Join(t.TempDir(), "ds")
+	m, _ := convert.ParseModality("motion=motion/{clip}.pkl:exp+pose")
+	if _, err := convert.Run(context.Background(), convert.Options{ClipList: "../../testdata/demo/clips.txt", Out: ds, Modalities: []convert.Modality{m}}); err != nil {
+		t.Fatal(err)
+	}
+	edir := filepath.Join(t.TempDir(), "mix")
+	o := shuffle.Options{Sources: []shuffle.Source{{Name: "a", Dir: ds}, {Name: "b", Dir: ds}}, Out: edir, EpochEnd: 1, Seed: 5, ShardSize: 7,
+		Sampling: manifests.Sampling{Window: 10, Mode: "tile", Short: "pad"}}
+	if _, err := shuffle.Run(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	man, err := manifests.LoadEpochs(edir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []manifests.Sample
+	for _, sh := range man.Entry(0).Shards {
+		got, srcs, err := man.ReadShardSamples(edir, sh)
+		if err != nil || len(srcs) != len(got) {
+			t.Fatalf("shard %d: %d sources for %d samples, %v", sh.Shard, len(srcs), len(got), err)
+		}
+		want = append(want, got...)
+	}
+	a, err := npy.ReadFile(filepath.Join(ds, "motion.npy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	starts, _, _ := manifests.ReadIndex(filepath.Join(ds, "index.npy"))
+	row := int64(len(a.Data) / a.Shape[0])
+	r, err := shuffle.Open(edir, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	var wins [][]byte
+	n := 0
+	for ; ; n++ {
+		var s manifests.Sample
+		s, wins, err = r.Next(wins)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n >= len(want) || s != want[n] {
+			t.Fatalf("sample %d is %+v, the samples files say %v", n, s, want[min(n, len(want)-1)])
+		}
+		first := (starts[s.Clip] + s.Start) * row
+		if w := a.Data[first : first+s.Valid*row]; !bytes.Equal(wins[0][:len(w)], w) {
+			t.Fatalf("sample %d %+v: its window differs from the dataset's rows", n, s)
+		}
+	}
+	if n == 0 || n != len(want) || int64(n) != man.Entry(0).Samples {
+		t.Fatalf("read %d samples; the shards hold %d, epochs.json says %d", n, len(want), man.Entry(0).Samples)
+	}
+}
+
 func ExampleSamples() {
 	lengths := []int64{10, 3, 7} // clip lengths in frames
 	s := manifests.Sampling{Window: 4, Mode: "tile", Short: "pad"}

@@ -1,5 +1,6 @@
 // The reports as one self-contained HTML page, written only where it may
 // be (a new path, or a page inspect wrote).
+
 package inspectcmd
 
 import (

@@ -1,4 +1,5 @@
 // Plots in SVG: axes with round ticks, histograms, curves.
+
 package inspectcmd
 
 import (

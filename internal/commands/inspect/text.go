@@ -1,4 +1,5 @@
 // The reports as text.
+
 package inspectcmd
 
 import (
