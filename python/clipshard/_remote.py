@@ -444,18 +444,23 @@ class Remote:
     folder of its entries (epochs.json, SHA256SUMS, and the shard files as
     they are fetched)."""
 
-    def __init__(self, url: str, cache_dir: Optional[str], cache_limit: Union[str, int, None]) -> None:
+    def __init__(self, url: str, cache_dir: Optional[str], cache_limit: Union[str, int, None],
+                 manifest: str = "epochs.json") -> None:
+        # (manifest: "dataset.json" for a dataset read by blocks, clipshard.draw:
+        # its files that BLOCKSUMS does not list, index.npy and the like,
+        # are fetched whole, checked against SHA256SUMS)
         if cache_dir is None or cache_limit is None:
             raise ValueError("%s: reading a bucket needs cache_dir= and cache_limit= (a node-local folder, and its bound, "
                              "e.g. cache_limit='40GiB')" % url)
         self.bucket = Bucket(url)
         self.cache = Cache(cache_dir, cache_limit)
-        man, self.etag = self.bucket.read_all("epochs.json")
+        self.manifest = manifest
+        man, self.etag = self.bucket.read_all(manifest)
         self.key = hashlib.sha256(self.bucket.url.encode() + b"\0" + man).hexdigest()[:32]
         self.root = os.path.join(self.cache.path, self.key)
         os.makedirs(self.root, exist_ok=True)
         self._fresh_boot()
-        self._put("epochs.json", man)
+        self._put(manifest, man)
         sums, _ = self.bucket.read_all("SHA256SUMS")
         self.sums = {}
         for line in sums.decode("utf-8", "replace").splitlines():
@@ -516,8 +521,8 @@ class Remote:
         os.replace(tmp, p)
 
     def check_current(self) -> bytes:
-        """epochs.json as the bucket holds it now."""
-        b, _ = self.bucket.read_all("epochs.json")
+        """epochs.json (the manifest) as the bucket holds it now."""
+        b, _ = self.bucket.read_all(self.manifest)
         return b
 
     def local(self, rel: str) -> str:
@@ -595,7 +600,7 @@ class Remote:
         """The local path of shard file rel, whole in the cache (fetched
         once per node and checked, if it is not there)."""
         sums = self.block_sums(rel)
-        if sums is not None:
+        if sums is not None and (rel in sums.files or self.manifest != "dataset.json"):
             self.ensure_range(rel, 0, None)
             return self.local(rel)
         p = self.local(rel)
@@ -615,7 +620,7 @@ class Remote:
         ino, the cache file must be that one (the one a reader has open:
         a reader's files are never evicted, this checks it)."""
         sums = self.block_sums(rel)
-        if sums is None:
+        if sums is None or (rel not in sums.files and self.manifest == "dataset.json"):
             self.ensure(rel)
             return
         size, sha, _ = sums.files.get(rel, (-1, "", 0))
@@ -663,7 +668,7 @@ class Remote:
         block). A file of one block: that block. Without BLOCKSUMS: the
         file whole."""
         sums = self.block_sums(rel)
-        if sums is None:
+        if sums is None or (rel not in sums.files and self.manifest == "dataset.json"):
             self.ensure(rel)
             return
         size, _, _ = sums.files.get(rel, (-1, "", 0))

@@ -18,6 +18,7 @@ from typing import Any, Generator, Iterable, Iterator, Mapping, Optional, Union
 
 import numpy as np
 
+from .draw import STATE_FORMAT as DRAWN_STATE, Drawn, DrawnReader
 from .epochs import _sources, STATE_FORMAT as READER_STATE, STATE_VERSION, EpochReader, check_state, epoch_identity, load_epochs, open_epochs
 
 __all__ = ["Loader"]
@@ -32,7 +33,7 @@ class _Batch:
 
     __slots__ = ("pos", "g", "arrays", "consumed", "last")
 
-    def __init__(self, pos: int, g: int, arrays: Any, consumed: int, last: bool) -> None:
+    def __init__(self, pos: int, g: int, arrays: Any, consumed: Any, last: bool) -> None:
         self.pos, self.g, self.arrays, self.consumed, self.last = pos, g, arrays, consumed, last
 
 
@@ -83,6 +84,16 @@ class Loader:
     dtype: cast floating-point modalities to it in the thread (numpy's
         cast releases the GIL); None keeps the shards' dtype.
 
+    dataset (instead of edir): epochs drawn at read time from a dataset
+        folder or s3:// URL, or {name: folder or URL} to mix several (no
+        epoch files; clipshard.draw): every epoch fresh windows, blocks of
+        consecutive frames read whole, windows shuffled across a buffer of
+        blocks. It takes window (required), seed, sampling, per_clip,
+        short, weights, epoch_samples, block, buffer, hold (see
+        clipshard.draw.Drawn); epochs is then required. The state is the
+        intervals of the epoch's order still to read (any world size or
+        batch size resumes them exactly once).
+
     Errors of the thread (a file that is not what epochs.json says, a
     shard shorter than its header) are raised by the consumer's next(),
     naming the file. Breaking out of the loop, close() or leaving a `with`
@@ -91,17 +102,37 @@ class Loader:
     after an epoch, when the thread has read on into the next one.
     """
 
-    def __init__(self, edir: str, epochs: Union[int, Iterable[int], None] = None, *, rank: Optional[int] = None,
+    def __init__(self, edir: Optional[str] = None, epochs: Union[int, Iterable[int], None] = None, *, rank: Optional[int] = None,
                  world_size: int = 1, batch_size: int = 256, remainder: str = "drop", prefetch: int = 4,
                  threads: int = 2, dtype: Any = None, replay_seed: Optional[int] = None, mix_shards: int = 1, mix_seed: int = 0,
                  mix_mem: Union[str, int, None] = None, cache_dir: Optional[str] = None,
-                 cache_limit: Union[str, int, None] = None) -> None:
-        local, self._remote = open_epochs(edir, cache_dir, cache_limit)  # a bucket's: its entry in the node-local cache
-        man = load_epochs(local)
-        entries = man.get("epochs")
-        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-            raise ValueError("%s: epochs.json: 'epochs' is not a list of epochs" % edir)
-        on_disk = sorted(e.get("epoch") for e in entries if isinstance(e.get("epoch"), int))
+                 cache_limit: Union[str, int, None] = None, dataset: Any = None, **draw: Any) -> None:
+        self._drawn: Optional[Drawn] = None
+        if dataset is not None:
+            if edir is not None:
+                raise ValueError("edir %r and dataset %r: give one (an epochs folder, or a dataset to draw epochs from)" % (edir, dataset))
+            if replay_seed is not None or mix_shards != 1 or mix_mem is not None:
+                raise ValueError("replay_seed, mix_shards and mix_mem replay materialised epochs; epochs drawn from a dataset "
+                                 "are fresh every epoch")
+            if epochs is None:
+                raise ValueError("epochs: give the epochs to draw from %s (e.g. epochs=range(10))" % (dataset,))
+            if "window" not in draw:
+                raise ValueError("window: give the frames of each window to draw from %s" % (dataset,))
+            self._drawn = Drawn(dataset, cache_dir=cache_dir, cache_limit=cache_limit, **draw)
+            self._remote, man = None, {"seed": self._drawn.seed}
+            on_disk: list[int] = []
+            edir = str(dataset)
+        else:
+            if edir is None:
+                raise ValueError("give an epochs folder (edir), or dataset= to draw epochs from a dataset")
+            if draw:
+                raise ValueError("%s: unexpected arguments %s (window, seed, sampling, ... are for dataset=)" % (edir, sorted(draw)))
+            local, self._remote = open_epochs(edir, cache_dir, cache_limit)  # a bucket's: its entry in the node-local cache
+            man = load_epochs(local)
+            entries = man.get("epochs")
+            if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+                raise ValueError("%s: epochs.json: 'epochs' is not a list of epochs" % edir)
+            on_disk = sorted(e.get("epoch") for e in entries if isinstance(e.get("epoch"), int))
         if epochs is None:
             epochs = on_disk
         elif isinstance(epochs, (int, np.integer)):
@@ -126,7 +157,9 @@ class Loader:
         # Which epoch on disk each training epoch reads, and how.
         self._plans: list[dict[str, Any]] = []
         for e in self.epochs:
-            if e in on_disk:
+            if self._drawn is not None:
+                self._plans.append(dict(epoch=e))
+            elif e in on_disk:
                 self._plans.append(dict(epoch=e))  # (already shuffled whole: no replay order, no mixing)
             elif replay_seed is None:
                 raise ValueError("%s: epoch %d is not materialised (have %s): give replay_seed to replay one" % (
@@ -137,22 +170,34 @@ class Loader:
                 self._plans.append(dict(epoch=on_disk[e % len(on_disk)], replay_seed=replay_seed, virtual_epoch=e,
                                         **mixing))
         # Every epoch's reader is made (and so checked) now: a bad shard
-        # list or argument is an error here, not epochs later.
-        self._lens = []
+        # list or argument is an error here, not epochs later. (A drawn
+        # epoch's order is computed when it is first needed.)
+        self._lens: list[Optional[tuple[int, int]]] = []
         for plan in self._plans:
+            if self._drawn is not None:
+                self._lens.append(None)
+                continue
             r = self._reader(plan)
             self._lens.append((r.samples, r.batches_left()))
             r.close()
-        if not on_disk:
+        if not on_disk and self._drawn is None:
             raise ValueError("%s: no materialised epoch" % edir)
-        first = self._reader(self._plans[0] if self._plans else dict(epoch=on_disk[0]))
+        if self._drawn is not None:
+            first: Any = DrawnReader.__new__(DrawnReader)  # (the arguments checked; no order computed)
+            DrawnReader._check_args(first, rank, world_size, batch_size, remainder)
+            first.names, first.sources, first.mixed = self._drawn.modalities + ["samples"], self._drawn.names, self._drawn.mixed
+            expect = {n: (d, s) for n, (d, s) in self._drawn.shapes().items()}
+        else:
+            first = self._reader(self._plans[0] if self._plans else dict(epoch=on_disk[0]))
+            expect = first._expect
         self.rank, self.world_size, self.batch_size, self.remainder = first.rank, first.world_size, first.batch_size, first.remainder
         self.names: list[str] = first.names
         self.sources: list[str] = first.sources  # what a batch's "source" numbers name (mixed epochs)
         self.mixed: bool = first.mixed
         self._src: dict[str, tuple[np.dtype, tuple[int, ...]]] = {
-            n: (np.dtype(d), (self.batch_size,) + tuple(s)) for n, (d, s) in first._expect.items()}
-        first.close()
+            n: (np.dtype(d), (self.batch_size,) + tuple(s)) for n, (d, s) in expect.items()}
+        if self._drawn is None:
+            first.close()
         self._out = {n: (self._cast_to(d, dtype, n), s) for n, (d, s) in self._src.items()}
         self.shapes: dict[str, tuple[int, ...]] = {n: s for n, (_, s) in self._src.items()}  # of a batch's arrays
         self.floating: list[str] = [n for n, (d, _) in self._src.items() if d.kind == "f"]  # the modalities dtype casts
@@ -167,7 +212,9 @@ class Loader:
         self._pool: dict[str, list[Any]] = {n: [] for n in self.names}  # per modality; free when nothing else refers to it
         self._pool_refs: dict[str, list[int]] = {n: [] for n in self.names}
         self._raw: dict[str, Any] = {}  # the thread's scratch of the shards' dtype, when casting
-        self._pos, self._start, self._handed = 0, 0, None  # current epoch, its resume point, last batch handed out
+        # current epoch, its resume point (a drawn epoch's: 0 or (the
+        # intervals left, done)), last batch handed out
+        self._pos, self._start, self._handed = 0, 0, None  # type: tuple[int, Any, Optional[_Batch]]
         self._run: Optional[_Run] = None
 
     # -- what the subclass (clipshard.torch.Loader) changes ---------------
@@ -195,9 +242,22 @@ class Loader:
 
     # -- epochs and state -------------------------------------------------
 
-    def _reader(self, plan: Mapping[str, Any]) -> EpochReader:
+    def _reader(self, plan: Mapping[str, Any]) -> Any:
+        if self._drawn is not None:
+            kw = self._kw
+            return DrawnReader(self._drawn, plan["epoch"], rank=kw["rank"], world_size=kw["world_size"],
+                               batch_size=kw["batch_size"], remainder=kw["remainder"])
         # (a bucket's readers share the loader's connection and cache entry)
         return EpochReader(self.dir, **plan, **self._kw, _manifest=self.manifest, _remote=self._remote)
+
+    def _len(self, pos: int) -> tuple[int, int]:
+        """(samples, batches) of epoch pos, read from its start."""
+        got = self._lens[pos]
+        if got is None:
+            r = self._reader(self._plans[pos])
+            got = self._lens[pos] = (r.samples, r.batches_left())
+            r.close()
+        return got
 
     @property
     def epoch(self) -> Optional[int]:
@@ -220,7 +280,13 @@ class Loader:
         epoch, from its resume point)."""
         if self._pos >= len(self.epochs):
             return 0
-        samples, full = self._lens[self._pos]
+        if self._drawn is not None:
+            if self._start == 0:
+                return self._len(self._pos)[1]
+            r = self._reader(self._plans[self._pos])
+            r._resume(*self._start)
+            return r.batches_left()
+        samples, full = self._len(self._pos)
         left, per = samples - self._start, self.batch_size * self.world_size
         if left <= 0:
             return 0
@@ -231,9 +297,12 @@ class Loader:
         samples of it that all ranks together have consumed (the same on
         every rank), and whether it is done. A dict of ints, strings and
         bools (torch.save, JSON). Save it after the step that trained on
-        the last batch."""
+        the last batch. (Drawn epochs: the intervals of the epoch's order
+        still to read, see clipshard.draw.DrawnReader.state_dict.)"""
+        if self._drawn is not None:
+            return self._drawn_state()
         if self._pos >= len(self.epochs):
-            pos, consumed, done = len(self.epochs) - 1, self._lens[-1][0] if self.epochs else 0, True
+            pos, consumed, done = len(self.epochs) - 1, self._len(len(self.epochs) - 1)[0] if self.epochs else 0, True
         elif self._handed is not None:
             pos, consumed, done = self._pos, self._handed.consumed, self._handed.last
         else:
@@ -241,7 +310,7 @@ class Loader:
         plan = self._plans[pos] if self._plans else {}
         return {"format": STATE_FORMAT, "version": STATE_VERSION, "epoch": self.epochs[pos] if self.epochs else None,
                 "source_epoch": plan.get("epoch"), "replay_seed": plan.get("replay_seed"),
-                "seed": self.manifest.get("seed"), "samples": self._lens[pos][0] if self._lens else 0,
+                "seed": self.manifest.get("seed"), "samples": self._len(pos)[0] if self._lens else 0,
                 "consumed": int(consumed), "done": bool(done),
                 "epoch_id": epoch_identity(self.manifest, plan["epoch"]) if plan else ""}
 
@@ -250,6 +319,9 @@ class Loader:
         size (which may differ from those that saved it). Also takes an
         EpochReader's or EpochDataset's state (its virtual epoch)."""
         fmt = state.get("format") if isinstance(state, Mapping) else None
+        if self._drawn is not None or fmt == DRAWN_STATE:
+            self._load_drawn(state)
+            return
         if fmt == READER_STATE:
             check_state(state, READER_STATE, {"epoch": int, "virtual_epoch": int, "seed": int, "samples": int, "consumed": int})
             state = dict(state, epoch=state.get("virtual_epoch"), done=False, source_epoch=state.get("epoch"))
@@ -263,7 +335,7 @@ class Loader:
         if e not in self.epochs:
             raise ValueError("state is of epoch %r, not one of this loader's epochs %s" % (e, self.epochs))
         pos = self.epochs.index(e)
-        for k, mine in (("seed", self.manifest.get("seed")), ("samples", self._lens[pos][0])):
+        for k, mine in (("seed", self.manifest.get("seed")), ("samples", self._len(pos)[0])):
             if state.get(k) != mine:
                 raise ValueError("state of epoch %r has %s %r, this loader's is %r (another epochs folder?)" % (
                     e, k, state.get(k), mine))
@@ -279,7 +351,7 @@ class Loader:
         if c < 0:
             raise ValueError("state consumed %r: want an int >= 0" % (c,))
         self._stop()
-        samples = self._lens[pos][0]
+        samples = self._len(pos)[0]
         # A padded epoch's last batch counts past the end; a done epoch
         # has nothing left, whatever the new world size and batch size.
         self._pos, self._start, self._handed = pos, samples if state.get("done") else min(c, samples), None
@@ -333,8 +405,41 @@ class Loader:
             if not finished:
                 self._stop()  # a break, an error: the thread ends, the files close
                 if self._handed is not None:  # the next iteration goes on after the last batch handed out
-                    self._start, self._handed = min(self._handed.consumed, self._lens[pos][0]), None
+                    c = self._handed.consumed
+                    self._start, self._handed = c if self._drawn is not None else min(c, self._len(pos)[0]), None
         self._next_epoch()
+
+    def _drawn_state(self) -> dict[str, Any]:
+        assert self._drawn is not None
+        if not self.epochs:
+            raise ValueError("no epochs")
+        if self._pos >= len(self.epochs):
+            pos, rem, done = len(self.epochs) - 1, [], True
+        elif self._handed is not None:
+            pos, (rem, done) = self._pos, self._handed.consumed
+        elif self._start == 0:
+            n = self._len(self._pos)[0]
+            pos, rem, done = self._pos, [(0, n)] if n else [], False
+        else:
+            pos, (rem, done) = self._pos, self._start
+        return {"format": DRAWN_STATE, "version": 1, "epoch": self.epochs[pos], "id": self._drawn.identity,
+                "samples": self._len(pos)[0], "remaining": [[int(a), int(b)] for a, b in rem], "done": bool(done)}
+
+    def _load_drawn(self, state: Mapping[str, Any]) -> None:
+        if self._drawn is None:
+            raise ValueError("a state of epochs drawn from a dataset, loaded into a loader of an epochs folder")
+        if not isinstance(state, Mapping) or state.get("format") != DRAWN_STATE:
+            raise ValueError("not a state of drawn epochs (%r): this loader draws its epochs from %s" % (
+                state.get("format") if isinstance(state, Mapping) else state, self.dir))
+        e = state.get("epoch")
+        if type(e) is not int or e not in self.epochs:
+            raise ValueError("state is of epoch %r, not one of this loader's epochs %s" % (e, self.epochs))
+        pos = self.epochs.index(e)
+        r = self._reader(self._plans[pos])
+        r.load_state_dict(state)  # (checks the identity, the size and the intervals)
+        self._stop()
+        fresh = r.remaining == ([(0, r.samples)] if r.samples else []) and not r.done
+        self._pos, self._start, self._handed = pos, 0 if fresh else (r.remaining, r.done), None
 
     def _next_epoch(self) -> None:
         self._pos, self._start, self._handed = self._pos + 1, 0, None
@@ -426,6 +531,36 @@ class Loader:
             list(pool.map(lambda c: self._cast(*c), parts))
         return out
 
+    def _read_drawn(self, r: DrawnReader, g: int) -> dict[str, np.ndarray]:
+        """Batch g of a drawn epoch: its groups' blocks read (or being read
+        ahead), the windows cut from them into the batch's buffers by the
+        read threads (rows split among them), then cast."""
+        n = len(r.batch_positions(g))
+        r.prepare(g)
+        out, dsts, casts = {}, {}, []
+        for name in self.names:
+            dtype, shape = self._out[name]
+            arr = np.frombuffer(self._buffer(name), dtype=np.uint8, count=self._sizes[name]).view(dtype).reshape(shape)[:n]
+            dst = arr
+            if name in self._casting:
+                src_dtype, src_shape = self._src[name]
+                raw = self._raw.get(name)
+                if raw is None:
+                    raw = self._raw[name] = np.empty(src_shape, dtype=src_dtype)
+                dst = raw[:n]
+                casts.append((name, arr, dst))
+            out[name], dsts[name] = arr, dst
+        pool = self._threads
+        if pool is None or self.threads < 2:
+            r.fill(g, dsts)
+            for name, arr, raw in casts:
+                self._cast(name, arr, raw)
+        else:
+            list(pool.map(lambda ij: r.fill(g, dsts, *ij), _rows(n, self.threads)))
+            parts = [(name, arr[i:j], raw[i:j]) for name, arr, raw in casts for i, j in _rows(len(arr), self.threads)]
+            list(pool.map(lambda c: self._cast(*c), parts))
+        return out
+
 
 CHUNK = 4 << 20  # bytes read by one preadv call at most (a piece of a batch is split so)
 
@@ -475,7 +610,26 @@ def _produce(ref: "weakref.ref[Loader]", pos: int, start: int, stop: Optional[th
             if loader is None or pos >= len(loader.epochs):
                 return
             r = loader._reader(loader._plans[pos])
+            drawn = loader._drawn is not None
             del loader
+            if drawn:
+                if start != 0:
+                    r._resume(*start)  # type: ignore[misc]
+                n = r.batches_left()
+                for g in range(n):
+                    loader = ref()
+                    if loader is None or (stop is not None and stop.is_set()):
+                        return
+                    arrays = loader._finish(loader._read_drawn(r, g))
+                    del loader
+                    yield _Batch(pos, g, arrays, r.remaining_after(g + 1), g + 1 == n)
+                r.close()
+                r = None
+                yield _END
+                if stop is None:
+                    return
+                pos, start = pos + 1, 0
+                continue
             r.load_state_dict(dict(r.state_dict(), consumed=start))
             n = r.batches_left()
             B, R = r.batch_size, r.world_size

@@ -9,6 +9,7 @@ import torch
 import torch.utils.data
 
 from . import loader as _loader
+from .draw import Drawn, DrawnReader
 from .epochs import EpochReader
 
 __all__ = ["EpochDataset", "Loader"]
@@ -33,30 +34,50 @@ class EpochDataset(torch.utils.data.IterableDataset):
         ds.load_state_dict(saved)               # optional: resume
         for batch in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2):
             step(batch); saved = ds.state_dict(batch)
+
+    With dataset= instead of edir, an epoch drawn at read time from a
+    dataset (clipshard.draw; window= required, and seed, sampling, ...
+    as clipshard.Loader(dataset=...)): "consumed" is then the batches
+    this rank has trained on since the resume point, and the state the
+    intervals of the epoch still to read. Each DataLoader worker reads
+    the groups of blocks its batches need (one copy per worker).
     """
 
-    def __init__(self, edir: str, epoch: int, rank: Optional[int] = None, world_size: Optional[int] = None,
-                 batch_size: int = 256, **kw: Any) -> None:
+    def __init__(self, edir: Optional[str] = None, epoch: int = 0, rank: Optional[int] = None, world_size: Optional[int] = None,
+                 batch_size: int = 256, dataset: Any = None, **kw: Any) -> None:
         super().__init__()
         if world_size is None:
             dist = torch.distributed
             ok = dist.is_available() and dist.is_initialized()
             world_size = dist.get_world_size() if ok else 1
             rank = (dist.get_rank() if ok else 0) if rank is None else rank
+        self.drawn: Optional[Drawn] = None
+        self.state: Optional[dict[str, Any]] = None
+        self._yielded = False  # a batch was yielded in this process (num_workers=0)
+        self._at: Optional[dict[str, Any]] = None  # where this process's iteration is (a worker's state)
+        if dataset is not None:
+            if edir is not None:
+                raise ValueError("edir %r and dataset %r: give one" % (edir, dataset))
+            remainder = kw.pop("remainder", "drop")
+            self.drawn = Drawn(dataset, **kw)
+            self.args = dict(epoch=epoch, rank=rank, world_size=world_size, batch_size=batch_size, remainder=remainder)
+            self.reader: Any = DrawnReader(self.drawn, **self.args)
+            return
+        if edir is None:
+            raise ValueError("give an epochs folder (edir), or dataset= to draw the epoch from a dataset")
         # (a world_size without a rank is refused by EpochReader)
         self.args = dict(edir=edir, epoch=epoch, rank=rank, world_size=world_size, batch_size=batch_size, **kw)
         self.reader = EpochReader(**self.args)  # checks the arguments now
         # The epoch's version is pinned here, in the process that made the
         # dataset: its DataLoader workers read that one or raise.
         self.reader._pinned()
-        self.state: Optional[dict[str, Any]] = None
-        self._yielded = False  # a batch was yielded in this process (num_workers=0)
-        self._at: Optional[dict[str, Any]] = None  # where this process's iteration is (a worker's state)
 
     def __len__(self) -> int:
         return len(self.reader)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        if self.drawn is not None:
+            return self._drawn_iter()
         r = EpochReader(**self.args, _manifest=self.reader.manifest, _pin=self.reader._pin)
         first = None
         st = self.state
@@ -86,11 +107,43 @@ class EpochDataset(torch.utils.data.IterableDataset):
             self._yielded = True
             yield out
 
+    def _drawn_iter(self) -> Iterator[dict[str, torch.Tensor]]:
+        assert self.drawn is not None
+        r = DrawnReader(self.drawn, **self.args)
+        st = self.state
+        first = None
+        if st is not None and "worker" in st:
+            if list(st["worker"]) != list(_worker_info()):
+                raise ValueError("a state of DataLoader worker %s, loaded in worker %s: resume with the same "
+                                 "num_workers" % (list(st["worker"]), list(_worker_info())))
+            r.load_state_dict(st["resume"])
+            first = st["next"]
+        elif st is not None:
+            r.load_state_dict(st)
+        wid, nw = _worker_info()
+        self._at = {"resume": r.state_after(0), "next": wid if first is None else first, "worker": [wid, nw]}
+        for b in r.batches(first=first):
+            out = {k: torch.from_numpy(v) for k, v in b.items()}
+            out["consumed"] = torch.tensor(r.consumed_batches, dtype=torch.int64)
+            self.reader = r  # (num_workers=0: the same process)
+            self._at["next"] += nw
+            self._yielded = True
+            yield out
+
     def state_dict(self, batch: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
         """The state after batch (the last one trained on), or, without it,
         after the last batch this process yielded (num_workers=0). Inside
         a DataLoader worker (as torchdata's StatefulDataLoader asks it),
         that worker's own place, which only that worker can load."""
+        if self.drawn is not None:
+            if batch is not None:
+                return self.reader.state_after(int(batch["consumed"]))
+            if torch.utils.data.get_worker_info() is not None and self._at is not None:
+                return dict(self.reader.state_dict(), **self._at)
+            if self._at is None:
+                raise ValueError("state_dict() without a batch, and this process did not iterate: pass the last batch "
+                                 "trained on, state_dict(batch)")
+            return self.reader.state_dict()
         st = self.reader.state_dict()
         if batch is not None:
             st["consumed"] = int(batch["consumed"])
@@ -109,7 +162,10 @@ class EpochDataset(torch.utils.data.IterableDataset):
         return st
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.reader.load_state_dict(state if "worker" not in state else dict(state, consumed=state["resume"]))
+        if self.drawn is not None:
+            self.reader.load_state_dict(state if "worker" not in state else state["resume"])
+        else:
+            self.reader.load_state_dict(state if "worker" not in state else dict(state, consumed=state["resume"]))
         self.state = dict(state)
 
 
@@ -148,7 +204,7 @@ class Loader(_loader.Loader):
     the GIL).
     """
 
-    def __init__(self, edir: str, epochs: Any = None, *, rank: Optional[int] = None, world_size: Optional[int] = None,
+    def __init__(self, edir: Optional[str] = None, epochs: Any = None, *, rank: Optional[int] = None, world_size: Optional[int] = None,
                  device: Any = None, dtype: Optional[torch.dtype] = None, pin_memory: Optional[bool] = None,
                  **kw: Any) -> None:
         if world_size is None:

@@ -1,0 +1,906 @@
+"""Epochs drawn at read time from a dataset (no epoch files, no shuffle
+run, no storage beyond the dataset): fresh window offsets every epoch,
+read a block of consecutive frames at a time.
+
+An epoch's order is a deterministic function of the sources (their
+index.npy), the options and the epoch (docs/FORMAT.md, "Epochs drawn at
+read time"), independent of the ranks, workers and threads that read it:
+
+1. Each source's windows are drawn as `shuffle` draws them (tile or
+   random, per-clip counts, short clips padded or skipped), from a
+   counter-based hash of (seed, epoch) instead of Go's PCG.
+2. The source's frames are cut into blocks of `block_frames` consecutive
+   frames (at least `block` bytes of each streamed modality), the blocks
+   permuted, and the permutation cut into groups of `group_blocks`
+   blocks; a window belongs to the block its first frame lies in.
+3. The source's order: group after group, each group's windows in a
+   seeded random order. Several sources are mixed by their weights into
+   one order as `shuffle --source` mixes them (counts by largest
+   remainder, more passes for a source that gives more than its windows,
+   each source spread evenly along the epoch).
+
+A rank reads its share of the epoch as one contiguous stretch of that
+order (so each group is read by about one rank: cluster egress about
+once the epoch's bytes), a group at a time: each block of each streamed
+modality with one sequential read, the windows then cut from memory.
+Small modalities (at most `hold` bytes) are read whole, once, and checked
+against the dataset's SHA256SUMS.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from fractions import Fraction
+from typing import Any, Iterator, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+from . import _remote
+from ._files import MAX_MANIFEST, Npy, confined, open_regular, pread_all, read_json
+from .epochs import _size, _worker
+
+__all__ = ["Drawn", "DrawnReader"]
+
+STATE_FORMAT = "clipshard.drawn"
+STATE_VERSION = 1
+
+GAMMA = 0x9E3779B97F4A7C15
+MASK = (1 << 64) - 1
+SALT = 0x636C697073686172  # "clipshar"
+TAG_OFFSETS, TAG_BLOCKS, TAG_ORDER, TAG_MERGE = 1, 2, 3, 4
+BLOCK = 8 << 20  # default bytes of each streamed modality a block holds at least
+BUFFER = 1 << 30  # default bytes of block buffers per source (two groups)
+
+
+# -- the hash -------------------------------------------------------------
+
+
+def _mix_int(z: int) -> int:
+    """splitmix64's finalizer on a Python int."""
+    z &= MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+    return z ^ (z >> 31)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer, elementwise on uint64 (wrapping)."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def key(seed: int, epoch: int, tag: int) -> int:
+    """The key of one stream: mix(mix(mix(seed ^ SALT) ^ epoch) ^ tag)."""
+    return _mix_int(_mix_int(_mix_int((seed & MASK) ^ SALT) ^ (epoch & MASK)) ^ tag)
+
+
+def stream(k: int, index: np.ndarray) -> np.ndarray:
+    """The uint64 numbers of stream k at these indices: mix(k + (i+1)*GAMMA)."""
+    i = np.asarray(index).astype(np.uint64) + np.uint64(1)
+    return _mix(i * np.uint64(GAMMA) + np.uint64(k))
+
+
+def below(u: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """min(n-1, floor(((u >> 11) * 2**-53) * n)) in float64: a number in
+    [0, n) from u (n >= 1)."""
+    f = (u >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+    return np.minimum(np.asarray(n, dtype=np.int64) - 1, np.floor(f * n).astype(np.int64))
+
+
+# -- one source's windows, blocks and groups --------------------------------
+
+
+def draw(lengths: np.ndarray, window: int, sampling: str, per_clip: int, short: str, seed: int, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A source's windows of one pass (epoch: e | pass << 32), in clip
+    order: (clip row, start frame in the clip, valid frames)."""
+    L = np.asarray(lengths, dtype=np.int64)
+    W = int(window)
+    n = len(L)
+    long = L >= W
+    k = key(seed, epoch, TAG_OFFSETS)
+    rows = np.arange(n, dtype=np.int64)
+    if sampling == "tile":
+        span = np.where(long, np.minimum(W, L - W + 1), 1)
+        off = np.where(long, below(stream(k, rows), span), 0)
+        count = np.where(long, (L - off) // W, 0)
+    else:
+        off = np.zeros(n, dtype=np.int64)
+        count = np.where(long, int(per_clip), 0)
+    count = count + ((~long) & (L > 0) & (short == "pad"))
+    clip = np.repeat(rows, count)
+    first = np.cumsum(count) - count
+    j = np.arange(len(clip), dtype=np.int64) - np.repeat(first, count)  # the window's number in its clip
+    lc = L[clip]
+    lg = lc >= W
+    if sampling == "tile":
+        start = np.where(lg, off[clip] + j * W, 0)
+    else:
+        start = np.where(lg, below(stream(k, clip * int(per_clip) + j), np.maximum(lc - W + 1, 1)), 0)
+    valid = np.where(lg, W, lc)
+    return clip, start.astype(np.int64), valid.astype(np.int64)
+
+
+def order_blocks(nblocks: int, seed: int, epoch: int) -> np.ndarray:
+    """The blocks in their seeded order (by their stream numbers, then
+    number)."""
+    idx = np.arange(nblocks, dtype=np.int64)
+    return np.lexsort((idx, stream(key(seed, epoch, TAG_BLOCKS), idx)))
+
+
+class _Pass:
+    """One pass of one source in an epoch: its windows in their order,
+    and its groups."""
+
+    __slots__ = ("clip", "start", "valid", "gs", "group", "groups")
+
+    def __init__(self, src: "_Source", plan: "Drawn", seed: int, epoch: int) -> None:
+        clip, start, valid = draw(src.lengths, plan.window, plan.sampling, plan.per_clip, plan.short, seed, epoch)
+        gs = src.starts[clip] + start  # the window's first frame in the blob
+        blk = gs // src.block_frames
+        perm = order_blocks(src.blocks, seed, epoch)
+        pos = np.empty(src.blocks, dtype=np.int64)
+        pos[perm] = np.arange(src.blocks, dtype=np.int64)
+        qb = pos // plan.group_blocks[src.i]  # each block's group
+        q = qb[blk]
+        w = stream(key(seed, epoch, TAG_ORDER), np.arange(len(clip), dtype=np.int64))
+        o = np.lexsort((np.arange(len(clip)), w, q))
+        self.clip, self.start, self.valid, self.gs, self.group = clip[o], start[o], valid[o], gs[o], q[o]
+        G = plan.group_blocks[src.i]
+        self.groups = [np.sort(perm[a: a + G]) for a in range(0, src.blocks, G)]
+
+
+# -- the sources --------------------------------------------------------------
+
+
+class _Source:
+    """A dataset read by blocks: checked (dataset.json, index.npy, every
+    blob's header), its small modalities held in memory (checked against
+    SHA256SUMS), its fds kept for the block reads. A bucket's (s3://) is
+    read through a node-local cache entry."""
+
+    def __init__(self, i: int, name: str, where: str, plan: "Drawn") -> None:
+        self.i, self.name, self.url = i, name, where
+        self.remote: Any = None
+        path = where
+        if _remote.is_url(where):
+            self.remote = _remote.Remote(where, plan.cache_dir, plan.cache_limit, manifest="dataset.json")
+            path = self.remote.root
+        elif plan.cache_dir is not None or plan.cache_limit is not None:
+            raise ValueError("%s: cache_dir and cache_limit are for a bucket (s3://...); a folder is read as it is" % where)
+        self.dir = path
+        if not os.path.lexists(os.path.join(path, "dataset.json")) and os.path.lexists(os.path.join(path, "epochs.json")):
+            raise ValueError("%s is an epochs folder (it holds epochs.json), not a dataset: give Loader(edir) the epochs "
+                             "folder, or Loader(dataset=...) the folder convert wrote" % where)
+        raw = self._bytes("dataset.json")
+        self.sha = hashlib.sha256(raw).hexdigest()
+        try:
+            man = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:
+            raise ValueError("%s: dataset.json: not JSON: %s" % (where, e)) from None
+        if not isinstance(man, dict) or man.get("format") != "clipshard.dataset":
+            raise ValueError("%s: not a clipshard dataset (dataset.json's format)" % where)
+        try:
+            files, mods, clips, frames = man["files"], man["modalities"], int(man["clips"]), int(man["frames"])
+            if not isinstance(mods, list) or not mods or not isinstance(files, dict):
+                raise ValueError("no modalities")
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError("%s: dataset.json: %s" % (where, e)) from None
+        self.clips, self.frames = clips, frames
+        if self.remote is not None:
+            self._room(files, mods)
+        self.sums = self._sums(files.get("sha256sums"))
+        rel = files.get("index")
+        idx = self._open(rel, "files.index")
+        try:
+            idx.expect("<i8", [clips, 2])
+            index = self._whole(idx, str(rel))
+        finally:
+            idx.close()
+        lengths = index[:, 1].copy()
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if clips else np.zeros(0, dtype=np.int64)
+        bad = (lengths < 0) | (index[:, 0] != starts)
+        if bad.any() or (clips and int(lengths.sum()) != frames) or (not clips and frames):
+            c = int(np.argmax(bad)) if bad.any() else max(clips - 1, 0)
+            raise ValueError("%s: clip %d: start %d length %d; want the clips contiguous from 0 adding up to %d frames" % (
+                idx.path, c, int(index[c, 0]) if clips else 0, int(index[c, 1]) if clips else 0, frames))
+        self.starts, self.lengths = starts, lengths
+        # The modalities: (name, dtype, frame shape, rate, per_clip), each
+        # blob's header checked; the small ones read whole.
+        self.mods: list[dict[str, Any]] = []
+        self.files: dict[str, Npy] = {}
+        self.held: dict[str, np.ndarray] = {}  # name -> rows (and a zero row past the end)
+        hold = plan.hold
+        try:
+            for m in mods:
+                if not isinstance(m, dict):
+                    raise ValueError("%s: dataset.json: modality %r" % (where, m))
+                name, per = str(m.get("name")) if isinstance(m.get("name"), str) else "", bool(m.get("per_clip"))
+                try:
+                    frame = [int(x) for x in m.get("frame_shape", [])]
+                    rate = 0 if per else int(m.get("rate", 0))
+                    dtype = np.dtype(m.get("dtype"))
+                except (TypeError, ValueError) as e:
+                    raise ValueError("%s: dataset.json: modality %r: %s" % (where, name, e)) from None
+                if not isinstance(name, str) or not name or name == "samples" or (not per and rate < 1) or any(x < 0 for x in frame):
+                    raise ValueError("%s: dataset.json: modality %r" % (where, m))
+                rows = clips if per else frames * rate
+                f = self._open(m.get("file"), "modality %r file" % name)
+                self.files[name] = f
+                f.expect(m.get("dtype"), [rows] + frame)
+                if f.offset != m.get("data_offset"):
+                    raise ValueError("%s: data at offset %d, dataset.json says %r" % (f.path, f.offset, m.get("data_offset")))
+                if dtype.byteorder == ">":
+                    raise ValueError("%s: dtype %s: big-endian (convert writes little-endian)" % (f.path, dtype.str))
+                rec = dict(name=name, dtype=dtype.str, frame=tuple(frame), rate=rate, per_clip=per, file=m.get("file"),
+                           row=f.row, frame_bytes=f.row * max(rate, 1))
+                rec["held"] = per or f.size - f.offset <= hold
+                self.mods.append(rec)
+            for rec in self.mods:
+                if rec["held"]:
+                    f = self.files[rec["name"]]
+                    a = self._whole(f, rec["file"])
+                    self.held[rec["name"]] = np.concatenate([a, np.zeros((1,) + a.shape[1:], dtype=a.dtype)])
+        except BaseException:
+            self.close()
+            raise
+        streamed = [r["frame_bytes"] for r in self.mods if not r["held"]]
+        self.block_frames = max(1, -(-plan.block // min(streamed))) if streamed else max(1, frames)
+        self.blocks = -(-frames // self.block_frames) if frames else 0
+        self.block_bytes = self.block_frames * sum(streamed) if streamed else 0
+
+    # -- checked reading of the dataset's files ----------------------------
+
+    def _room(self, files: Mapping[str, Any], mods: list[Any]) -> None:
+        """A bucket's dataset: its files are kept in the cache while epochs
+        are drawn (published as read: never evicted), so the cache must
+        hold them all."""
+        rels = [r for r in (files.get("index"), files.get("ids")) if isinstance(r, str)]
+        rels += [str(m["file"]) for m in mods if isinstance(m, dict) and isinstance(m.get("file"), str)]
+        for r in rels:
+            confined(self.dir, r, "file")
+        need = self.remote.manifest_bytes + sum(_remote.blocks(self.remote._object(r)[0]) for r in rels)
+        if self.remote.cache.limit < need:
+            raise ValueError("cache_limit %d bytes cannot hold %s's files (%d bytes with the manifests): epochs drawn from a "
+                             "bucket keep the dataset's blocks in the node-local cache as they are read (none is evicted "
+                             "while epochs are drawn): give cache_limit >= %d" % (self.remote.cache.limit, self.url, need, need))
+        self.remote.at(rels, [])
+
+    def _bytes(self, rel: str) -> bytes:
+        if self.remote is not None:
+            self.remote.ensure(rel)
+        p = confined(self.dir, rel, rel)
+        fd, st = open_regular(p)
+        try:
+            if st.st_size > MAX_MANIFEST:
+                raise ValueError("%s: %d bytes, more than a manifest may have" % (p, st.st_size))
+            return pread_all(fd, st.st_size, 0, p)
+        finally:
+            os.close(fd)
+
+    def _sums(self, rel: Any) -> dict[str, str]:
+        if not rel:
+            return {}
+        out = {}
+        for line in self._bytes(rel).decode("utf-8", "replace").splitlines():
+            h, _, n = line.partition("  ")
+            if len(h) == 64 and n:
+                out[n] = h
+        return out
+
+    def _open(self, rel: Any, what: str) -> Npy:
+        p = confined(self.dir, rel, what)
+        if self.remote is not None:
+            self.remote.ensure_head(rel)
+        return Npy(p)
+
+    def _whole(self, f: Npy, rel: str) -> np.ndarray:
+        """f's whole array, read once (a bucket's: fetched, checked), and
+        checked against SHA256SUMS when the dataset lists it."""
+        if self.remote is not None:
+            self.remote.ensure_range(rel, 0, None)
+        b = pread_all(f.fd, f.size, 0, f.path)
+        if len(b) != f.size:
+            raise ValueError("%s: shorter than when it was checked" % f.path)
+        want = self.sums.get(rel)
+        if want is not None and hashlib.sha256(b).hexdigest() != want:
+            raise ValueError("%s: sha256 %s, the dataset's SHA256SUMS says %s (changed since convert wrote it)" % (
+                f.path, hashlib.sha256(b).hexdigest(), want))
+        return np.frombuffer(b, dtype=f.dtype, offset=f.offset).reshape(f.shape)
+
+    def read_rows(self, rec: dict[str, Any], a: int, b: int, out: memoryview) -> None:
+        """Rows [a, b) of a streamed modality into out (one sequential read;
+        a bucket's fetched into the cache first, checked by BLOCKSUMS)."""
+        f = self.files[rec["name"]]
+        off, n = f.offset + a * f.row, (b - a) * f.row
+        if self.remote is not None:
+            self.remote.ensure_range(rec["file"], off, off + n)
+        got = 0
+        while got < n:
+            k = os.preadv(f.fd, [out[got:n]], off + got)
+            if not k:
+                raise ValueError("%s: shorter than its header says (rows %d..%d; changed since it was checked?)" % (f.path, a, b))
+            got += k
+
+    def signature(self) -> list[Any]:
+        return [(r["name"], r["dtype"], list(r["frame"]), r["rate"], r["per_clip"]) for r in self.mods]
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+        self.files = {}
+        if self.remote is not None:
+            self.remote.close()
+
+
+# -- the plan: what every epoch shares -----------------------------------------
+
+
+def _weights_at(schedule: Any, names: list[str], epoch: int) -> Optional[list[Fraction]]:
+    """The weights of epoch (in source order), None for natural."""
+    if schedule is None:
+        return None
+    if isinstance(schedule, Mapping):
+        schedule = [{"from": 0, "weights": schedule}]
+    for r in schedule:
+        lo, hi = r.get("from", 0), r.get("to")
+        if lo <= epoch and (hi is None or hi == 0 or epoch < hi):
+            w = r["weights"]
+            return [Fraction(str(w.get(n, 0))) for n in names]
+    raise ValueError("weights: no range of the schedule covers epoch %d" % epoch)
+
+
+def _check_schedule(schedule: Any, names: list[str]) -> Any:
+    if schedule is None:
+        return None
+    rs = [{"from": 0, "weights": schedule}] if isinstance(schedule, Mapping) else list(schedule)
+    out = []
+    for r in rs:
+        if not isinstance(r, Mapping) or not isinstance(r.get("weights"), Mapping):
+            raise ValueError("weights %r: want {name: weight}, or a list of {'from': E, 'to': E, 'weights': {name: weight}}" % (schedule,))
+        lo, hi = r.get("from", 0), r.get("to")
+        if type(lo) is not int or lo < 0 or (hi is not None and (type(hi) is not int or (hi and hi <= lo))):
+            raise ValueError("weights: range %r: want 0 <= from < to (to left out: no end)" % (r,))
+        w = {}
+        weights: Any = r["weights"]
+        for n, x in weights.items():
+            if n not in names:
+                raise ValueError("weights: %r is not a source (have %s)" % (n, names))
+            try:
+                f = Fraction(str(x))
+            except (ValueError, ZeroDivisionError):
+                raise ValueError("weights: %s=%r is not a number" % (n, x)) from None
+            if f < 0 or isinstance(x, bool):
+                raise ValueError("weights: %s=%r: want a number >= 0" % (n, x))
+            w[n] = str(x)
+        if not any(Fraction(v) > 0 for v in w.values()):
+            raise ValueError("weights: range %r gives no source a weight" % (r,))
+        out.append({"from": lo, "to": hi, "weights": w})
+    return out
+
+
+class Drawn:
+    """The epochs of one or more datasets drawn at read time (see the
+    module doc): the sources, checked, and the options every epoch
+    shares. clipshard.Loader(dataset=...) makes one; order(epoch) is an
+    epoch's whole order.
+
+    dataset: a dataset folder or s3:// URL, or {name: folder or URL} to
+        mix several (names of [A-Za-z0-9_.-], the batches' "source"
+        numbers in this order).
+    window, sampling ("tile" or "random"), per_clip (random: windows per
+        clip), short ("pad" or "skip"), seed: as shuffle's.
+    weights, epoch_samples: mixing, as shuffle --weights/--epoch-samples:
+        {name: weight} for every epoch, or a list of {"from": E, "to": E,
+        "weights": {...}} (to left out: no end); None is natural (each
+        source its own windows).
+    block: bytes of each streamed modality a block holds at least (8 MiB).
+    buffer: bytes of block buffers per source: a group holds half of it
+        (group_blocks = buffer // 2 // block bytes, at least 1), or an int:
+        blocks per group.
+    hold: modalities of at most this many bytes are read whole and held
+        (default 8 blocks); per-clip modalities always are.
+    cache_dir, cache_limit: for s3:// sources, the node-local cache (it
+        must hold the streamed modalities: blocks are not evicted while an
+        epoch reads them).
+    """
+
+    def __init__(self, dataset: Union[str, Mapping[str, str]], window: int, seed: int = 0, sampling: str = "tile",
+                 per_clip: int = 1, short: str = "pad", weights: Any = None, epoch_samples: int = 0,
+                 block: Union[str, int] = BLOCK, buffer: Union[str, int] = BUFFER, hold: Union[str, int, None] = None,
+                 cache_dir: Optional[str] = None, cache_limit: Union[str, int, None] = None) -> None:
+        if type(window) is not int or window < 1:
+            raise ValueError("window %r: want an int >= 1 (frames of each window)" % (window,))
+        if sampling not in ("tile", "random"):
+            raise ValueError("sampling %r: want 'tile' or 'random'" % (sampling,))
+        if short not in ("pad", "skip"):
+            raise ValueError("short %r: want 'pad' or 'skip'" % (short,))
+        if type(per_clip) is not int or per_clip < 1 or (per_clip != 1 and sampling != "random"):
+            raise ValueError("per_clip %r: want an int >= 1 (windows per clip, with sampling='random')" % (per_clip,))
+        if type(seed) is not int or not 0 <= seed < 1 << 64:
+            raise ValueError("seed %r: want an int in [0, 2**64)" % (seed,))
+        if type(epoch_samples) is not int or epoch_samples < 0:
+            raise ValueError("epoch_samples %r: want an int >= 0 (0: the sources' own windows added up)" % (epoch_samples,))
+        self.window, self.seed, self.sampling, self.per_clip, self.short = window, seed, sampling, per_clip, short
+        self.block = _size(block)
+        if self.block < 4096:
+            raise ValueError("block %r: want at least 4 KiB" % (block,))
+        self.hold = 8 * self.block if hold is None else _size(hold)
+        self.cache_dir, self.cache_limit = cache_dir, cache_limit
+        if isinstance(dataset, Mapping):
+            items = list(dataset.items())
+            if not items:
+                raise ValueError("dataset: an empty {name: folder} mapping")
+            for n, _ in items:
+                if not isinstance(n, str) or not 1 <= len(n) <= 64 or not all(c.isalnum() or c in "_.-" for c in n) or not n.isascii():
+                    raise ValueError("dataset: source name %r: want 1-64 of [A-Za-z0-9_.-]" % (n,))
+            self.mixed = True
+        elif isinstance(dataset, (str, os.PathLike)):
+            where = os.fspath(dataset)
+            items = [(os.path.basename(os.path.normpath(where)) or "dataset", where)]
+            self.mixed = False
+        else:
+            raise ValueError("dataset %r: want a folder, an s3:// URL, or {name: folder or URL}" % (dataset,))
+        self.names = [n for n, _ in items]
+        self.schedule = _check_schedule(weights, self.names)
+        self.epoch_samples = epoch_samples
+        if not self.mixed and (weights is not None or epoch_samples):
+            raise ValueError("weights and epoch_samples mix several datasets: give dataset={name: folder, ...}")
+        self.group_blocks: list[int] = []
+        self.sources: list[_Source] = []
+        try:
+            for i, (n, where) in enumerate(items):
+                src = _Source(i, n, os.fspath(where), self)
+                self.sources.append(src)
+                if isinstance(buffer, (int, np.integer)) and not isinstance(buffer, bool) and int(buffer) < 1 << 12:
+                    g = int(buffer)
+                    if g < 1:
+                        raise ValueError("buffer %r: want blocks per group >= 1, or bytes ('1GiB')" % (buffer,))
+                else:
+                    g = max(1, _size(buffer) // 2 // max(1, src.block_bytes))
+                self.group_blocks.append(g)
+            first = self.sources[0]
+            for s in self.sources[1:]:
+                if s.signature() != first.signature():
+                    raise ValueError("dataset: source %s's modalities %s differ from %s's %s (names in order, dtypes, frame "
+                                     "shapes, rates, per-clip must match to mix them)" % (s.name, s.signature(), first.name,
+                                                                                          first.signature()))
+        except BaseException:
+            self.close()
+            raise
+        self.modalities = [r["name"] for r in first.mods]
+        # What identifies these epochs: the sources (names, dataset.json's
+        # sha256) and every option the order depends on.
+        ident = {"sources": [[s.name, s.sha] for s in self.sources], "window": window, "seed": seed, "sampling": sampling,
+                 "per_clip": per_clip, "short": short, "weights": self.schedule, "epoch_samples": epoch_samples,
+                 "block_frames": [s.block_frames for s in self.sources], "group_blocks": self.group_blocks}
+        self.identity = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:32]
+        self._orders: dict[int, "Order"] = {}
+        self._lock = threading.Lock()
+
+    def shapes(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+        """name -> (dtype, shape of one sample) of what a batch holds."""
+        out = {}
+        for r in self.sources[0].mods:
+            shape = r["frame"] if r["per_clip"] else (self.window * r["rate"],) + r["frame"]
+            out[r["name"]] = (np.dtype(r["dtype"]), tuple(shape))
+        out["samples"] = (np.dtype("<i8"), (4 if self.mixed else 3,))
+        return out
+
+    def order(self, epoch: int) -> "Order":
+        """Epoch's order (the last few are kept)."""
+        with self._lock:
+            o = self._orders.get(epoch)
+            if o is None:
+                o = Order(self, epoch)
+                if len(self._orders) >= 2:
+                    self._orders.pop(next(iter(self._orders)))
+                self._orders[epoch] = o
+            return o
+
+    def check_current(self) -> None:
+        """Refuse sources whose dataset.json changed since they were
+        checked (convert --force, an incremental convert)."""
+        for s in self.sources:
+            try:
+                now = hashlib.sha256(s._bytes("dataset.json")).hexdigest() if s.remote is None else \
+                    hashlib.sha256(s.remote.check_current()).hexdigest()
+            except (ValueError, OSError) as e:
+                raise ValueError("%s: dataset.json cannot be read again: %s" % (s.url, e)) from None
+            if now != s.sha:
+                raise ValueError("%s: dataset.json changed since the loader checked it (converted again?): make the loader "
+                                 "again" % s.url)
+
+    def close(self) -> None:
+        for s in self.sources:
+            s.close()
+
+
+class Order:
+    """One epoch's whole order: for each position, the source, its group
+    (an index into groups: (source, blocks)), and the window (clip row,
+    start, valid, first frame in the blob)."""
+
+    def __init__(self, plan: Drawn, epoch: int) -> None:
+        self.epoch = epoch
+        srcs = plan.sources
+        seeds = [(plan.seed + s * GAMMA) & MASK for s in range(len(srcs))]
+        first = [_Pass(src, plan, seeds[src.i], epoch) for src in srcs]
+        own = [len(p.clip) for p in first]
+        w = _weights_at(plan.schedule, plan.names, epoch)
+        N = plan.epoch_samples or sum(own)
+        if w is None:
+            counts = own if not plan.epoch_samples else _split(N, [Fraction(n) for n in own])
+        else:
+            counts = _split(N, w)
+        for s, (c, n) in enumerate(zip(counts, own)):
+            if c > 0 and n == 0:
+                raise ValueError("%s: epoch %d: source %s is to give %d windows but has none (every clip shorter than the "
+                                 "window %d?)" % (srcs[s].url, epoch, plan.names[s], c, plan.window))
+        self.counts = dict(zip(plan.names, counts))
+        self.groups: list[tuple[int, np.ndarray]] = []
+        parts = []
+        for s, src in enumerate(srcs):
+            c, p, got = counts[s], 0, 0
+            cols: list[list[np.ndarray]] = [[], [], [], [], []]
+            while got < c:
+                ps = first[s] if p == 0 else _Pass(src, plan, seeds[s], epoch | p << 32)
+                take = min(c - got, len(ps.clip))
+                g0 = len(self.groups)
+                self.groups.extend((s, g) for g in ps.groups)
+                for k, a in enumerate((ps.clip, ps.start, ps.valid, ps.gs, ps.group + g0)):
+                    cols[k].append(a[:take])
+                got += take
+                p += 1
+            parts.append([np.concatenate(x) if x else np.zeros(0, dtype=np.int64) for x in cols])
+        if len(srcs) == 1:
+            self.source = np.zeros(len(parts[0][0]), dtype=np.int16)
+            self.clip, self.start, self.valid, self.gs, self.group = parts[0]
+        else:
+            keys, js, ss = [], [], []
+            for s, c in enumerate(counts):
+                j = np.arange(c, dtype=np.int64)
+                u = (stream(key(seeds[s], epoch, TAG_MERGE), j) >> np.uint64(44)).astype(np.int64)
+                keys.append((j * (1 << 20) + u).astype(np.float64) / float(c * (1 << 20)))
+                js.append(j)
+                ss.append(np.full(c, s, dtype=np.int16))
+            o = np.lexsort((np.concatenate(js), np.concatenate(ss), np.concatenate(keys)))
+            self.source = np.concatenate(ss)[o]
+            self.clip, self.start, self.valid, self.gs, self.group = (np.concatenate([p[k] for p in parts])[o] for k in range(5))
+        self.samples = len(self.clip)
+
+
+def _split(N: int, w: Sequence[Fraction]) -> list[int]:
+    """N split by the weights w: floor(N w_s / W) each, the rest one each
+    to the largest remainders (ties: the earlier source)."""
+    W = sum(w)
+    if W <= 0:
+        return [0] * len(w)
+    exact = [Fraction(N) * x / W for x in w]
+    c = [int(e) for e in exact]
+    rest = N - sum(c)
+    for s in sorted(range(len(w)), key=lambda s: (-(exact[s] - c[s]), s))[:rest]:
+        c[s] += 1
+    return c
+
+
+# -- reading: a rank's stretch of the order, a group at a time ------------------
+
+
+def _intervals(x: Any, n: int) -> list[tuple[int, int]]:
+    """Checked, sorted, merged [a, b) intervals inside [0, n)."""
+    if not isinstance(x, (list, tuple)):
+        raise ValueError("state remaining %r: want a list of [first, end) pairs" % (x,))
+    out: list[tuple[int, int]] = []
+    for p in x:
+        if not isinstance(p, (list, tuple)) or len(p) != 2 or any(type(v) is not int and not isinstance(v, np.integer) for v in p):
+            raise ValueError("state remaining: %r is not a [first, end) pair of ints" % (p,))
+        a, b = int(p[0]), int(p[1])
+        if not 0 <= a < b <= n:
+            raise ValueError("state remaining: [%d, %d) is not inside the epoch's %d windows" % (a, b, n))
+        if out and a < out[-1][1]:
+            raise ValueError("state remaining: [%d, %d) overlaps or precedes the pair before it" % (a, b))
+        if out and a == out[-1][1]:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
+def _spans(ivs: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
+    """Positions [lo, hi) of the sequence the intervals make, as intervals
+    of the order."""
+    out, at = [], 0
+    for a, b in ivs:
+        n = b - a
+        x, y = max(lo, at), min(hi, at + n)
+        if x < y:
+            out.append((a + x - at, a + y - at))
+        at += n
+        if at >= hi:
+            break
+    return out
+
+
+class DrawnReader:
+    """One rank's batches of one drawn epoch (see Drawn), as
+    EpochReader's: dicts of a batch's arrays per modality and "samples"
+    (clip row, start, valid; and the source with several datasets), in an
+    order that does not depend on the ranks, workers or threads reading.
+
+    The epoch's windows still to read (all of them, or what a state says
+    is left) are cut into world_size equal stretches of whole batches;
+    rank r reads the r-th, batch after batch (remainder "drop": what is
+    less than a global batch at the end is left; "pad": filled from the
+    start; "partial", one rank: a short last batch). The state is the
+    list of intervals of the order still to read: a job resumed from it
+    with any world size or batch size reads each of them exactly once.
+    """
+
+    def __init__(self, plan: Drawn, epoch: int, rank: Optional[int] = None, world_size: int = 1, batch_size: int = 256,
+                 remainder: str = "drop", threads: int = 1) -> None:
+        if type(epoch) is not int or epoch < 0:
+            raise ValueError("epoch %r: want an int >= 0" % (epoch,))
+        self._check_args(rank, world_size, batch_size, remainder)
+        self.plan, self.epoch = plan, epoch
+        self.order = plan.order(epoch)
+        self.samples = self.order.samples
+        self.names = plan.modalities + ["samples"]
+        self.sources = plan.names
+        self.mixed = plan.mixed
+        self.threads = max(1, int(threads))
+        self._resume([(0, self.samples)] if self.samples else [], False)
+        self._groups: dict[int, Any] = {}  # group -> Future of its buffers
+        self._pool: Optional[ThreadPoolExecutor] = None
+
+    def _check_args(self, rank: Optional[int], world_size: int, batch_size: int, remainder: str) -> None:
+        if rank is None:
+            if world_size != 1:
+                raise ValueError("world_size=%r without rank: give this process's rank" % (world_size,))
+            rank = 0
+        if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int) and 0 <= rank < world_size):
+            raise ValueError("rank %r not in [0, world_size=%r)" % (rank, world_size))
+        if not (isinstance(batch_size, int) and batch_size >= 1):
+            raise ValueError("batch_size %r: want an int >= 1" % (batch_size,))
+        if remainder not in ("drop", "pad", "partial"):
+            raise ValueError("remainder %r: want 'drop', 'pad' or (one rank) 'partial'" % (remainder,))
+        if remainder == "partial" and world_size != 1:
+            raise ValueError("remainder='partial' is for one rank: with world_size %d every rank must get as many batches "
+                             "of as many samples: give 'pad' or 'drop'" % world_size)
+        self.rank, self.world_size, self.batch_size, self.remainder = rank, world_size, batch_size, remainder
+
+    # -- the layout -------------------------------------------------------
+
+    def _resume(self, remaining: list[tuple[int, int]], done: bool) -> None:
+        self.remaining, self.done = remaining, done
+        n = sum(b - a for a, b in remaining)
+        self.left = n
+        per = self.batch_size * self.world_size
+        if done or n == 0:
+            self.nb = 0
+        elif self.remainder == "drop":
+            self.nb = n // per
+        else:
+            self.nb = -(-n // per)
+        self.consumed_batches = 0  # this rank's batches handed out since the resume point
+        self._pos: Optional[np.ndarray] = None
+
+    def batches_left(self) -> int:
+        return self.nb
+
+    def __len__(self) -> int:
+        return self.nb
+
+    def check_fits(self) -> None:
+        B, R = self.batch_size, self.world_size
+        if self.remainder == "drop" and 0 < self.samples < B * R and self.remaining == [(0, self.samples)]:
+            raise ValueError("epoch %d draws %d windows, fewer than one global batch (batch_size %d x world_size %d = %d): it "
+                             "would give no batch; give a smaller batch_size, or remainder='pad'%s" % (
+                                 self.epoch, self.samples, B, R, B * R, ", or 'partial'" if R == 1 else ""))
+
+    def positions(self) -> np.ndarray:
+        """This rank's positions of the order, batch after batch (nb * B of
+        them; with "partial", the last batch shorter)."""
+        if self._pos is None:
+            B, nb, n = self.batch_size, self.nb, self.left
+            lo = self.rank * nb * B
+            hi = min(lo + nb * B, n) if self.remainder == "partial" else lo + nb * B
+            v = np.arange(lo, hi, dtype=np.int64)
+            if n:
+                v %= n  # pad: past the end, from the start again
+            ivs = np.array(self.remaining, dtype=np.int64).reshape(-1, 2)
+            cum = np.concatenate([[0], np.cumsum(ivs[:, 1] - ivs[:, 0])])
+            k = np.searchsorted(cum, v, side="right") - 1
+            self._pos = ivs[k, 0] + (v - cum[k]) if len(v) else v
+        return self._pos
+
+    def batch_positions(self, g: int) -> np.ndarray:
+        B = self.batch_size
+        return self.positions()[g * B: (g + 1) * B]
+
+    def remaining_after(self, k: int) -> tuple[list[tuple[int, int]], bool]:
+        """What is left to read once every rank has handed out k batches."""
+        if k >= self.nb:
+            return [], True
+        B, nb, n, R = self.batch_size, self.nb, self.left, self.world_size
+        left: list[tuple[int, int]] = []
+        for r in range(R):
+            a = r * nb * B + k * B
+            left += _spans(self.remaining, a, min((r + 1) * nb * B, n))
+        if self.remainder == "drop":
+            left += _spans(self.remaining, R * nb * B, n)  # the tail no rank reads in this layout
+        left.sort()
+        merged: list[tuple[int, int]] = []
+        for a, b in left:
+            if merged and a == merged[-1][1]:
+                merged[-1] = (merged[-1][0], b)
+            else:
+                merged.append((a, b))
+        return merged, False
+
+    # -- state ----------------------------------------------------------------
+
+    def state_after(self, k: int) -> dict[str, Any]:
+        rem, done = self.remaining_after(k)
+        return {"format": STATE_FORMAT, "version": STATE_VERSION, "epoch": self.epoch, "id": self.plan.identity,
+                "samples": self.samples, "remaining": [[a, b] for a, b in rem], "done": done}
+
+    def state_dict(self) -> dict[str, Any]:
+        """What is left of the epoch once every rank has handed out the
+        batches this one has: the intervals of the order still to read
+        (the same on every rank), with what identifies the epoch. A dict
+        of ints, strings, lists and a bool (torch.save, JSON); its size
+        grows with the world sizes it was read with, not the epoch."""
+        return self.state_after(self.consumed_batches)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
+            raise ValueError("not a clipshard drawn-epoch state: %r" % (state,))
+        if state.get("version") != STATE_VERSION:
+            raise ValueError("state version %r: this reader knows version %d" % (state.get("version"), STATE_VERSION))
+        for k, mine in (("epoch", self.epoch), ("id", self.plan.identity), ("samples", self.samples)):
+            if state.get(k) != mine or type(state.get(k)) is bool:
+                raise ValueError("state is of %s %r, this reader's is %r (another epoch, other datasets or options)" % (k, state.get(k), mine))
+        if type(state.get("done")) is not bool:
+            raise ValueError("state done %r: want a bool" % (state.get("done"),))
+        self._resume(_intervals(state.get("remaining"), self.samples), state["done"])
+
+    # -- reading --------------------------------------------------------------
+
+    def groups_of(self, pos: np.ndarray) -> np.ndarray:
+        return np.unique(self.order.group[pos])
+
+    def _load(self, gid: int) -> dict[str, Any]:
+        """A group's blocks of each streamed modality, read (blocks in blob
+        order, one sequential read each; overlapping the next block by
+        the window, so that every window starting in a block lies whole
+        in what was read): {name: rows + a zero row}, and "base", each
+        block's first row (in clip frames) in them."""
+        s, blocks = self.order.groups[gid]
+        src = self.plan.sources[s]
+        BF, F, W = src.block_frames, src.frames, self.plan.window
+        lo = blocks * BF
+        hi = np.minimum(F, (blocks + 1) * BF + W - 1)
+        base = np.concatenate([[0], np.cumsum(hi - lo)]).astype(np.int64)
+        out: dict[str, Any] = {"base": dict(zip(blocks.tolist(), base[:-1].tolist())), "source": s}
+        for rec in src.mods:
+            if rec["held"]:
+                continue
+            rate = rec["rate"]
+            buf = np.zeros((int(base[-1]) * rate + 1,) + rec["frame"], dtype=rec["dtype"])
+            view = memoryview(buf.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+            row = rec["row"]
+            for a, b, at in zip(lo.tolist(), hi.tolist(), base[:-1].tolist()):
+                src.read_rows(rec, a * rate, b * rate, view[at * rate * row: (at + b - a) * rate * row])
+            out[rec["name"]] = buf
+        return out
+
+    def _pool_(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(2, thread_name_prefix="clipshard-blocks")
+        return self._pool
+
+    def prepare(self, g: int, ahead: int = 2) -> None:
+        """Have the groups of batch g loaded (and, in the background, those
+        of the next `ahead` batches that need other groups); groups no
+        batch from g on needs are let go."""
+        pos = self.positions()
+        B = self.batch_size
+        need = set(self.groups_of(pos[g * B: (g + 1) * B]).tolist())
+        later: list[int] = []
+        h = g + 1
+        while h < self.nb and len(later) < ahead:
+            for x in self.groups_of(pos[h * B: (h + 1) * B]).tolist():
+                if x not in need and x not in later:
+                    later.append(x)
+            h += 1
+        keep = need | set(later)
+        for x in list(self._groups):
+            if x not in keep:
+                f = self._groups.pop(x)
+                f.cancel()
+        for x in sorted(need) + later:
+            if x not in self._groups:
+                self._groups[x] = self._pool_().submit(self._load, x)
+
+    def fill(self, g: int, out: Mapping[str, np.ndarray], i: int = 0, j: Optional[int] = None) -> None:
+        """Rows i..j of batch g into out (name -> array [n, ...] of the
+        batch's shape; "samples" too). prepare(g) first."""
+        pos = self.batch_positions(g)
+        j = len(pos) if j is None else j
+        pos = pos[i:j]
+        o = self.order
+        clip, start, valid, gs, grp = o.clip[pos], o.start[pos], o.valid[pos], o.gs[pos], o.group[pos]
+        smp = out["samples"][i:j]
+        smp[:, 0], smp[:, 1], smp[:, 2] = clip, start, valid
+        if self.mixed:
+            smp[:, 3] = o.source[pos]
+        W = self.plan.window
+        for gid in np.unique(grp).tolist():
+            sel = np.nonzero(grp == gid)[0]
+            one = len(sel) == len(pos)
+            s, _ = o.groups[gid]
+            src = self.plan.sources[s]
+            buf = self._groups[gid].result()
+            blk = gs[sel] // src.block_frames
+            base = np.array([buf["base"][b] for b in blk.tolist()], dtype=np.int64) if len(sel) else np.zeros(0, np.int64)
+            for rec in src.mods:
+                dst = out[rec["name"]][i:j]
+                name = rec["name"]
+                if rec["per_clip"]:
+                    rows = clip[sel]
+                    a = self.plan.sources[s].held[name]
+                    if one:
+                        np.take(a, rows, axis=0, out=dst)
+                    else:
+                        dst[sel] = a[rows]
+                    continue
+                rate = rec["rate"]
+                if rec["held"]:
+                    a = src.held[name]
+                    first = gs[sel] * rate
+                else:
+                    a = buf[name]
+                    first = (base + gs[sel] - blk * src.block_frames) * rate
+                r = np.arange(W * rate, dtype=np.int64)
+                idx = first[:, None] + r[None, :]
+                idx = np.where(r[None, :] < (valid[sel] * rate)[:, None], idx, len(a) - 1)  # past valid: the zero row
+                if one:
+                    np.take(a, idx, axis=0, out=dst)
+                else:
+                    dst[sel] = a[idx]
+
+    def batches(self, worker_id: Optional[int] = None, num_workers: Optional[int] = None,
+                first: Optional[int] = None) -> Iterator[dict[str, np.ndarray]]:
+        """This rank's batches in order (inside a DataLoader worker, every
+        num_workers-th, as EpochReader.batches)."""
+        if worker_id is None or num_workers is None:
+            worker_id, num_workers = _worker()
+        self.check_fits()
+        shapes = self.plan.shapes()
+        try:
+            for g in range(worker_id if first is None else first, self.nb, num_workers):
+                n = len(self.batch_positions(g))
+                out = {k: np.empty((n,) + shape, dtype=d) for k, (d, shape) in shapes.items()}
+                self.prepare(g)
+                self.fill(g, out)
+                if self.mixed:
+                    out["source"] = out["samples"][:, 3]
+                self.consumed_batches = g + 1
+                yield out
+        finally:
+            self.close()
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        return self.batches()
+
+    def close(self) -> None:
+        for f in self._groups.values():
+            f.cancel()
+        self._groups = {}
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)

@@ -1,0 +1,469 @@
+#!/usr/bin/env python3
+"""Check epochs drawn at read time (clipshard.Loader(dataset=...),
+clipshard.draw) against docs/FORMAT.md and the dataset.
+
+    python3 testdata/check_drawn.py DEMO_DS A B C OTHER
+
+DEMO_DS: the demo set with per-clip modalities; A, B, C: datasets of
+the same modalities (for mixing), OTHER: one whose motion differs.
+
+- The order: re-derived here from FORMAT.md's "Epochs drawn at read
+  time" alone (plain Python integers, no clipshard code), equal to the
+  reader's for tile and random sampling, pad and skip, several blocks
+  and groups, a held and a streamed modality, and mixes of three sources
+  (natural, weighted with a curriculum, epoch_samples below and above
+  the sources' windows: more passes).
+- Exactly once: world sizes 1, 2, 3, 5, 8 x batch sizes that do not
+  divide x DataLoader-style workers 1, 2, 3 (DrawnReader.batches) and
+  the Loader's threads 1, 2, prefetch 0, 4: each rank reads its stretch
+  of the order (FORMAT's layout), every window once ("drop": all but
+  fewer than a global batch; "pad": all, the last batch filled from the
+  start), the same batches whatever the workers and threads.
+- Each window's bytes are the dataset's rows (zero past valid), each
+  per-clip value its clip's.
+- Resume: a state (through JSON) after k batches (0, some, the last,
+  an epoch's end) resumed with other world sizes and batch sizes, in
+  the Loader across epoch boundaries: every window of each epoch once.
+- Hostile datasets raise naming the file: a blob cut short, a header
+  that lies, index.npy out of range, a held blob changed since
+  SHA256SUMS, a blob cut short while the loader reads; an epochs folder
+  given as a dataset; sources whose modalities differ.
+- torch (when installed): EpochDataset(dataset=...) through a
+  DataLoader with 0 and 2 workers gives the reader's batches, resumes
+  from state_dict(batch); torch.Loader(dataset=...) casts to float32.
+Prints "ok: drawn ..." or raises.
+"""
+import json
+import os
+import shutil
+import sys
+import tempfile
+from fractions import Fraction
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from clipshard import Dataset, Loader  # noqa: E402
+from clipshard.draw import Drawn, DrawnReader  # noqa: E402
+
+DEMO, A, B, C, OTHER = sys.argv[1:6]
+M64 = (1 << 64) - 1
+GAMMA = 0x9E3779B97F4A7C15
+
+
+# -- FORMAT.md, by hand ------------------------------------------------------
+
+
+def mix(z):
+    z &= M64
+    z ^= z >> 30
+    z = (z * 0xBF58476D1CE4E5B9) & M64
+    z ^= z >> 27
+    z = (z * 0x94D049BB133111EB) & M64
+    return z ^ (z >> 31)
+
+
+def u(seed, E, tag, i):
+    k = mix(mix(mix(seed ^ 0x636C697073686172) ^ E) ^ tag)
+    return mix(k + (i + 1) * GAMMA)
+
+
+def below(x, n):
+    return min(n - 1, int(((x >> 11) * 2.0 ** -53) * n))
+
+
+def windows(lengths, W, sampling, K, short, seed, E):
+    out = []
+    for i, L in enumerate(lengths):
+        if L < W:
+            if short == "pad" and L > 0:
+                out.append((i, 0, L))
+        elif sampling == "tile":
+            o = below(u(seed, E, 1, i), min(W, L - W + 1))
+            k = 0
+            while o + k * W + W <= L:
+                out.append((i, o + k * W, W))
+                k += 1
+        else:
+            for k in range(K):
+                out.append((i, below(u(seed, E, 1, i * K + k), L - W + 1), W))
+    return out
+
+
+def geometry(ds_dir, block, buffer, hold):
+    man = json.load(open(os.path.join(ds_dir, "dataset.json")))
+    frames = man["frames"]
+    hold = 8 * block if hold is None else hold
+    streamed = []
+    for m in man["modalities"]:
+        row = int(np.prod(m["frame_shape"], dtype=np.int64)) * np.dtype(m["dtype"]).itemsize
+        data = os.path.getsize(os.path.join(ds_dir, m["file"])) - m["data_offset"]
+        if not m.get("per_clip") and data > hold:
+            streamed.append(m["rate"] * row)
+    BF = -(-block // min(streamed)) if streamed else frames
+    G = buffer if buffer < 4096 else max(1, buffer // 2 // (BF * sum(streamed))) if streamed else 1
+    return BF, G
+
+
+def source_pass(ds_dir, opts, seed, E):
+    idx = np.load(os.path.join(ds_dir, "index.npy"))
+    starts, lengths = [int(x) for x in idx[:, 0]], [int(x) for x in idx[:, 1]]
+    BF, G = geometry(ds_dir, opts["block"], opts["buffer"], opts.get("hold"))
+    frames = sum(lengths)
+    nblocks = -(-frames // BF) if frames else 0
+    border = sorted(range(nblocks), key=lambda k: (u(seed, E, 2, k), k))
+    group = {k: q // G for q, k in enumerate(border)}
+    ws = windows(lengths, opts["window"], opts.get("sampling", "tile"), opts.get("per_clip", 1), opts.get("short", "pad"), seed, E)
+    keyed = sorted(range(len(ws)), key=lambda j: (group[(starts[ws[j][0]] + ws[j][1]) // BF], u(seed, E, 3, j), j))
+    return [ws[j] for j in keyed]
+
+
+def split(N, w):
+    W = sum(w)
+    exact = [Fraction(N) * x / W for x in w]
+    c = [int(e) for e in exact]
+    for s in sorted(range(len(w)), key=lambda s: (-(exact[s] - c[s]), s))[:N - sum(c)]:
+        c[s] += 1
+    return c
+
+
+def epoch_order(dirs, opts, e):
+    """[(source, clip, start, valid)] of epoch e, by FORMAT.md."""
+    seeds = [(opts.get("seed", 0) + s * GAMMA) & M64 for s in range(len(dirs))]
+    first = [source_pass(d, opts, seeds[s], e) for s, d in enumerate(dirs)]
+    own = [len(p) for p in first]
+    N = opts.get("epoch_samples", 0) or sum(own)
+    sched = opts.get("weights")
+    if sched is None:
+        counts = own if not opts.get("epoch_samples") else split(N, [Fraction(n) for n in own])
+    else:
+        rs = [{"from": 0, "weights": sched}] if isinstance(sched, dict) else sched
+        r = next(r for r in rs if r.get("from", 0) <= e and (not r.get("to") or e < r["to"]))
+        counts = split(N, [Fraction(str(r["weights"].get(n, 0))) for n in opts["names"]])
+    seqs = []
+    for s, d in enumerate(dirs):
+        seq, p = [], 0
+        while len(seq) < counts[s]:
+            seq += first[s] if p == 0 else source_pass(d, opts, seeds[s], e | p << 32)
+            p += 1
+        seqs.append(seq[:counts[s]])
+    if len(dirs) == 1:
+        return [(0,) + w for w in seqs[0]]
+    keyed = []
+    for s, seq in enumerate(seqs):
+        c = len(seq)
+        for j, w in enumerate(seq):
+            k = float(j * (1 << 20) + (u(seeds[s], e, 4, j) >> 44)) / float(c * (1 << 20))
+            keyed.append(((k, s, j), (s,) + w))
+    return [w for _, w in sorted(keyed)]
+
+
+def layout(remaining, R, B, remainder, r):
+    """Rank r's positions of the order, batch after batch (FORMAT.md)."""
+    seq = [p for a, b in remaining for p in range(a, b)]
+    n = len(seq)
+    nb = n // (R * B) if remainder == "drop" else -(-n // (R * B))
+    lo, hi = r * nb * B, (r + 1) * nb * B
+    if remainder == "partial":
+        hi = min(hi, n)
+    return [seq[v % n] for v in range(lo, hi)], nb
+
+
+# -- the reader against it -------------------------------------------------------
+
+checked = {"orders": 0, "layouts": 0, "windows": 0, "resumes": 0, "hostile": 0}
+
+
+def order_of(plan, e):
+    o = plan.order(e)
+    return list(zip(o.source.tolist(), o.clip.tolist(), o.start.tolist(), o.valid.tolist()))
+
+
+CASES = [
+    ([DEMO], dict(window=5, seed=7, block=4096, buffer=2)),
+    ([DEMO], dict(window=7, seed=2 ** 64 - 3, sampling="random", per_clip=3, short="skip", block=4096, buffer=3)),
+    ([DEMO], dict(window=30, seed=1, block=8192, buffer=1, hold=0)),
+    ([DEMO], dict(window=5, seed=5, block=1 << 20, buffer=1 << 30)),  # one block: every modality held
+    ([A, B, C], dict(window=5, seed=3, block=4096, buffer=2)),
+    ([A, B, C], dict(window=6, seed=9, block=4096, buffer=2, weights=[{"from": 0, "to": 2, "weights": {"a": 1, "b": "2.5", "c": 0}},
+                                                                       {"from": 2, "weights": {"a": 1, "b": 1, "c": 3}}])),
+    ([A, B, C], dict(window=5, seed=4, block=4096, buffer=4, epoch_samples=40)),
+    ([A, B, C], dict(window=5, seed=4, sampling="random", per_clip=2, block=4096, buffer=2, epoch_samples=900,
+                     weights={"a": 1, "b": 1, "c": 1})),
+]
+
+
+def plan_of(dirs, opts):
+    names = ["a", "b", "c"][:len(dirs)]
+    ds = dirs[0] if len(dirs) == 1 else dict(zip(names, dirs))
+    kw = {k: v for k, v in opts.items() if k != "names"}
+    return Drawn(ds, **kw), dict(opts, names=names)
+
+
+for dirs, opts in CASES:
+    plan, ref_opts = plan_of(dirs, opts)
+    for e in (0, 1, 2, 5):
+        got, want = order_of(plan, e), epoch_order(dirs, ref_opts, e)
+        assert got == want, (dirs, opts, e, got[:5], want[:5])
+        checked["orders"] += 1
+    plan.close()
+
+# Exactly once, each rank its stretch, the same whatever the workers.
+dsets = {DEMO: Dataset(DEMO), A: Dataset(A), B: Dataset(B), C: Dataset(C)}
+
+
+def check_batch(plan, dirs, b, n=None):
+    """The batch's windows are the dataset's rows."""
+    smp = b["samples"]
+    for i in range(len(smp) if n is None else min(n, len(smp))):
+        s = int(smp[i, 3]) if smp.shape[1] == 4 else 0
+        want = dsets[dirs[s]].window(smp[i, :3])
+        for name, a in want.items():
+            got = b[name][i]
+            if dsets[dirs[s]].modalities[name].get("per_clip"):
+                assert np.array_equal(got, a), name
+            else:
+                assert np.array_equal(got[:len(a)], a), (name, smp[i])
+                assert not got[len(a):].view(np.uint8).any(), (name, "not zero past valid")
+        checked["windows"] += 1
+
+
+for dirs, opts in (CASES[0], CASES[1], CASES[5]):
+    plan, _ = plan_of(dirs, opts)
+    e = 2
+    order = order_of(plan, e)
+    n = len(order)
+    for R in (1, 2, 3, 5, 8):
+        for Bs in (1, 3, 7):
+            for remainder in ("drop", "pad") if R > 1 else ("drop", "pad", "partial"):
+                if remainder == "drop" and n < R * Bs:
+                    continue
+                seen = []
+                for r in range(R):
+                    want, nb = layout([(0, n)], R, Bs, remainder, r)
+                    per_worker = {}
+                    for nw in (1, 2, 3):
+                        got = {}
+                        for w in range(nw):
+                            rd = DrawnReader(plan, e, rank=r, world_size=R, batch_size=Bs, remainder=remainder)
+                            for g, b in zip(range(w, nb, nw), rd.batches(worker_id=w, num_workers=nw)):
+                                got[g] = b
+                        assert sorted(got) == list(range(nb)), (R, Bs, nw, sorted(got), nb)
+                        rows = np.concatenate([got[g]["samples"] for g in range(nb)]) if nb else np.zeros((0, 4))
+                        per_worker[nw] = got
+                        tuples = [((int(x[3]) if len(x) == 4 else 0), int(x[0]), int(x[1]), int(x[2])) for x in rows]
+                        assert tuples == [order[p] for p in want], (R, Bs, remainder, nw)
+                    for g in range(nb):  # the same bytes whatever the workers
+                        for k in per_worker[1][g]:
+                            assert np.array_equal(per_worker[1][g][k], per_worker[3][g][k]), (g, k)
+                    if R == 3 and Bs == 3:
+                        for g in range(nb):
+                            check_batch(plan, dirs, per_worker[2][g])
+                    seen += want
+                    checked["layouts"] += 1
+                if remainder == "drop":
+                    assert len(set(seen)) == len(seen) and n - len(seen) < R * Bs, (R, Bs, n, len(seen))
+                else:
+                    assert set(seen) == set(range(n)) and len(seen) - n < R * Bs, (R, Bs, remainder)
+    plan.close()
+
+# The Loader: threads and prefetch change nothing; a cast is numpy's.
+dirs, opts = CASES[5]
+names = ["a", "b", "c"]
+for threads, prefetch, dtype in ((1, 0, None), (2, 4, None), (2, 1, np.float32)):
+    L = Loader(dataset=dict(zip(names, dirs)), epochs=[0, 1], rank=1, world_size=2, batch_size=5, threads=threads,
+               prefetch=prefetch, dtype=dtype, **opts)
+    plan, _ = plan_of(dirs, opts)
+    for e in (0, 1):
+        ref = list(DrawnReader(plan, e, rank=1, world_size=2, batch_size=5).batches(0, 1))
+        got = [{k: np.array(v) for k, v in b.items()} for b in L]
+        assert len(got) == len(ref) > 0, (e, len(got), len(ref))
+        for a, b in zip(got, ref):
+            for k in b:
+                want = b[k].astype(np.float32) if dtype is not None and b[k].dtype.kind == "f" else b[k]
+                assert a[k].dtype == want.dtype and np.array_equal(a[k], want), (threads, prefetch, k)
+            assert np.array_equal(a["source"], b["samples"][:, 3])
+    L.close()
+    plan.close()
+
+
+# Resume: any k, any new world size and batch size, across epochs.
+def run_loader(dirs, opts, R, B, epochs, state=None, stop=None, remainder="drop"):
+    """Every rank's windows per epoch; the state after `stop` batches."""
+    seen = {}
+    states = []
+    ds = dirs[0] if len(dirs) == 1 else dict(zip(names, dirs))
+    for r in range(R):
+        L = Loader(dataset=ds, epochs=epochs, rank=r, world_size=R, batch_size=B, remainder=remainder,
+                   **{k: v for k, v in opts.items() if k != "names"})
+        if state is not None:
+            L.load_state_dict(json.loads(json.dumps(state)))
+        k, st = 0, None
+        while L.epoch is not None and st is None:
+            e = L.epoch
+            for b in L:
+                for x in b["samples"]:
+                    t = (int(x[3]) if len(x) == 4 else 0, int(x[0]), int(x[1]), int(x[2]))
+                    seen.setdefault(e, []).append(t)
+                k += 1
+                if stop is not None and k == stop:
+                    st = L.state_dict()
+                    break
+        if stop is not None and st is None:
+            st = L.state_dict()
+        states.append(st)
+        L.close()
+    if stop is not None:
+        assert all(s == states[0] for s in states), "the ranks' states differ"
+    return seen, states[0]
+
+
+for dirs, opts in (CASES[0], CASES[6]):
+    plan, ref = plan_of(dirs, opts)
+    orders = {e: epoch_order(dirs, ref, e) for e in (0, 1, 2)}
+    for (R1, B1, stop, R2, B2) in ((2, 3, 1, 3, 2), (3, 2, 0, 1, 5), (1, 4, 5, 2, 3), (5, 1, 3, 2, 2), (2, 2, 10 ** 6, 3, 1)):
+        a, st = run_loader(dirs, opts, R1, B1, [0, 1, 2], stop=stop)
+        b, _ = run_loader(dirs, opts, R2, B2, [0, 1, 2], state=st)
+        for e in (0, 1, 2):
+            got = a.get(e, []) + b.get(e, [])
+            assert len(set(got)) == len(got), (R1, B1, stop, R2, B2, e, "twice")
+            assert set(got) <= set(orders[e])
+            assert len(orders[e]) - len(got) < R1 * B1 + R2 * B2, (e, len(orders[e]), len(got))
+        checked["resumes"] += 1
+    plan.close()
+# A DrawnReader's state, its done epoch, and refusals.
+plan, _ = plan_of(*CASES[0])
+rd = DrawnReader(plan, 0, batch_size=4)
+list(rd)
+st = rd.state_dict()
+assert st["done"] and st["remaining"] == [], st
+rd2 = DrawnReader(plan, 0, batch_size=3, world_size=2, rank=1)
+rd2.load_state_dict(json.loads(json.dumps(st)))
+assert len(rd2) == 0 and list(rd2) == []
+for bad in (dict(st, id="x"), dict(st, epoch=1), dict(st, remaining=[[5, 3]]), dict(st, remaining=[[0, 10 ** 9]]), dict(st, done=1),
+            dict(st, remaining=[[0, 4], [2, 6]]), dict(st, format="clipshard.reader")):
+    try:
+        DrawnReader(plan, 0).load_state_dict(bad)
+    except ValueError:
+        continue
+    raise AssertionError("state %r was taken" % (bad,))
+plan.close()
+
+# Hostile datasets: refused, naming the file.
+tmp = tempfile.mkdtemp()
+
+
+def fresh():
+    d = os.path.join(tmp, "ds")
+    shutil.rmtree(d, ignore_errors=True)
+    shutil.copytree(DEMO, d)
+    return d
+
+
+def refused(what, make, words, when="open"):
+    d = make()
+    try:
+        if when == "open":
+            Drawn(d, window=5, block=4096, buffer=2)
+        else:
+            p = Drawn(d, window=5, block=4096, buffer=2, hold=0)
+            when(d)
+            list(DrawnReader(p, 0, batch_size=4))
+    except ValueError as e:
+        for w in words:
+            assert w in str(e), (what, str(e))
+        checked["hostile"] += 1
+        return
+    raise AssertionError("%s: not refused" % what)
+
+
+def cut(d, name, n):
+    p = os.path.join(d, name)
+    with open(p, "r+b") as f:
+        f.truncate(os.path.getsize(p) - n)
+
+
+def header_lies(d):
+    p = os.path.join(d, "whisper.npy")
+    b = bytearray(open(p, "rb").read())
+    i = b.index(b"'shape': (") + len(b"'shape': (")
+    b[i: i + 1] = b"9"  # another row count, the header's length unchanged
+    open(p, "wb").write(bytes(b))
+    return d
+
+
+def index_lies(d):
+    p = os.path.join(d, "index.npy")
+    a = np.load(p)
+    a[3, 0] += 1000
+    np.save(p, a)
+    import hashlib
+    sums = open(os.path.join(d, "SHA256SUMS")).read().replace(
+        [ln for ln in open(os.path.join(d, "SHA256SUMS")).read().splitlines() if ln.endswith("  index.npy")][0],
+        hashlib.sha256(open(p, "rb").read()).hexdigest() + "  index.npy")
+    open(os.path.join(d, "SHA256SUMS"), "w").write(sums)
+    return d
+
+
+def held_changed(d):
+    p = os.path.join(d, "emotion.npy")
+    b = bytearray(open(p, "rb").read())
+    b[-1] ^= 1
+    open(p, "wb").write(bytes(b))
+    return d
+
+
+refused("a blob cut short", lambda: (lambda d: (cut(d, "whisper.npy", 128), d)[1])(fresh()), ["whisper.npy", "bytes"])
+refused("a header that lies", lambda: header_lies(fresh()), ["whisper.npy"])
+refused("index.npy out of range", lambda: index_lies(fresh()), ["index.npy", "clip 3"])
+refused("a held blob changed", lambda: held_changed(fresh()), ["emotion.npy", "sha256"])
+refused("a blob cut short while reading", fresh, ["whisper.npy", "shorter"], when=lambda d: cut(d, "whisper.npy", 4096))
+refused("an epochs folder", lambda: (lambda d: (os.rename(os.path.join(d, "dataset.json"), os.path.join(d, "x.json")),
+                                                open(os.path.join(d, "epochs.json"), "w").write("{}"), d)[2])(fresh()),
+        ["epochs folder"])
+try:
+    Drawn({"a": A, "other": OTHER}, window=5)
+    raise AssertionError("sources that differ were mixed")
+except ValueError as e:
+    assert "other" in str(e) and "differ" in str(e), e
+    checked["hostile"] += 1
+shutil.rmtree(tmp)
+
+# torch: EpochDataset(dataset=...) and torch.Loader(dataset=...).
+torch_note = "torch not installed"
+try:
+    import torch  # noqa: F401
+except ImportError:
+    torch = None
+if torch is not None:
+    from clipshard.torch import EpochDataset, Loader as TorchLoader
+    dirs, opts = CASES[0]
+    plan, _ = plan_of(dirs, opts)
+    ref = list(DrawnReader(plan, 1, rank=0, world_size=2, batch_size=3).batches(0, 1))
+    for nw in (0, 2):
+        ds = EpochDataset(dataset=DEMO, epoch=1, rank=0, world_size=2, batch_size=3, **opts)
+        got = list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=nw))
+        assert len(got) == len(ref) > 2
+        for a, b in zip(got, ref):
+            for k in b:
+                assert np.array_equal(a[k].numpy(), b[k]), (nw, k)
+        # resume after batch 2, with another world size
+        st = ds.state_dict(got[1])
+        ds2 = EpochDataset(dataset=DEMO, epoch=1, rank=0, world_size=1, batch_size=4, **opts)
+        ds2.load_state_dict(json.loads(json.dumps(st)))
+        rest = [tuple(x.tolist()) for b in torch.utils.data.DataLoader(ds2, batch_size=None, num_workers=nw) for x in b["samples"]]
+        done = [tuple(x.tolist()) for r in (0, 1) for b in list(DrawnReader(plan, 1, rank=r, world_size=2, batch_size=3).batches(0, 1))[:2]
+                for x in b["samples"]]
+        every = set(order_of(plan, 1))
+        assert not set(done) & set(rest) and len(set(rest)) == len(rest), nw
+        assert len(every) - len(set(done) | set(rest)) < 4, (nw, len(every), len(done), len(rest))
+    L = TorchLoader(dataset=DEMO, epochs=[1], batch_size=3, dtype=torch.float32, rank=0, world_size=2, **opts)
+    got = list(L)
+    assert len(got) == len(ref)
+    for a, b in zip(got, ref):
+        assert a["whisper"].dtype == torch.float32 and np.array_equal(a["whisper"].numpy(), b["whisper"].astype(np.float32))
+    L.close()
+    plan.close()
+    torch_note = "torch %s" % torch.__version__
+
+print("ok: drawn %s; numpy %s; %s" % (", ".join("%d %s" % (v, k) for k, v in checked.items()), np.__version__, torch_note))
