@@ -74,6 +74,10 @@ bench-train:
 bench-mix:
     docs/bench_mix.sh
 
+# Epochs drawn at read time against materialised ones: speed warm and cold, and the quality of the orders (docs/BENCHMARKS.md).
+bench-drawn:
+    docs/bench_drawn.sh
+
 # clipshard against LitData, Mosaic Streaming and WebDataset: prepare, read, resume, shuffle quality (docs/BENCHMARKS.md).
 bench-peers:
     docs/bench_peers.sh

@@ -118,6 +118,9 @@ def batches(tool, data, B, workers=2):
     if tool == "clipshard":
         from clipshard.torch import Loader
         return Loader(data, 0, batch_size=B, dtype=torch.float32), None
+    if tool == "clipshard-drawn":  # epochs drawn at read time from the dataset (no shuffle run, no epoch files)
+        from clipshard.torch import Loader
+        return Loader(dataset=data, epochs=[0], window=15, seed=3, batch_size=B, dtype=torch.float32), None
     if tool == "litdata":
         from litdata import StreamingDataLoader, StreamingDataset
         ds = StreamingDataset(data, shuffle=True, drop_last=True, seed=1)
@@ -270,7 +273,7 @@ def resume(tool, data, log, total, B=128):
 
 def table(path):
     rows = [json.loads(line) for line in open(path) if line.startswith("{")]
-    tools = ["clipshard", "litdata", "mosaic", "webdataset"]
+    tools = ["clipshard", "clipshard-drawn", "litdata", "mosaic", "webdataset"]
     med = lambda xs: float(np.median(xs)) if xs else float("nan")  # noqa: E731
     print("\n| prepare | wall s | peak RSS MB | MB on disk |\n|---|---|---|---|")
     size = {r["bytes"]: r["MB"] for r in rows if "bytes" in r}

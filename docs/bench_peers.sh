@@ -33,8 +33,8 @@ timed() {  # LABEL TOOL COMMAND...: wall and peak RSS (of the command and its ch
   t1=$(date +%s%N)
   echo "{\"prepare\": \"$label\", \"tool\": \"$tool\", \"wall_s\": $(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.2f", (b-a)/1e9}'), \"rss_MB\": $(( $(cat "$W/peers-time.txt") / 1024 ))}" >> "$OUT"
 }
-data() { case $1 in clipshard) echo "$P/ep" ;; *) echo "$P/$1" ;; esac; }
-TOOLS="clipshard litdata mosaic webdataset"
+data() { case $1 in clipshard) echo "$P/ep" ;; clipshard-drawn) echo "$P/ds" ;; *) echo "$P/$1" ;; esac; }
+TOOLS="clipshard clipshard-drawn litdata mosaic webdataset"
 if [ -z "$ONLY" ]; then
 # prepare: clipshard's convert + shuffle (one epoch, W=15), then each peer's
 # writer over the same windows.
@@ -59,8 +59,9 @@ for mode in warm cold; do
     done
   done
 done
-# resume: 2 ranks killed at 40% of the epoch, resumed on 1.
-for t in $TOOLS; do
+# resume: 2 ranks killed at 40% of the epoch, resumed on 1 (drawn epochs'
+# resume: testdata/check_drawn.py).
+for t in clipshard litdata mosaic webdataset; do
   rm -rf "${W:?}/peers-resume/$t"
   "$PY" docs/bench_peers.py resume "$t" "$(data "$t")" "$W/peers-resume/$t" "$(python3 -c "import json; print(json.load(open('$P/ep/epochs.json'))['epochs'][0]['samples'])")" >> "$OUT"
 done

@@ -90,25 +90,31 @@ def windows(lengths, W, sampling, K, short, seed, E):
     return out
 
 
-def geometry(ds_dir, block, buffer, hold):
+def geometry(ds_dir, opts):
     man = json.load(open(os.path.join(ds_dir, "dataset.json")))
     frames = man["frames"]
-    hold = 8 * block if hold is None else hold
+    hold = opts.get("hold", 64 << 20)
     streamed = []
     for m in man["modalities"]:
         row = int(np.prod(m["frame_shape"], dtype=np.int64)) * np.dtype(m["dtype"]).itemsize
         data = os.path.getsize(os.path.join(ds_dir, m["file"])) - m["data_offset"]
         if not m.get("per_clip") and data > hold:
             streamed.append(m["rate"] * row)
-    BF = -(-block // min(streamed)) if streamed else frames
-    G = buffer if buffer < 4096 else max(1, buffer // 2 // (BF * sum(streamed))) if streamed else 1
-    return BF, G
+    if not streamed:
+        return frames, 1
+    group_frames = opts.get("buffer", 2 << 30) // 2 // sum(streamed)
+    if opts.get("block", "auto") == "auto":
+        BF = max(opts["window"], min(-(-(8 << 20) // max(streamed)), max(-(-(256 << 10) // max(streamed)), group_frames // 2048)))
+    else:
+        BF = -(-opts["block"] // max(streamed))
+    BF = max(1, BF)
+    return BF, opts.get("group") or max(1, group_frames // BF)
 
 
 def source_pass(ds_dir, opts, seed, E):
     idx = np.load(os.path.join(ds_dir, "index.npy"))
     starts, lengths = [int(x) for x in idx[:, 0]], [int(x) for x in idx[:, 1]]
-    BF, G = geometry(ds_dir, opts["block"], opts["buffer"], opts.get("hold"))
+    BF, G = geometry(ds_dir, opts)
     frames = sum(lengths)
     nblocks = -(-frames // BF) if frames else 0
     border = sorted(range(nblocks), key=lambda k: (u(seed, E, 2, k), k))
@@ -180,15 +186,16 @@ def order_of(plan, e):
 
 
 CASES = [
-    ([DEMO], dict(window=5, seed=7, block=4096, buffer=2)),
-    ([DEMO], dict(window=7, seed=2 ** 64 - 3, sampling="random", per_clip=3, short="skip", block=4096, buffer=3)),
-    ([DEMO], dict(window=30, seed=1, block=8192, buffer=1, hold=0)),
-    ([DEMO], dict(window=5, seed=5, block=1 << 20, buffer=1 << 30)),  # one block: every modality held
-    ([A, B, C], dict(window=5, seed=3, block=4096, buffer=2)),
-    ([A, B, C], dict(window=6, seed=9, block=4096, buffer=2, weights=[{"from": 0, "to": 2, "weights": {"a": 1, "b": "2.5", "c": 0}},
-                                                                       {"from": 2, "weights": {"a": 1, "b": 1, "c": 3}}])),
-    ([A, B, C], dict(window=5, seed=4, block=4096, buffer=4, epoch_samples=40)),
-    ([A, B, C], dict(window=5, seed=4, sampling="random", per_clip=2, block=4096, buffer=2, epoch_samples=900,
+    ([DEMO], dict(window=5, seed=7, block=4096, group=2, hold=4096)),
+    ([DEMO], dict(window=7, seed=2 ** 64 - 3, sampling="random", per_clip=3, short="skip", block=4096, group=3, hold=10000)),
+    ([DEMO], dict(window=30, seed=1, block=8192, group=1, hold=0)),
+    ([DEMO], dict(window=5, seed=5)),  # every modality held: one block
+    ([DEMO], dict(window=4, seed=6, hold=0, buffer=1 << 20)),  # block "auto": a block a few windows, groups of ~2 MiB
+    ([A, B, C], dict(window=5, seed=3, block=4096, group=2, hold=4096)),
+    ([A, B, C], dict(window=6, seed=9, block=4096, group=2, hold=4096,
+                     weights=[{"from": 0, "to": 2, "weights": {"a": 1, "b": "2.5", "c": 0}}, {"from": 2, "weights": {"a": 1, "b": 1, "c": 3}}])),
+    ([A, B, C], dict(window=5, seed=4, block=4096, group=4, hold=4096, epoch_samples=40)),
+    ([A, B, C], dict(window=5, seed=4, sampling="random", per_clip=2, block=4096, buffer=300000, hold=4096, epoch_samples=900,
                      weights={"a": 1, "b": 1, "c": 1})),
 ]
 
@@ -228,7 +235,7 @@ def check_batch(plan, dirs, b, n=None):
         checked["windows"] += 1
 
 
-for dirs, opts in (CASES[0], CASES[1], CASES[5]):
+for dirs, opts in (CASES[0], CASES[1], CASES[4], CASES[6]):
     plan, _ = plan_of(dirs, opts)
     e = 2
     order = order_of(plan, e)
@@ -268,7 +275,7 @@ for dirs, opts in (CASES[0], CASES[1], CASES[5]):
     plan.close()
 
 # The Loader: threads and prefetch change nothing; a cast is numpy's.
-dirs, opts = CASES[5]
+dirs, opts = CASES[6]
 names = ["a", "b", "c"]
 for threads, prefetch, dtype in ((1, 0, None), (2, 4, None), (2, 1, np.float32)):
     L = Loader(dataset=dict(zip(names, dirs)), epochs=[0, 1], rank=1, world_size=2, batch_size=5, threads=threads,
@@ -318,7 +325,7 @@ def run_loader(dirs, opts, R, B, epochs, state=None, stop=None, remainder="drop"
     return seen, states[0]
 
 
-for dirs, opts in (CASES[0], CASES[6]):
+for dirs, opts in (CASES[0], CASES[7]):
     plan, ref = plan_of(dirs, opts)
     orders = {e: epoch_order(dirs, ref, e) for e in (0, 1, 2)}
     for (R1, B1, stop, R2, B2) in ((2, 3, 1, 3, 2), (3, 2, 0, 1, 5), (1, 4, 5, 2, 3), (5, 1, 3, 2, 2), (2, 2, 10 ** 6, 3, 1)):
@@ -364,9 +371,9 @@ def refused(what, make, words, when="open"):
     d = make()
     try:
         if when == "open":
-            Drawn(d, window=5, block=4096, buffer=2)
+            Drawn(d, window=5, block=4096, group=2)
         else:
-            p = Drawn(d, window=5, block=4096, buffer=2, hold=0)
+            p = Drawn(d, window=5, block=4096, group=2, hold=0)
             when(d)
             list(DrawnReader(p, 0, batch_size=4))
     except ValueError as e:

@@ -565,3 +565,36 @@ func pushedEpochs(t *testing.T, epochs, shardSamples string) (*s3test.Server, st
 	}
 	return s, ep
 }
+
+// TestDrawnFromBucket (#38): epochs drawn at read time from a dataset
+// pushed to a bucket: 2 nodes' batches byte-equal to the folder's, one
+// epoch's egress over both about the dataset's bytes once (each rank
+// fetches the blocks of its own stretch), a cache too small for the
+// dataset refused, a resume with another batch size
+// (testdata/check_drawn_bucket.py).
+func TestDrawnFromBucket(t *testing.T) {
+	numpytest.Module(t, "boto3", "python3-boto3")
+	s := s3test.Start(t, "bkt")
+	src := t.TempDir()
+	var ids strings.Builder
+	for i := range 20 {
+		id := fmt.Sprintf("w%02d", i)
+		ids.WriteString(id + "\n")
+		writeNPY(t, filepath.Join(src, "x", id+".npy"), 900+7*i, 512, func(r, c int) float32 { return float32((r*13+c*5+i)%2048) / 256 })
+		writeNPY(t, filepath.Join(src, "y", id+".npy"), 900+7*i, 4, func(r, c int) float32 { return float32(r%7+c) / 8 })
+	}
+	os.WriteFile(filepath.Join(src, "clips.txt"), []byte(ids.String()), 0o644)
+	ds := filepath.Join(t.TempDir(), "ds")
+	if r := clip(t, "convert", "--quiet", "--clips", filepath.Join(src, "clips.txt"), "--out", ds, "-m", "x=x/{clip}.npy", "-m", "y=y/{clip}.npy"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	if r := pushRun(t, s, nil, ds, "s3://bkt/ds"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	s.Setenv(t)
+	got := numpytest.Run(t, filepath.Join("..", "..", "testdata", "check_drawn_bucket.py"), ds, "s3://bkt/ds", filepath.Join(t.TempDir(), "caches"))
+	if !strings.Contains(string(got), "ok: drawn bucket") {
+		t.Fatalf("check_drawn_bucket: %s", got)
+	}
+	t.Logf("%s", got)
+}

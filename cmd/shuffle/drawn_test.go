@@ -28,3 +28,37 @@ func TestDrawnEpochs(t *testing.T) {
 	}
 	t.Log(strings.TrimSpace(got))
 }
+
+// TestBenchDrawnRuns: docs/bench_drawn.py (just bench-drawn) runs end to
+// end on the demo set, so that it cannot rot: the quality table (with
+// materialised epochs, and without), a fake dataset's, and a speed row
+// of each kind, and the speed table.
+func TestBenchDrawnRuns(t *testing.T) {
+	ds := demoDataset(t)
+	ep := filepath.Join(t.TempDir(), "ep")
+	if r := shuffleRun(t, nil, "--dataset", ds, "--out", ep, "--window", "5", "--epochs", "2", "--shard-samples", "8", "--seed", "3"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	script := filepath.Join("..", "..", "docs", "bench_drawn.py")
+	env := []string{"BENCH_B=4", "BENCH_W=5"}
+	for _, args := range [][]string{{"quality", ds, ep}, {"quality", ds, "-"}} {
+		got := string(numpytest.RunEnv(t, env, append([]string{script}, args...)...))
+		if !strings.Contains(got, "| drawn, buffer") || !strings.Contains(got, "tile offsets") {
+			t.Fatalf("bench_drawn %v: %s", args, got)
+		}
+	}
+	fake := filepath.Join(t.TempDir(), "fake")
+	numpytest.RunEnv(t, env, script, "fake", fake, "30", "20", "40")
+	if got := string(numpytest.RunEnv(t, env, script, "quality", fake, "-")); !strings.Contains(got, "(") {
+		t.Fatalf("bench_drawn quality of a fake set: %s", got)
+	}
+	var rows strings.Builder
+	for _, row := range []string{"materialised", "drawn-auto", "drawn-8MiB-64MiB"} {
+		rows.Write(numpytest.RunEnv(t, env, script, "speed", row, "warm", "0", ds, ep, "2"))
+	}
+	jsonl := filepath.Join(t.TempDir(), "speed.jsonl")
+	os.WriteFile(jsonl, []byte(rows.String()), 0o644)
+	if got := string(numpytest.RunEnv(t, env, script, "table", jsonl)); strings.Count(got, "| warm |") != 3 {
+		t.Fatalf("bench_drawn table: %s", got)
+	}
+}

@@ -10,9 +10,9 @@ read time"), independent of the ranks, workers and threads that read it:
    random, per-clip counts, short clips padded or skipped), from a
    counter-based hash of (seed, epoch) instead of Go's PCG.
 2. The source's frames are cut into blocks of `block_frames` consecutive
-   frames (at least `block` bytes of each streamed modality), the blocks
-   permuted, and the permutation cut into groups of `group_blocks`
-   blocks; a window belongs to the block its first frame lies in.
+   frames (see Drawn's block and buffer), the blocks permuted, and the
+   permutation cut into groups of `group_blocks` blocks; a window belongs
+   to the block its first frame lies in.
 3. The source's order: group after group, each group's windows in a
    seeded random order. Several sources are mixed by their weights into
    one order as `shuffle --source` mixes them (counts by largest
@@ -51,8 +51,11 @@ GAMMA = 0x9E3779B97F4A7C15
 MASK = (1 << 64) - 1
 SALT = 0x636C697073686172  # "clipshar"
 TAG_OFFSETS, TAG_BLOCKS, TAG_ORDER, TAG_MERGE = 1, 2, 3, 4
-BLOCK = 8 << 20  # default bytes of each streamed modality a block holds at least
-BUFFER = 1 << 30  # default bytes of block buffers per source (two groups)
+READ = 8 << 20  # bytes of the widest modality a block holds at most with block="auto"
+MIN_READ = 256 << 10  # and at least (a read the disk, the network or the bucket does well)
+CLIPS = 2048  # blocks a group holds with block="auto", within those bounds
+BUFFER = 2 << 30  # default bytes a source's groups take in the page cache (two groups)
+HOLD = 64 << 20  # default: modalities of at most this many bytes of data are held whole
 
 
 # -- the hash -------------------------------------------------------------
@@ -144,12 +147,14 @@ class _Pass:
         perm = order_blocks(src.blocks, seed, epoch)
         pos = np.empty(src.blocks, dtype=np.int64)
         pos[perm] = np.arange(src.blocks, dtype=np.int64)
-        qb = pos // plan.group_blocks[src.i]  # each block's group
+        qb = pos // src.group_blocks  # each block's group
         q = qb[blk]
         w = stream(key(seed, epoch, TAG_ORDER), np.arange(len(clip), dtype=np.int64))
         o = np.lexsort((np.arange(len(clip)), w, q))
-        self.clip, self.start, self.valid, self.gs, self.group = clip[o], start[o], valid[o], gs[o], q[o]
-        G = plan.group_blocks[src.i]
+        # (26 bytes a window: an epoch's order of 10 million windows takes 260 MB)
+        self.clip, self.start, self.valid = clip[o].astype(np.int32), start[o].astype(np.int32), valid[o].astype(np.int32)
+        self.gs, self.group = gs[o], q[o].astype(np.int32)
+        G = src.group_blocks
         self.groups = [np.sort(perm[a: a + G]) for a in range(0, src.blocks, G)]
 
 
@@ -247,10 +252,20 @@ class _Source:
         except BaseException:
             self.close()
             raise
+        # The geometry (FORMAT.md): frames per block, blocks per group.
         streamed = [r["frame_bytes"] for r in self.mods if not r["held"]]
-        self.block_frames = max(1, -(-plan.block // min(streamed))) if streamed else max(1, frames)
+        if not streamed:
+            self.block_frames, self.group_blocks = max(1, frames), 1  # everything held: one block
+        else:
+            per_frame, widest = sum(streamed), max(streamed)
+            group_frames = plan.buffer // 2 // per_frame
+            if plan.block is None:  # "auto": many blocks a group, reads of at most READ bytes, a window at least
+                bf = max(plan.window, min(-(-READ // widest), max(-(-MIN_READ // widest), group_frames // CLIPS)))
+            else:
+                bf = -(-plan.block // widest)
+            self.block_frames = max(1, bf)
+            self.group_blocks = plan.group if plan.group else max(1, group_frames // self.block_frames)
         self.blocks = -(-frames // self.block_frames) if frames else 0
-        self.block_bytes = self.block_frames * sum(streamed) if streamed else 0
 
     # -- checked reading of the dataset's files ----------------------------
 
@@ -310,20 +325,6 @@ class _Source:
             raise ValueError("%s: sha256 %s, the dataset's SHA256SUMS says %s (changed since convert wrote it)" % (
                 f.path, hashlib.sha256(b).hexdigest(), want))
         return np.frombuffer(b, dtype=f.dtype, offset=f.offset).reshape(f.shape)
-
-    def read_rows(self, rec: dict[str, Any], a: int, b: int, out: memoryview) -> None:
-        """Rows [a, b) of a streamed modality into out (one sequential read;
-        a bucket's fetched into the cache first, checked by BLOCKSUMS)."""
-        f = self.files[rec["name"]]
-        off, n = f.offset + a * f.row, (b - a) * f.row
-        if self.remote is not None:
-            self.remote.ensure_range(rec["file"], off, off + n)
-        got = 0
-        while got < n:
-            k = os.preadv(f.fd, [out[got:n]], off + got)
-            if not k:
-                raise ValueError("%s: shorter than its header says (rows %d..%d; changed since it was checked?)" % (f.path, a, b))
-            got += k
 
     def signature(self) -> list[Any]:
         return [(r["name"], r["dtype"], list(r["frame"]), r["rate"], r["per_clip"]) for r in self.mods]
@@ -397,12 +398,18 @@ class Drawn:
         {name: weight} for every epoch, or a list of {"from": E, "to": E,
         "weights": {...}} (to left out: no end); None is natural (each
         source its own windows).
-    block: bytes of each streamed modality a block holds at least (8 MiB).
-    buffer: bytes of block buffers per source: a group holds half of it
-        (group_blocks = buffer // 2 // block bytes, at least 1), or an int:
-        blocks per group.
-    hold: modalities of at most this many bytes are read whole and held
-        (default 8 blocks); per-clip modalities always are.
+    buffer: bytes of the page cache (or the bucket's node-local cache) a
+        source's groups take ("2GiB"): a group is half of it (the one read,
+        and the next read ahead). The process holds no block: windows are
+        read from the page cache into the batches.
+    block: "auto" (default): blocks of as many frames as make CLIPS (2048)
+        blocks a group (windows from that many places of the dataset in
+        each batch), within MIN_READ (256 KiB) and READ (8 MiB) of the
+        widest modality and at least a window; or bytes of the widest
+        modality a block holds (bigger reads, fewer places a group).
+    group: blocks per group instead of buffer // 2 // a block's bytes.
+    hold: modalities with at most this many bytes of data ("64MiB") are
+        read whole and held; per-clip modalities always are.
     cache_dir, cache_limit: for s3:// sources, the node-local cache (it
         must hold the streamed modalities: blocks are not evicted while an
         epoch reads them).
@@ -410,7 +417,8 @@ class Drawn:
 
     def __init__(self, dataset: Union[str, Mapping[str, str]], window: int, seed: int = 0, sampling: str = "tile",
                  per_clip: int = 1, short: str = "pad", weights: Any = None, epoch_samples: int = 0,
-                 block: Union[str, int] = BLOCK, buffer: Union[str, int] = BUFFER, hold: Union[str, int, None] = None,
+                 block: Union[str, int] = "auto", buffer: Union[str, int] = BUFFER, group: Optional[int] = None,
+                 hold: Union[str, int] = HOLD,
                  cache_dir: Optional[str] = None, cache_limit: Union[str, int, None] = None) -> None:
         if type(window) is not int or window < 1:
             raise ValueError("window %r: want an int >= 1 (frames of each window)" % (window,))
@@ -425,10 +433,15 @@ class Drawn:
         if type(epoch_samples) is not int or epoch_samples < 0:
             raise ValueError("epoch_samples %r: want an int >= 0 (0: the sources' own windows added up)" % (epoch_samples,))
         self.window, self.seed, self.sampling, self.per_clip, self.short = window, seed, sampling, per_clip, short
-        self.block = _size(block)
-        if self.block < 4096:
-            raise ValueError("block %r: want at least 4 KiB" % (block,))
-        self.hold = 8 * self.block if hold is None else _size(hold)
+        self.block: Optional[int] = None if block == "auto" else _size(block)
+        if self.block is not None and self.block < 1:
+            raise ValueError("block %r: want 'auto' or bytes >= 1" % (block,))
+        self.buffer, self.hold = _size(buffer), _size(hold)
+        if self.buffer < 2:
+            raise ValueError("buffer %r: want bytes (e.g. '1GiB')" % (buffer,))
+        if group is not None and (type(group) is not int or group < 1):
+            raise ValueError("group %r: want blocks per group >= 1" % (group,))
+        self.group = group
         self.cache_dir, self.cache_limit = cache_dir, cache_limit
         if isinstance(dataset, Mapping):
             items = list(dataset.items())
@@ -449,19 +462,11 @@ class Drawn:
         self.epoch_samples = epoch_samples
         if not self.mixed and (weights is not None or epoch_samples):
             raise ValueError("weights and epoch_samples mix several datasets: give dataset={name: folder, ...}")
-        self.group_blocks: list[int] = []
         self.sources: list[_Source] = []
         try:
             for i, (n, where) in enumerate(items):
                 src = _Source(i, n, os.fspath(where), self)
                 self.sources.append(src)
-                if isinstance(buffer, (int, np.integer)) and not isinstance(buffer, bool) and int(buffer) < 1 << 12:
-                    g = int(buffer)
-                    if g < 1:
-                        raise ValueError("buffer %r: want blocks per group >= 1, or bytes ('1GiB')" % (buffer,))
-                else:
-                    g = max(1, _size(buffer) // 2 // max(1, src.block_bytes))
-                self.group_blocks.append(g)
             first = self.sources[0]
             for s in self.sources[1:]:
                 if s.signature() != first.signature():
@@ -476,7 +481,7 @@ class Drawn:
         # sha256) and every option the order depends on.
         ident = {"sources": [[s.name, s.sha] for s in self.sources], "window": window, "seed": seed, "sampling": sampling,
                  "per_clip": per_clip, "short": short, "weights": self.schedule, "epoch_samples": epoch_samples,
-                 "block_frames": [s.block_frames for s in self.sources], "group_blocks": self.group_blocks}
+                 "block_frames": [s.block_frames for s in self.sources], "group_blocks": [s.group_blocks for s in self.sources]}
         self.identity = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:32]
         self._orders: dict[int, "Order"] = {}
         self._lock = threading.Lock()
@@ -555,7 +560,7 @@ class Order:
                     cols[k].append(a[:take])
                 got += take
                 p += 1
-            parts.append([np.concatenate(x) if x else np.zeros(0, dtype=np.int64) for x in cols])
+            parts.append([np.concatenate(x) if x else np.zeros(0, dtype=np.int32 if k != 3 else np.int64) for k, x in enumerate(cols)])
         if len(srcs) == 1:
             self.source = np.zeros(len(parts[0][0]), dtype=np.int16)
             self.clip, self.start, self.valid, self.gs, self.group = parts[0]
@@ -588,6 +593,24 @@ def _split(N: int, w: Sequence[Fraction]) -> list[int]:
 
 
 # -- reading: a rank's stretch of the order, a group at a time ------------------
+
+_PROBE = bytearray(1)
+
+
+def _cached(fd: int, off: int, n: int) -> bool:
+    """Whether the first and last bytes of [off, off+n) are in the page
+    cache (preadv2 RWF_NOWAIT): asking the kernel to read ahead what it
+    holds costs a walk of every page."""
+    flag = getattr(os, "RWF_NOWAIT", None)
+    if flag is None or n <= 0:
+        return False
+    try:
+        for at in (off, off + n - 1):
+            if os.preadv(fd, [_PROBE], at, flag) != 1:
+                return False
+    except (BlockingIOError, OSError):
+        return False
+    return True
 
 
 def _intervals(x: Any, n: int) -> list[tuple[int, int]]:
@@ -653,7 +676,7 @@ class DrawnReader:
         self.mixed = plan.mixed
         self.threads = max(1, int(threads))
         self._resume([(0, self.samples)] if self.samples else [], False)
-        self._groups: dict[int, Any] = {}  # group -> Future of its buffers
+        self._groups: dict[int, Any] = {}  # group -> Future of its read (asked of the kernel, or fetched)
         self._pool: Optional[ThreadPoolExecutor] = None
 
     def _check_args(self, rank: Optional[int], world_size: int, batch_size: int, remainder: str) -> None:
@@ -687,6 +710,7 @@ class DrawnReader:
             self.nb = -(-n // per)
         self.consumed_batches = 0  # this rank's batches handed out since the resume point
         self._pos: Optional[np.ndarray] = None
+        self._need: Optional[tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, np.ndarray]]] = None
 
     def batches_left(self) -> int:
         return self.nb
@@ -773,105 +797,132 @@ class DrawnReader:
     def groups_of(self, pos: np.ndarray) -> np.ndarray:
         return np.unique(self.order.group[pos])
 
-    def _load(self, gid: int) -> dict[str, Any]:
-        """A group's blocks of each streamed modality, read (blocks in blob
-        order, one sequential read each; overlapping the next block by
-        the window, so that every window starting in a block lies whole
-        in what was read): {name: rows + a zero row}, and "base", each
-        block's first row (in clip frames) in them."""
-        s, blocks = self.order.groups[gid]
-        src = self.plan.sources[s]
-        BF, F, W = src.block_frames, src.frames, self.plan.window
-        lo = blocks * BF
-        hi = np.minimum(F, (blocks + 1) * BF + W - 1)
-        base = np.concatenate([[0], np.cumsum(hi - lo)]).astype(np.int64)
-        out: dict[str, Any] = {"base": dict(zip(blocks.tolist(), base[:-1].tolist())), "source": s}
-        for rec in src.mods:
-            if rec["held"]:
-                continue
-            rate = rec["rate"]
-            buf = np.zeros((int(base[-1]) * rate + 1,) + rec["frame"], dtype=rec["dtype"])
-            view = memoryview(buf.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
-            row = rec["row"]
-            for a, b, at in zip(lo.tolist(), hi.tolist(), base[:-1].tolist()):
-                src.read_rows(rec, a * rate, b * rate, view[at * rate * row: (at + b - a) * rate * row])
-            out[rec["name"]] = buf
-        return out
-
     def _pool_(self) -> ThreadPoolExecutor:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(2, thread_name_prefix="clipshard-blocks")
         return self._pool
 
+    def _fetch(self, gid: int) -> None:
+        """A group's blocks asked for, each block and streamed modality as
+        one sequential range: of the kernel (posix_fadvise WILLNEED: read
+        ahead into the page cache; not for a block whose first modality's
+        range starts and ends in the page cache), or, from a bucket,
+        fetched into the node-local cache (checked by BLOCKSUMS)."""
+        s, _ = self.order.groups[gid]
+        blocks = self._needs()[3].get(gid, np.zeros(0, np.int64))  # (the group's blocks this rank reads windows of)
+        src = self.plan.sources[s]
+        BF, F, W = src.block_frames, src.frames, self.plan.window
+        streamed = [(rec, src.files[rec["name"]]) for rec in src.mods if not rec["held"]]
+        advise = hasattr(os, "posix_fadvise")
+        for k in blocks.tolist():
+            a, b = k * BF, min(F, (k + 1) * BF + W - 1)
+            ranges = [(rec, f, f.offset + a * rec["rate"] * f.row, (b - a) * rec["rate"] * f.row) for rec, f in streamed]
+            if src.remote is not None:
+                for rec, f, off, n in ranges:
+                    src.remote.ensure_range(rec["file"], off, off + n)
+            if advise and ranges and not _cached(ranges[0][1].fd, ranges[0][2], ranges[0][3]):
+                for rec, f, off, n in ranges:
+                    if f.fd >= 0:
+                        os.posix_fadvise(f.fd, off, n, os.POSIX_FADV_WILLNEED)
+
+    def _needs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, np.ndarray]]:
+        """This rank's groups: of each position, every group in the order
+        its batches first need it, with that batch, and the blocks of each
+        group that hold windows of this rank's."""
+        if self._need is None:
+            pos = self.positions()
+            grp = self.order.group[pos].astype(np.int64)
+            gids, first = np.unique(grp, return_index=True)
+            o = np.argsort(first, kind="stable")
+            bf = np.array([s.block_frames for s in self.plan.sources], dtype=np.int64)
+            blk = self.order.gs[pos] // bf[self.order.source[pos]]
+            # each group's blocks in the order this rank's windows first need them
+            pairs, at = np.unique(grp * (1 << 40) + blk, return_index=True)
+            g_of, b_of = pairs >> 40, pairs & ((1 << 40) - 1)
+            cut = np.flatnonzero(np.diff(g_of)) + 1
+            blocks = {int(g[0]): b[np.argsort(a, kind="stable")]
+                      for g, b, a in zip(np.split(g_of, cut), np.split(b_of, cut), np.split(at, cut)) if len(g)}
+            self._need = (grp, gids[o], first[o] // self.batch_size, blocks)
+        return self._need
+
     def prepare(self, g: int, ahead: int = 2) -> None:
-        """Have the groups of batch g loaded (and, in the background, those
-        of the next `ahead` batches that need other groups); groups no
-        batch from g on needs are let go."""
-        pos = self.positions()
+        """The groups of batch g asked for (and waited for, from a bucket),
+        and in the background the next `ahead` groups the batches after it
+        need first."""
+        grp, seq, first, _ = self._needs()
         B = self.batch_size
-        need = set(self.groups_of(pos[g * B: (g + 1) * B]).tolist())
-        later: list[int] = []
-        h = g + 1
-        while h < self.nb and len(later) < ahead:
-            for x in self.groups_of(pos[h * B: (h + 1) * B]).tolist():
-                if x not in need and x not in later:
-                    later.append(x)
-            h += 1
-        keep = need | set(later)
+        need = np.unique(grp[g * B: (g + 1) * B]).tolist()
+        k = int(np.searchsorted(first, g, side="right"))
+        later = seq[k: k + ahead].tolist()
+        for x in need + later:
+            if x not in self._groups:
+                self._groups[x] = self._pool_().submit(self._fetch, x)
+        keep = set(need) | set(later)
         for x in list(self._groups):
             if x not in keep:
-                f = self._groups.pop(x)
-                f.cancel()
-        for x in sorted(need) + later:
-            if x not in self._groups:
-                self._groups[x] = self._pool_().submit(self._load, x)
+                self._groups.pop(x)
+        for x in need:
+            # (asked of the kernel, all of the group's blocks: the windows'
+            # reads then wait for that read-ahead instead of racing it
+            # with small reads of their own; from a bucket, fetched and
+            # checked: raises what the fetch raised)
+            self._groups[x].result()
 
     def fill(self, g: int, out: Mapping[str, np.ndarray], i: int = 0, j: Optional[int] = None) -> None:
         """Rows i..j of batch g into out (name -> array [n, ...] of the
-        batch's shape; "samples" too). prepare(g) first."""
+        batch's shape; "samples" too): each window of a streamed modality
+        one pread of its rows (from the page cache the group's read put
+        it in; a file cut short raises, naming it), zeros past valid; a
+        held modality's windows gathered from memory."""
         pos = self.batch_positions(g)
         j = len(pos) if j is None else j
         pos = pos[i:j]
         o = self.order
-        clip, start, valid, gs, grp = o.clip[pos], o.start[pos], o.valid[pos], o.gs[pos], o.group[pos]
+        clip, start, valid, gs = o.clip[pos], o.start[pos], o.valid[pos], o.gs[pos]
+        srcs = o.source[pos] if self.mixed else None
         smp = out["samples"][i:j]
         smp[:, 0], smp[:, 1], smp[:, 2] = clip, start, valid
-        if self.mixed:
-            smp[:, 3] = o.source[pos]
+        if srcs is not None:
+            smp[:, 3] = srcs
         W = self.plan.window
-        for gid in np.unique(grp).tolist():
-            sel = np.nonzero(grp == gid)[0]
+        for s in (np.unique(srcs).tolist() if srcs is not None else [0]):
+            sel = np.nonzero(srcs == s)[0] if srcs is not None else np.arange(len(pos))
             one = len(sel) == len(pos)
-            s, _ = o.groups[gid]
             src = self.plan.sources[s]
-            buf = self._groups[gid].result()
-            blk = gs[sel] // src.block_frames
-            base = np.array([buf["base"][b] for b in blk.tolist()], dtype=np.int64) if len(sel) else np.zeros(0, np.int64)
             for rec in src.mods:
-                dst = out[rec["name"]][i:j]
                 name = rec["name"]
-                if rec["per_clip"]:
-                    rows = clip[sel]
-                    a = self.plan.sources[s].held[name]
-                    if one:
-                        np.take(a, rows, axis=0, out=dst)
-                    else:
-                        dst[sel] = a[rows]
-                    continue
-                rate = rec["rate"]
+                dst = out[name][i:j]
                 if rec["held"]:
                     a = src.held[name]
-                    first = gs[sel] * rate
-                else:
-                    a = buf[name]
-                    first = (base + gs[sel] - blk * src.block_frames) * rate
-                r = np.arange(W * rate, dtype=np.int64)
-                idx = first[:, None] + r[None, :]
-                idx = np.where(r[None, :] < (valid[sel] * rate)[:, None], idx, len(a) - 1)  # past valid: the zero row
-                if one:
-                    np.take(a, idx, axis=0, out=dst)
-                else:
-                    dst[sel] = a[idx]
+                    if rec["per_clip"]:
+                        idx = clip[sel]
+                    else:
+                        rate = rec["rate"]
+                        r = np.arange(W * rate, dtype=np.int64)
+                        idx = gs[sel, None] * rate + r[None, :]
+                        idx = np.where(r[None, :] < (valid[sel] * rate)[:, None], idx, len(a) - 1)  # past valid: the zero row
+                    if one:
+                        np.take(a, idx, axis=0, out=dst)
+                    else:
+                        dst[sel] = a[idx]
+                    continue
+                f = src.files[name]
+                rate, row = rec["rate"], f.row
+                assert dst.flags.c_contiguous
+                view = memoryview(dst.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+                per = W * rate * row
+                fd, off0 = f.fd, f.offset
+                for k, first, v in zip(sel.tolist(), (gs[sel] * rate).tolist(), (valid[sel] * rate).tolist()):
+                    n, at, d = v * row, off0 + first * row, k * per
+                    got = os.preadv(fd, [view[d: d + n]], at)
+                    while got < n:
+                        more = os.preadv(fd, [view[d + got: d + n]], at + got)
+                        if not more:
+                            raise ValueError("%s: shorter than its header says (rows %d..%d; changed since it was checked?)"
+                                             % (f.path, first, first + v))
+                        got += more
+                    if n < per:
+                        view[d + n: d + per] = bytes(per - n)
 
     def batches(self, worker_id: Optional[int] = None, num_workers: Optional[int] = None,
                 first: Optional[int] = None) -> Iterator[dict[str, np.ndarray]]:

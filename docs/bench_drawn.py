@@ -1,0 +1,224 @@
+#!/usr/bin/env python3
+"""Epochs drawn at read time against materialised epochs (just bench-drawn).
+
+    bench_drawn.py fake DIR CLIPS MIN MAX        a dataset of CLIPS clips of MIN..MAX frames, the
+                                                 bench set's four modalities, sparse blobs (for orders only)
+    bench_drawn.py quality DS [EDIR] [B]         the quality table (EDIR: two materialised epochs of DS)
+    bench_drawn.py speed ROW MODE S DS EDIR [N]  one row's pass over epochs 0..N-1 (6): a JSON line
+    bench_drawn.py table JSONL                   the speed table (median and range of the rounds)
+
+Quality: clipshard.quality.measure of epoch 1's order (batch B, rank 0 of
+1), the share of epoch 1's batch-mate clip pairs (two clips in one batch,
+over the first 64 batches) that were batch mates in epoch 0 too, and the
+share of epoch 1's windows (clip, start) that epoch 0 had. Rows: a full
+shuffle (the materialised epochs of shuffle; without EDIR a uniform
+permutation of the drawn windows, which is what shuffle does), drawn
+epochs at several buffers and blocks, a replay of epoch 0 with
+mix_shards, and Mosaic's py1e simulated on the same windows stored in
+clip order (as bench_quality.py; the real Mosaic's figure is in
+bench-peers).
+"""
+import json
+import os
+import resource
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import clipshard  # noqa: E402
+from clipshard.draw import Drawn, DrawnReader  # noqa: E402
+
+B = int(os.environ.get("BENCH_B", 256))  # (the tests run it on the demo set with small batches)
+W = int(os.environ.get("BENCH_W", 15))
+MODS = [("motion", "<f2", [56], 1), ("whisper", "<f2", [512], 2), ("w2v", "<f2", [1024], 1), ("emotion", "<f2", [8], 1)]
+
+
+def fake(d, clips, lo, hi):
+    """A dataset whose blobs are sparse (zeros): for orders, not reads."""
+    os.makedirs(d, exist_ok=True)
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(lo, hi + 1, clips).astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    np.save(os.path.join(d, "index.npy"), np.stack([starts, lengths], axis=1))
+    frames = int(lengths.sum())
+    mods = []
+    for name, dtype, frame, rate in MODS:
+        rows = frames * rate
+        head = {"descr": dtype, "fortran_order": False, "shape": tuple([rows] + frame)}
+        text = repr(head).encode()
+        pad = 4096 - 10 - len(text) - 1
+        hdr = b"\x93NUMPY\x01\x00" + (4096 - 10).to_bytes(2, "little") + text + b" " * pad + b"\n"
+        p = os.path.join(d, name + ".npy")
+        with open(p, "wb") as f:
+            f.write(hdr)
+            f.truncate(4096 + rows * int(np.prod(frame)) * 2)
+        mods.append({"name": name, "file": name + ".npy", "dtype": dtype, "frame_shape": frame, "rate": rate,
+                     "data_offset": 4096, "rows": rows, "size": os.path.getsize(p)})
+    man = {"format": "clipshard.dataset", "version": 1, "clips": clips, "frames": frames,
+           "files": {"index": "index.npy"}, "modalities": mods}
+    with open(os.path.join(d, "dataset.json"), "w") as f:
+        json.dump(man, f)
+
+
+def pairs(order, batches=64):
+    """The batch-mate clip pairs of the first batches, as int64 keys."""
+    out = []
+    for b in range(min(batches, len(order) // B)):
+        c = np.unique(order[b * B:(b + 1) * B, 0])
+        i, j = np.triu_indices(len(c), 1)
+        out.append(c[i] * (1 << 32) + c[j])
+    return np.unique(np.concatenate(out)) if out else np.zeros(0, np.int64)
+
+
+def row(name, e0, e1, note=""):
+    q = clipshard.quality.measure(e1, B)
+    p0, p1 = pairs(e0), pairs(e1)
+    mates = len(np.intersect1d(p0, p1)) / max(1, len(p1))
+    w0 = set(zip(e0[:, 0].tolist(), e0[:, 1].tolist()))
+    same = sum((c, s) in w0 for c, s in zip(e1[:, 0].tolist(), e1[:, 1].tolist())) / max(1, len(e1))
+    return {"order": name, "distinct": q.get("distinct_clips_mean", 0), "distinct_min": q.get("distinct_clips_min", 0),
+            "neighbours": q["same_clip_neighbours"], "spearman": q.get("spearman", 0), "displacement": q["mean_displacement"],
+            "mates_kept": mates, "windows_kept": same, "note": note}
+
+
+def drawn_order(ds, e, **kw):
+    plan = Drawn(ds, window=W, seed=3, **kw)
+    o = plan.order(e)
+    g = plan.sources[0]
+    out = np.stack([o.clip, o.start, o.valid], axis=1)
+    geo = "%d frames a block, %d blocks a group of %d" % (g.block_frames, g.group_blocks, g.blocks)
+    plan.close()
+    return out, geo
+
+
+def py1e(s, seed, shard=1024, block=1 << 18):
+    rng = np.random.default_rng(seed)
+    st = s[np.lexsort((s[:, 1], s[:, 0]))]
+    shards = [st[k * shard:(k + 1) * shard] for k in rng.permutation(-(-len(st) // shard))]
+    stream = np.concatenate(shards)
+    key = np.arange(len(stream)) + rng.uniform(-block / 2, block / 2, len(stream))
+    return stream[np.argsort(key, kind="stable")]
+
+
+def quality(ds, edir=None):
+    rows = []
+    d1, _ = drawn_order(ds, 1, block="auto")
+    if edir:
+        def epoch(e):
+            r = clipshard.EpochReader(edir, epoch=e, batch_size=1024, remainder="pad")
+            return np.concatenate([b["samples"] for b in r.batches(0, 1)])[:r.samples]
+        f0, f1 = epoch(0), epoch(1)
+        rows.append(row("full shuffle (shuffle's epochs 0, 1)", f0, f1))
+    else:
+        rng = np.random.default_rng(1)
+        d0, _ = drawn_order(ds, 0, block="auto")
+        f0, f1 = d0[rng.permutation(len(d0))], d1[rng.permutation(len(d1))]
+        rows.append(row("full shuffle (a uniform permutation of the drawn windows)", f0, f1))
+    size = sum(os.path.getsize(os.path.join(ds, m["file"])) for m in json.load(open(os.path.join(ds, "dataset.json")))["modalities"])
+    for buf in (2 * size, size // 2, size // 8, size // 32):
+        for block in ("auto", 8 << 20):
+            if buf < 1 << 20:
+                continue
+            e0, geo = drawn_order(ds, 0, block=block, buffer=buf)
+            e1, _ = drawn_order(ds, 1, block=block, buffer=buf)
+            rows.append(row("drawn, buffer %s, block %s" % (_mib(buf), block if block == "auto" else _mib(block)), e0, e1, geo))
+    if edir:
+        for K in (4,):
+            def rep(v):
+                r = clipshard.EpochReader(edir, epoch=0, batch_size=1024, remainder="pad", replay_seed=7, virtual_epoch=v, mix_shards=K)
+                return np.concatenate([b["samples"] for b in r.batches(0, 1)])[:r.samples]
+            rows.append(row("replay of epoch 0 + mix_shards %d" % K, rep(0), rep(1)))
+    rows.append(row("Mosaic py1e (simulated, clip-order shards of 1024)", py1e(f0, 0), py1e(f0, 1)))
+    print("| order | distinct clips / batch of %d (mean, min) | same-clip neighbours | Spearman ρ | batch-mate pairs kept from epoch 0 | windows kept from epoch 0 | geometry |" % B)
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print("| %s | %.1f, %d | %.4f | %.3f | %.3f | %.3f | %s |" % (r["order"], r["distinct"], r["distinct_min"], r["neighbours"],
+                                                                   r["spearman"], r["mates_kept"], r["windows_kept"], r["note"]))
+    print("(%d windows an epoch, %d clips)" % (len(d1), len(np.unique(d1[:, 0]))))
+    # A window's offset in its clip, epoch 0 against epoch 1 (tile): the
+    # first window's start of each long clip.
+    d0, _ = drawn_order(ds, 0)
+    first0 = {c: s for c, s in zip(d0[:, 0].tolist(), d0[:, 1].tolist()) if s < W}
+    first1 = {c: s for c, s in zip(d1[:, 0].tolist(), d1[:, 1].tolist()) if s < W}
+    both = [c for c in first1 if c in first0]
+    same = sum(first0[c] == first1[c] for c in both) / max(1, len(both))
+    hist = np.bincount([first1[c] for c in both], minlength=W)
+    print("tile offsets (first window's start, clips of >= 2 windows): the same in epochs 0 and 1 for %.3f of %d clips "
+          "(1/W = %.3f); epoch 1's offsets 0..%d: %s" % (same, len(both), 1 / W, W - 1, hist.tolist()))
+
+
+def _mib(n):
+    return "%.0f MiB" % (n / 2 ** 20) if n < 1 << 30 else "%.1f GiB" % (n / 2 ** 30)
+
+
+def speed(row_name, mode, S, ds, edir, epochs="6"):
+    """Epochs 0..EPOCHS-1 (float16, B=256, threads 2, prefetch 4), a step
+    of S ms after each batch: samples/s, the wait per step, CPU."""
+    S = float(S)
+    ep = range(int(epochs))
+    if row_name == "materialised":
+        L = clipshard.Loader(edir, epochs=ep, batch_size=B)
+    else:  # drawn-BLOCK[-BUFFER]
+        parts = row_name.split("-")
+        kw = {"buffer": parts[2]} if len(parts) > 2 else {}
+        L = clipshard.Loader(dataset=ds, epochs=ep, window=W, seed=3, batch_size=B, block=parts[1], **kw)
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    waits, n = [], 0
+    for e in L.epochs:
+        it = iter(L)
+        while True:
+            a = time.perf_counter()
+            try:
+                b = next(it)
+            except StopIteration:
+                break
+            waits.append(time.perf_counter() - a)
+            n += len(b["samples"])
+            if S:
+                time.sleep(S / 1000)
+    t = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    L.close()
+    w = np.array(waits[1:]) * 1000 if len(waits) > 1 else np.zeros(1)
+    print(json.dumps({"row": row_name, "mode": mode, "S": S, "samples": n, "seconds": t, "samples_s": n / t,
+                      "wait_median_ms": float(np.median(w)), "wait_p90_ms": float(np.percentile(w, 90)),
+                      "first_ms": waits[0] * 1000 if waits else 0, "cpu_ms_batch": cpu * 1000 / max(1, len(waits)),
+                      "peak_rss_mib": r1.ru_maxrss / 1024, "load": os.getloadavg()[0]}))
+
+
+def table(path):
+    rows = [json.loads(x) for x in open(path) if x.strip()]
+    keys = []
+    for r in rows:
+        k = (r["mode"], r["S"], r["row"])
+        if k not in keys:
+            keys.append(k)
+    print("| mode | step S | row | samples/s (median, range) | wait per step, ms (median; p90) | first batch, ms | CPU ms / batch | peak RSS MiB | load avg |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for k in keys:
+        rs = [r for r in rows if (r["mode"], r["S"], r["row"]) == k]
+        v = sorted(r["samples_s"] for r in rs)
+        med = lambda f: float(np.median([r[f] for r in rs]))  # noqa: E731
+        print("| %s | %g ms | %s | %.0f (%.0f–%.0f) | %.2f; %.2f | %.0f | %.1f | %.0f | %.2f–%.2f |" % (
+            k[0], k[1], k[2], np.median(v), v[0], v[-1], med("wait_median_ms"), med("wait_p90_ms"), med("first_ms"),
+            med("cpu_ms_batch"), med("peak_rss_mib"), min(r["load"] for r in rs), max(r["load"] for r in rs)))
+
+
+if __name__ == "__main__":
+    cmd = sys.argv[1]
+    if cmd == "fake":
+        fake(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+    elif cmd == "quality":
+        if len(sys.argv) > 4:
+            B = int(sys.argv[4])
+        quality(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "-" else None)
+    elif cmd == "speed":
+        speed(*sys.argv[2:8])
+    elif cmd == "table":
+        table(sys.argv[2])
+    else:
+        raise SystemExit(__doc__)
