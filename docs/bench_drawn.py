@@ -87,7 +87,7 @@ def drawn_order(ds, e, **kw):
     plan = Drawn(ds, window=W, seed=3, **kw)
     o = plan.order(e)
     g = plan.sources[0]
-    out = np.stack([o.clip, o.start, o.valid], axis=1)
+    out = np.stack([o.clip, o.start, o.valid], axis=1).astype(np.int64)
     geo = "%d frames a block, %d blocks a group of %d" % (g.block_frames, g.group_blocks, g.blocks)
     plan.close()
     return out, geo
@@ -119,7 +119,7 @@ def quality(ds, edir=None):
     size = sum(os.path.getsize(os.path.join(ds, m["file"])) for m in json.load(open(os.path.join(ds, "dataset.json")))["modalities"])
     for buf in (2 * size, size // 2, size // 8, size // 32):
         for block in ("auto", 8 << 20):
-            if buf < 1 << 20:
+            if buf < 4096:
                 continue
             e0, geo = drawn_order(ds, 0, block=block, buffer=buf)
             e1, _ = drawn_order(ds, 1, block=block, buffer=buf)
