@@ -26,8 +26,11 @@ the same modalities (for mixing), OTHER: one whose motion differs.
   the Loader across epoch boundaries: every window of each epoch once.
 - Hostile datasets raise naming the file: a blob cut short, a header
   that lies, index.npy out of range, a held blob changed since
-  SHA256SUMS, a blob cut short while the loader reads; an epochs folder
-  given as a dataset; sources whose modalities differ.
+  SHA256SUMS, a blob cut short while the loader reads, only per-clip
+  modalities, frames of no values; an epochs folder given as a dataset;
+  sources whose modalities differ; a dataset converted again while a
+  loader draws from it (its next epoch refused); close() leaves no file
+  open.
 - torch (when installed): EpochDataset(dataset=...) through a
   DataLoader with 0 and 2 workers gives the reader's batches, resumes
   from state_dict(batch); torch.Loader(dataset=...) casts to float32.
@@ -428,6 +431,45 @@ refused("a blob cut short while reading", fresh, ["whisper.npy", "shorter"], whe
 refused("an epochs folder", lambda: (lambda d: (os.rename(os.path.join(d, "dataset.json"), os.path.join(d, "x.json")),
                                                 open(os.path.join(d, "epochs.json"), "w").write("{}"), d)[2])(fresh()),
         ["epochs folder"])
+# A dataset converted again while a loader draws from it: the next
+# epoch is refused, not read from two versions.
+d = fresh()
+L = Loader(dataset=d, epochs=[0, 1], window=5, batch_size=4, block=4096, group=2, hold=0, prefetch=0)  # (a thread reads on into the next epoch: checked as it starts it)
+before = set(os.listdir("/proc/self/fd"))
+list(L)
+p = os.path.join(d, "dataset.json")
+man = json.load(open(p))
+man["created"] = "later"
+json.dump(man, open(p + ".new", "w"))
+os.replace(p + ".new", p)
+try:
+    list(L)
+    raise AssertionError("an epoch was read from a dataset converted again")
+except ValueError as e:
+    assert "converted again" in str(e) or "changed" in str(e), e
+    checked["hostile"] += 1
+L.close()
+assert set(os.listdir("/proc/self/fd")) <= before, "files left open after close()"
+# Only per-clip modalities, or frames of no values (no bytes to bound
+# the frames the index claims): refused.
+d = fresh()
+p = os.path.join(d, "dataset.json")
+man = json.load(open(p))
+json.dump(dict(man, modalities=[m for m in man["modalities"] if m.get("per_clip")]), open(p, "w"))
+refused("only per-clip modalities", lambda: d, ["per clip"])
+d = fresh()
+man = json.load(open(p))
+np.save(os.path.join(d, "empty.npy"), np.zeros((man["frames"], 0), dtype="<f2"))
+off = os.path.getsize(os.path.join(d, "empty.npy"))  # (no values: the header is the whole file)
+mods = [m for m in man["modalities"] if m.get("per_clip")] + [dict(name="empty", file="empty.npy", dtype="<f2", frame_shape=[0], rate=1,
+                                                                  data_offset=off)]
+json.dump(dict(man, modalities=mods), open(p, "w"))
+refused("frames of no values", lambda: d, ["empty", "no values"])
+try:
+    Drawn({"a": A}, window=5, epoch_samples=1 << 41)
+    raise AssertionError("2**41 windows taken")
+except ValueError as e:
+    assert "epoch_samples" in str(e), e
 try:
     Drawn({"a": A, "other": OTHER}, window=5)
     raise AssertionError("sources that differ were mixed")

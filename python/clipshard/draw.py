@@ -243,7 +243,12 @@ class _Source:
                 rec = dict(name=name, dtype=dtype.str, frame=tuple(frame), rate=rate, per_clip=per, file=m.get("file"),
                            row=f.row, frame_bytes=f.row * max(rate, 1))
                 rec["held"] = per or f.size - f.offset <= hold
+                if not per and f.row == 0:
+                    raise ValueError("%s: modality %r: frame shape %s holds no values (windows of nothing; not a file "
+                                     "convert wrote)" % (f.path, name, frame))
                 self.mods.append(rec)
+            if all(r["per_clip"] for r in self.mods):
+                raise ValueError("%s: every modality is per clip: no frames to cut windows from" % where)
             for rec in self.mods:
                 if rec["held"]:
                     f = self.files[rec["name"]]
@@ -430,8 +435,9 @@ class Drawn:
             raise ValueError("per_clip %r: want an int >= 1 (windows per clip, with sampling='random')" % (per_clip,))
         if type(seed) is not int or not 0 <= seed < 1 << 64:
             raise ValueError("seed %r: want an int in [0, 2**64)" % (seed,))
-        if type(epoch_samples) is not int or epoch_samples < 0:
-            raise ValueError("epoch_samples %r: want an int >= 0 (0: the sources' own windows added up)" % (epoch_samples,))
+        if type(epoch_samples) is not int or not 0 <= epoch_samples <= 1 << 40:
+            raise ValueError("epoch_samples %r: want an int in [0, 2**40] (0: the sources' own windows added up; an epoch's "
+                             "order takes 26 bytes a window)" % (epoch_samples,))
         self.window, self.seed, self.sampling, self.per_clip, self.short = window, seed, sampling, per_clip, short
         self.block: Optional[int] = None if block == "auto" else _size(block)
         if self.block is not None and self.block < 1:
@@ -485,6 +491,7 @@ class Drawn:
         self.identity = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:32]
         self._orders: dict[int, "Order"] = {}
         self._lock = threading.Lock()
+        self.closed = False
 
     def shapes(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
         """name -> (dtype, shape of one sample) of what a batch holds."""
@@ -520,6 +527,8 @@ class Drawn:
                                  "again" % s.url)
 
     def close(self) -> None:
+        """Close every file of the sources (a reader then refuses to read)."""
+        self.closed = True
         for s in self.sources:
             s.close()
 
@@ -931,6 +940,7 @@ class DrawnReader:
         if worker_id is None or num_workers is None:
             worker_id, num_workers = _worker()
         self.check_fits()
+        self.plan.check_current()
         shapes = self.plan.shapes()
         try:
             for g in range(worker_id if first is None else first, self.nb, num_workers):

@@ -118,7 +118,8 @@ class Loader:
                 raise ValueError("epochs: give the epochs to draw from %s (e.g. epochs=range(10))" % (dataset,))
             if "window" not in draw:
                 raise ValueError("window: give the frames of each window to draw from %s" % (dataset,))
-            self._drawn = Drawn(dataset, cache_dir=cache_dir, cache_limit=cache_limit, **draw)
+            self._draw_args: dict[str, Any] = dict(dataset=dataset, cache_dir=cache_dir, cache_limit=cache_limit, **draw)
+            self._drawn = Drawn(**self._draw_args)
             self._remote, man = None, {"seed": self._drawn.seed}
             on_disk: list[int] = []
             edir = str(dataset)
@@ -244,6 +245,13 @@ class Loader:
 
     def _reader(self, plan: Mapping[str, Any]) -> Any:
         if self._drawn is not None:
+            if self._drawn.closed:  # (closed by close(): opened and checked again)
+                again = Drawn(**self._draw_args)
+                if again.identity != self._drawn.identity:
+                    again.close()
+                    raise ValueError("%s: the datasets changed since this loader was made (converted again?): make the "
+                                     "loader again" % self.dir)
+                self._drawn = again
             kw = self._kw
             return DrawnReader(self._drawn, plan["epoch"], rank=kw["rank"], world_size=kw["world_size"],
                                batch_size=kw["batch_size"], remainder=kw["remainder"])
@@ -449,6 +457,8 @@ class Loader:
         self._stop()
         self._pool, self._pool_refs = {n: [] for n in self.names}, {n: [] for n in self.names}
         self._raw = {}
+        if self._drawn is not None:
+            self._drawn.close()  # (its datasets' files: opened and checked again by the next iteration)
 
     def __enter__(self) -> "Loader":
         return self
@@ -459,6 +469,9 @@ class Loader:
     def __del__(self) -> None:
         try:
             self._stop()
+            drawn = getattr(self, "_drawn", None)
+            if drawn is not None:
+                drawn.close()
         except Exception:
             pass
 
@@ -613,6 +626,7 @@ def _produce(ref: "weakref.ref[Loader]", pos: int, start: int, stop: Optional[th
             drawn = loader._drawn is not None
             del loader
             if drawn:
+                r.plan.check_current()  # (a dataset converted again since: refused, not read in two versions)
                 if start != 0:
                     r._resume(*start)  # type: ignore[misc]
                 n = r.batches_left()
