@@ -141,3 +141,22 @@ class Npy:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+_PROBE = bytearray(1)
+
+
+def cached(fd: int, off: int, n: int) -> bool:
+    """Whether the first and last bytes of [off, off+n) are in the page
+    cache (preadv2 RWF_NOWAIT): asking the kernel to read ahead what it
+    holds costs a walk of every page."""
+    flag = getattr(os, "RWF_NOWAIT", None)
+    if flag is None or n <= 0:
+        return False
+    try:
+        for at in (off, off + n - 1):
+            if os.preadv(fd, [_PROBE], at, flag) != 1:
+                return False
+    except (BlockingIOError, OSError):
+        return False
+    return True

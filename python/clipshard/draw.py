@@ -39,7 +39,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from . import _remote
-from ._files import MAX_MANIFEST, Npy, confined, open_regular, pread_all, read_json
+from ._files import MAX_MANIFEST, Npy, cached as _cached, confined, open_regular, pread_all, read_json
 from .epochs import _size, _worker
 
 __all__ = ["Drawn", "DrawnReader"]
@@ -602,25 +602,6 @@ def _split(N: int, w: Sequence[Fraction]) -> list[int]:
 
 
 # -- reading: a rank's stretch of the order, a group at a time ------------------
-
-_PROBE = bytearray(1)
-
-
-def _cached(fd: int, off: int, n: int) -> bool:
-    """Whether the first and last bytes of [off, off+n) are in the page
-    cache (preadv2 RWF_NOWAIT): asking the kernel to read ahead what it
-    holds costs a walk of every page."""
-    flag = getattr(os, "RWF_NOWAIT", None)
-    if flag is None or n <= 0:
-        return False
-    try:
-        for at in (off, off + n - 1):
-            if os.preadv(fd, [_PROBE], at, flag) != 1:
-                return False
-    except (BlockingIOError, OSError):
-        return False
-    return True
-
 
 def _intervals(x: Any, n: int) -> list[tuple[int, int]]:
     """Checked, sorted, merged [a, b) intervals inside [0, n)."""

@@ -8,6 +8,7 @@ number of epochs, materialised or replayed, in one object.
 """
 from __future__ import annotations
 
+import mmap
 import os
 import queue
 import sys
@@ -76,11 +77,12 @@ class Loader:
     threads: threads that share each batch's reads and casts (2: one core
         copies from the page cache at ~4.5 GB/s here, two at ~7.5 GB/s,
         what `cat` gets into a small buffer).
-        Host memory held is at most (prefetch + 2) batches, plus one batch
-        of the shards' dtype when casting: loader.host_bytes gives the
-        figure. For B=256, W=15, whisper 30x512 + w2v 15x1024 + motion
-        15x56 + emotion 15x8, all float16, a batch is 15.5 MiB and
-        prefetch=4 holds 93 MiB; delivered as float32, 201 MiB.
+        Host memory held is at most (prefetch + 2) batches, plus when
+        casting 1 MiB a thread (a drawn epoch's: one batch of the
+        shards' dtype): loader.host_bytes gives the figure. For B=256,
+        W=15, whisper 30x512 + w2v 15x1024 + motion 15x56 + emotion 15x8,
+        all float16, a batch is 15.5 MiB and prefetch=4 holds 93 MiB;
+        delivered as float32, 186 MiB.
     dtype: cast floating-point modalities to it in the thread (numpy's
         cast releases the GIL); None keeps the shards' dtype.
 
@@ -208,11 +210,19 @@ class Loader:
         self._sizes = {n: int(np.prod(s, dtype=np.int64)) * d.itemsize for n, (d, s) in self._out.items()}
         self.batch_bytes = sum(self._sizes.values())  # bytes of one batch as handed out
         self._casting = [n for n in self.names if self._out[n][0] != self._src[n][0]]
-        raw = sum(int(np.prod(self._src[n][1], dtype=np.int64)) * self._src[n][0].itemsize for n in self._casting)
+        # (a drawn epoch's batch is cut whole into a scratch batch of the
+        # shards' dtype, then cast; a materialised epoch's is cast a
+        # SCRATCH at a time by each read thread)
+        raw = (sum(int(np.prod(self._src[n][1], dtype=np.int64)) * self._src[n][0].itemsize for n in self._casting)
+               if self._drawn is not None else SCRATCH * self.threads * bool(self._casting))
         self.host_bytes = (self.prefetch + 2) * self.batch_bytes + raw  # at most, held by the loader
         self._pool: dict[str, list[Any]] = {n: [] for n in self.names}  # per modality; free when nothing else refers to it
         self._pool_refs: dict[str, list[int]] = {n: [] for n in self.names}
         self._raw: dict[str, Any] = {}  # the thread's scratch of the shards' dtype, when casting
+        for n in self.names if self.prefetch else ():  # (allocated now: not by the first epoch)
+            for _ in range(self.prefetch + 2):
+                self._pool[n].append(self._alloc(self._sizes[n]))
+                self._pool_refs[n].append(sys.getrefcount(self._pool[n][-1]))
         # current epoch, its resume point (a drawn epoch's: 0 or (the
         # intervals left, done)), last batch handed out
         self._pos, self._start, self._handed = 0, 0, None  # type: tuple[int, Any, Optional[_Batch]]
@@ -226,8 +236,18 @@ class Loader:
         return np.dtype(dtype)
 
     def _alloc(self, nbytes: int) -> Any:
-        """A new buffer of nbytes (uint8 numpy array)."""
-        return np.empty(nbytes, dtype=np.uint8)
+        """A new buffer of nbytes (uint8 numpy array), its pages faulted in
+        (2 MiB ones where the kernel gives them: the first epoch's reads do
+        not wait on page faults)."""
+        m = mmap.mmap(-1, max(nbytes, 1))
+        if nbytes >= 4 << 20 and hasattr(mmap, "MADV_HUGEPAGE"):
+            try:
+                m.madvise(mmap.MADV_HUGEPAGE)
+            except OSError:
+                pass
+        a = np.frombuffer(m, dtype=np.uint8, count=nbytes)
+        a[::4096] = 0
+        return a
 
     def _finish(self, arrays: dict[str, np.ndarray]) -> Any:
         """What the thread makes of a batch it read (e.g. a copy to the
@@ -509,22 +529,19 @@ class Loader:
     def _read(self, r: EpochReader, lo: int, hi: int, ahead: Iterable[int] = ()) -> dict[str, np.ndarray]:
         if r._ranged:
             r._rows_ready(lo, hi, ahead)  # (a bucket's: the rows fetched into the cache first)
-        out, pieces, casts = {}, [], []
+        out: dict[str, np.ndarray] = {}
+        pieces: list[tuple[Any, Any, int]] = []
         segs = r._segments(lo, hi)
         r.hold(segs)  # (the pieces are read after every shard of the batch is opened)
         for name in self.names:
             dtype, shape = self._out[name]
             # (a partial last batch: the first hi - lo rows of the buffer)
             arr = np.frombuffer(self._buffer(name), dtype=np.uint8, count=self._sizes[name]).view(dtype).reshape(shape)[:hi - lo]
-            dst = arr
-            if name in self._casting:
-                src_dtype, src_shape = self._src[name]
-                raw = self._raw.get(name)
-                if raw is None:
-                    raw = self._raw[name] = np.empty(src_shape, dtype=src_dtype)
-                dst = raw[:hi - lo]
-                casts.append((name, arr, dst))
-            view, at = dst.data.cast("B"), 0
+            # A modality cast is read a cache-sized piece at a time into the
+            # reading thread's scratch and cast from there into the batch
+            # (the shards' bytes never go to memory and back).
+            view: Any = arr.data.cast("B") if name not in self._casting else _CastInto(arr.reshape(-1), self._src[name][0], self._cast, name)
+            at = 0
             for k, a, b in segs:
                 f = r._shard(k)[name]
                 n = (b - a) * f.row
@@ -534,14 +551,10 @@ class Loader:
         pool = self._threads
         if pool is None or self.threads < 2:
             _pread_pieces(pieces)
-            for name, arr, raw in casts:
-                self._cast(name, arr, raw)
         else:
-            # The reads (and then the casts) shared among the read threads
-            # in parts of about equal bytes.
+            # The reads (and casts) shared among the read threads in parts
+            # of about equal bytes.
             list(pool.map(_pread_pieces, _split(pieces, self.threads)))
-            parts = [(name, arr[i:j], raw[i:j]) for name, arr, raw in casts for i, j in _rows(len(arr), self.threads)]
-            list(pool.map(lambda c: self._cast(*c), parts))
         return out
 
     def _read_drawn(self, r: DrawnReader, g: int) -> dict[str, np.ndarray]:
@@ -578,7 +591,7 @@ class Loader:
 CHUNK = 4 << 20  # bytes read by one preadv call at most (a piece of a batch is split so)
 
 
-def _split(pieces: list[tuple[Any, memoryview, int]], parts: int) -> list[list[tuple[Any, memoryview, int]]]:
+def _split(pieces: list[tuple[Any, Any, int]], parts: int) -> list[list[tuple[Any, Any, int]]]:
     """The pieces cut into parts of about equal bytes (a big piece is split)."""
     flat = []
     for f, view, off in pieces:
@@ -600,15 +613,53 @@ def _rows(n: int, parts: int) -> list[tuple[int, int]]:
     return [(i, min(n, i + step)) for i in range(0, n, step)]
 
 
-def _pread_pieces(pieces: list[tuple[Any, memoryview, int]]) -> None:
-    """Read each piece: len(view) bytes of f (a checked Npy) at off."""
+SCRATCH = 1 << 20  # bytes a read thread reads and casts at a time (its L2 cache; measured best of 64 KiB..2 MiB here)
+_scratch = threading.local()
+
+
+class _CastInto:
+    """The destination of a piece read and cast: dst (a flat array of the
+    batch's dtype) indexed by the bytes of the shards' dtype src."""
+
+    def __init__(self, dst: np.ndarray, src: np.dtype, cast: Any, name: str) -> None:
+        self.dst, self.src, self.cast, self.name = dst, src, cast, name
+
+    def __len__(self) -> int:
+        return len(self.dst) * self.src.itemsize
+
+    def __getitem__(self, s: slice) -> "_CastInto":
+        i = self.src.itemsize
+        return _CastInto(self.dst[s.start // i: s.stop // i], self.src, self.cast, self.name)
+
+    def read(self, f: Any, off: int) -> None:
+        buf = getattr(_scratch, "buf", None)
+        if buf is None:
+            buf = _scratch.buf = np.empty(SCRATCH, dtype=np.uint8)
+        i, n = self.src.itemsize, len(self.dst)
+        step = SCRATCH // i
+        for e in range(0, n, step):
+            k = min(step, n - e)
+            _pread_into(f, buf.data[:k * i], off + e * i)
+            self.cast(self.name, self.dst[e: e + k], buf[:k * i].view(self.src))
+
+
+def _pread_into(f: Any, view: memoryview, off: int) -> None:
+    n, got = len(view), 0
+    while got < n:
+        m = os.preadv(f.fd, [view[got:]], off + got)
+        if not m:
+            raise ValueError("%s: shorter than its header says (changed since it was checked?)" % f.path)
+        got += m
+
+
+def _pread_pieces(pieces: list[tuple[Any, Any, int]]) -> None:
+    """Read each piece: len(view) bytes of f (a checked Npy) at off, into
+    view (a memoryview, or a _CastInto: read and cast)."""
     for f, view, off in pieces:
-        n, got = len(view), 0
-        while got < n:
-            m = os.preadv(f.fd, [view[got:]], off + got)
-            if not m:
-                raise ValueError("%s: shorter than its header says (changed since it was checked?)" % f.path)
-            got += m
+        if isinstance(view, _CastInto):
+            view.read(f, off)
+        else:
+            _pread_into(f, view, off)
 
 
 def _produce(ref: "weakref.ref[Loader]", pos: int, start: int, stop: Optional[threading.Event]) -> Generator[Any, None, None]:

@@ -235,7 +235,7 @@ class Loader(_loader.Loader):
 
     def _alloc(self, nbytes: int) -> Any:
         if not self.pin_memory:
-            return np.empty(nbytes, dtype=np.uint8)
+            return super()._alloc(nbytes)
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
 
     def _out_type(self, name: str) -> torch.dtype:

@@ -1,0 +1,57 @@
+package main_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestBenchPeersRuns (#35): docs/bench_peers.sh (just bench-peers) runs
+// end to end on a tiny mixed set, so that it cannot rot: every peer's
+// writer (Mosaic's in 2 processes, WebDataset's two layouts), a sweep of
+// two configurations of each peer, the best chosen from it, the main
+// rows warm and cold with the floor (page cache and O_DIRECT), the resume
+// leg, and the tables. It needs a Python with torch, litdata,
+// mosaicml-streaming and webdataset: $CLIPSHARD_PEERS_PYTHON (.ci/run's
+// last leg installs them into its numpy 2 venv and sets it).
+func TestBenchPeersRuns(t *testing.T) {
+	py := os.Getenv("CLIPSHARD_PEERS_PYTHON")
+	if py == "" {
+		if os.Getenv("CI") != "" {
+			t.Skip("CLIPSHARD_PEERS_PYTHON unset: in CI this test runs in .ci/run's peers leg, which sets it")
+		}
+		t.Skip("needs a Python with the peers: python3 -m venv V && V/bin/pip install litdata mosaicml-streaming webdataset torch; CLIPSHARD_PEERS_PYTHON=V/bin/python")
+	}
+	if out, err := exec.Command(py, "-c", "import torch, litdata, streaming, webdataset").CombinedOutput(); err != nil {
+		t.Fatalf("CLIPSHARD_PEERS_PYTHON=%s cannot import the peers: %v\n%s", py, err, out)
+	}
+	w := t.TempDir()
+	cmd := exec.Command("bash", filepath.Join("..", "..", "docs", "bench_peers.sh"), w)
+	cmd.Env = append(os.Environ(), "BENCH_PEERS_PYTHON="+py, "BENCH_CLIPS=48", "BENCH_ROUNDS=1", "BENCH_EPOCHS=2",
+		"BENCH_S=0", "BENCH_SWEEP=w0 w2p", "BENCH_LEGS=prepare sweep main resume")
+	out, err := cmd.CombinedOutput()
+	got := string(out)
+	if err != nil {
+		t.Fatalf("bench_peers.sh: %v\n%s", err, got)
+	}
+	for _, want := range []string{
+		"| webdataset-1 |", "| mosaic w2p |", "| litdata w0 |", // prepare, the sweep
+		"| floor: ", "| clipshard-f16 threads2 |", "(best)", "(default)", // the main rows
+		"float16 (numpy) / floor", "clipshard / ", // the ratios
+		"| clipshard | 0 |", // resume: nothing trained twice
+	} {
+		if !strings.Contains(got, want) {
+			t.Fatalf("bench_peers.sh: no %q in\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "failed runs:") || strings.Contains(got, "Traceback") {
+		t.Fatalf("bench_peers.sh: a run failed\n%s", got)
+	}
+	for _, mode := range []string{"| warm (load average", "| cold (load average"} {
+		if !strings.Contains(got, mode) {
+			t.Fatalf("bench_peers.sh: no %q table\n%s", mode, got)
+		}
+	}
+}
