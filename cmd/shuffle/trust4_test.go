@@ -112,7 +112,9 @@ func TestWeightsByValue(t *testing.T) {
 // it started on, or raises naming a shard; never a mix of both
 // (testdata/check_rewrite.py: after one batch, and with the rewrite
 // running concurrently; EpochReader, Loader, torch's Loader, EpochDataset
-// with 0 and 2 DataLoader workers). Before: "epoch 0" came out mixed.
+// with 0 and 2 DataLoader workers; the concurrent rewrite once a reader,
+// 3 and 2 times with CLIPSHARD_EXHAUSTIVE=1). Before: "epoch 0" came out
+// mixed.
 func TestReaderPinsEpoch(t *testing.T) {
 	ds := demoDataset(t)
 	out := filepath.Join(t.TempDir(), "ep")
