@@ -249,8 +249,8 @@ shutil.copytree(edir, d)
 entry = next(e for e in man["epochs"] if e["epoch"] == on_disk[0])
 last = sorted(entry["shards"], key=lambda s: s["shard"])[-1]
 victim = os.path.join(d, last["files"][man["modalities"][0]["name"]])
-for prefetch in (0, 2):
-    ld = Loader(d, on_disk[0], batch_size=1, prefetch=prefetch)
+for prefetch, dtype in ((0, None), (2, None), (2, np.float32)):  # (float32: read through the cast's scratch)
+    ld = Loader(d, on_disk[0], batch_size=1, prefetch=prefetch, dtype=dtype)
     it = iter(ld)
     next(it)
     with open(victim, "r+b") as f:  # after the loader checked the folder

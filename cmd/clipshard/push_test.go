@@ -473,18 +473,7 @@ func TestTrainFromBucket(t *testing.T) {
 func TestBucketEgress(t *testing.T) {
 	numpytest.Module(t, "boto3", "python3-boto3")
 	s := s3test.Start(t, "bkt")
-	src := t.TempDir()
-	var ids strings.Builder
-	for i := range 20 {
-		id := fmt.Sprintf("w%02d", i)
-		ids.WriteString(id + "\n")
-		writeNPY(t, filepath.Join(src, "x", id+".npy"), 900+7*i, 512, func(r, c int) float32 { return float32((r*13+c*5+i)%2048) / 256 })
-	}
-	os.WriteFile(filepath.Join(src, "clips.txt"), []byte(ids.String()), 0o644)
-	ds := filepath.Join(t.TempDir(), "ds")
-	if r := clip(t, "convert", "--quiet", "--clips", filepath.Join(src, "clips.txt"), "--out", ds, "-m", "x=x/{clip}.npy"); r.Code != 0 {
-		t.Fatal(r.Stderr)
-	}
+	ds := wideDataset(t, false)
 	ep := filepath.Join(t.TempDir(), "ep")
 	if r := clip(t, "shuffle", "--quiet", "--dataset", ds, "--out", ep, "--window", "8", "--sampling", "tile", "--epochs", "1", "--shard-samples", "300", "--seed", "3"); r.Code != 0 {
 		t.Fatal(r.Stderr)
@@ -583,19 +572,7 @@ func pushedEpochs(t *testing.T, epochs, shardSamples string) (*s3test.Server, st
 func TestDrawnFromBucket(t *testing.T) {
 	numpytest.Module(t, "boto3", "python3-boto3")
 	s := s3test.Start(t, "bkt")
-	src := t.TempDir()
-	var ids strings.Builder
-	for i := range 20 {
-		id := fmt.Sprintf("w%02d", i)
-		ids.WriteString(id + "\n")
-		writeNPY(t, filepath.Join(src, "x", id+".npy"), 900+7*i, 512, func(r, c int) float32 { return float32((r*13+c*5+i)%2048) / 256 })
-		writeNPY(t, filepath.Join(src, "y", id+".npy"), 900+7*i, 4, func(r, c int) float32 { return float32(r%7+c) / 8 })
-	}
-	os.WriteFile(filepath.Join(src, "clips.txt"), []byte(ids.String()), 0o644)
-	ds := filepath.Join(t.TempDir(), "ds")
-	if r := clip(t, "convert", "--quiet", "--clips", filepath.Join(src, "clips.txt"), "--out", ds, "-m", "x=x/{clip}.npy", "-m", "y=y/{clip}.npy"); r.Code != 0 {
-		t.Fatal(r.Stderr)
-	}
+	ds := wideDataset(t, true)
 	if r := pushRun(t, s, nil, ds, "s3://bkt/ds"); r.Code != 0 {
 		t.Fatal(r.Stderr)
 	}
@@ -605,4 +582,31 @@ func TestDrawnFromBucket(t *testing.T) {
 		t.Fatalf("check_drawn_bucket: %s", got)
 	}
 	t.Logf("%s", got)
+}
+
+// wideDataset converts 20 clips of 900-1033 frames of wide rows (x:
+// 512 float32 a frame; with y, also a narrow modality of 4) into a
+// dataset, and returns its folder.
+func wideDataset(t *testing.T, y bool) string {
+	t.Helper()
+	src := t.TempDir()
+	var ids strings.Builder
+	for i := range 20 {
+		id := fmt.Sprintf("w%02d", i)
+		ids.WriteString(id + "\n")
+		writeNPY(t, filepath.Join(src, "x", id+".npy"), 900+7*i, 512, func(r, c int) float32 { return float32((r*13+c*5+i)%2048) / 256 })
+		if y {
+			writeNPY(t, filepath.Join(src, "y", id+".npy"), 900+7*i, 4, func(r, c int) float32 { return float32(r%7+c) / 8 })
+		}
+	}
+	os.WriteFile(filepath.Join(src, "clips.txt"), []byte(ids.String()), 0o644)
+	ds := filepath.Join(t.TempDir(), "ds")
+	args := []string{"convert", "--quiet", "--clips", filepath.Join(src, "clips.txt"), "--out", ds, "-m", "x=x/{clip}.npy"}
+	if y {
+		args = append(args, "-m", "y=y/{clip}.npy")
+	}
+	if r := clip(t, args...); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	return ds
 }

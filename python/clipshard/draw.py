@@ -40,7 +40,7 @@ import numpy as np
 
 from . import _remote
 from ._files import MAX_MANIFEST, Npy, cached as _cached, confined, open_regular, pread_all, read_json
-from .epochs import _size, _worker
+from .epochs import _check_rank_args, _size, _worker
 
 __all__ = ["Drawn", "DrawnReader"]
 
@@ -670,19 +670,7 @@ class DrawnReader:
         self._pool: Optional[ThreadPoolExecutor] = None
 
     def _check_args(self, rank: Optional[int], world_size: int, batch_size: int, remainder: str) -> None:
-        if rank is None:
-            if world_size != 1:
-                raise ValueError("world_size=%r without rank: give this process's rank" % (world_size,))
-            rank = 0
-        if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int) and 0 <= rank < world_size):
-            raise ValueError("rank %r not in [0, world_size=%r)" % (rank, world_size))
-        if not (isinstance(batch_size, int) and batch_size >= 1):
-            raise ValueError("batch_size %r: want an int >= 1" % (batch_size,))
-        if remainder not in ("drop", "pad", "partial"):
-            raise ValueError("remainder %r: want 'drop', 'pad' or (one rank) 'partial'" % (remainder,))
-        if remainder == "partial" and world_size != 1:
-            raise ValueError("remainder='partial' is for one rank: with world_size %d every rank must get as many batches "
-                             "of as many samples: give 'pad' or 'drop'" % world_size)
+        rank = _check_rank_args(rank, world_size, batch_size, remainder)
         self.rank, self.world_size, self.batch_size, self.remainder = rank, world_size, batch_size, remainder
 
     # -- the layout -------------------------------------------------------

@@ -173,20 +173,7 @@ class EpochReader:
         entry = next((e for e in entries if e.get("epoch") == epoch), None)
         if entry is None:
             raise ValueError("%s: epoch %d is not materialised (have %s)" % (edir, epoch, [e.get("epoch") for e in entries]))
-        if rank is None:
-            if world_size != 1:
-                raise ValueError("world_size=%r without rank: give this process's rank" % (world_size,))
-            rank = 0
-        if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int) and 0 <= rank < world_size):
-            raise ValueError("rank %r not in [0, world_size=%r)" % (rank, world_size))
-        if not (isinstance(batch_size, int) and batch_size >= 1):
-            raise ValueError("batch_size %r: want an int >= 1" % (batch_size,))
-        if remainder not in ("drop", "pad", "partial"):
-            raise ValueError("remainder %r: want 'drop', 'pad' or (one rank) 'partial'" % (remainder,))
-        if remainder == "partial" and world_size != 1:
-            raise ValueError("remainder='partial' is for one rank: with world_size %d every rank must get as many batches "
-                             "of as many samples (a rank with one batch fewer would leave the others waiting): give 'pad' or "
-                             "'drop'" % world_size)
+        rank = _check_rank_args(rank, world_size, batch_size, remainder)
         self.dir, self.manifest, self.epoch = edir, man, epoch
         self.virtual_epoch = epoch if virtual_epoch is None else virtual_epoch
         self.rank, self.world_size, self.batch_size, self.remainder = rank, world_size, batch_size, remainder
@@ -680,6 +667,26 @@ def _node_ranks(rank: int, world_size: int) -> tuple[int, int]:
     if L < 1 or world_size % L or not 0 <= mine < L or rank % L != mine:
         return 1, 0
     return L, mine
+
+
+def _check_rank_args(rank: Optional[int], world_size: int, batch_size: int, remainder: str) -> int:
+    """The rank (0 when None with world_size 1), the arguments a reader
+    of a rank's batches takes checked (EpochReader, DrawnReader)."""
+    if rank is None:
+        if world_size != 1:
+            raise ValueError("world_size=%r without rank: give this process's rank" % (world_size,))
+        rank = 0
+    if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int) and 0 <= rank < world_size):
+        raise ValueError("rank %r not in [0, world_size=%r)" % (rank, world_size))
+    if not (isinstance(batch_size, int) and batch_size >= 1):
+        raise ValueError("batch_size %r: want an int >= 1" % (batch_size,))
+    if remainder not in ("drop", "pad", "partial"):
+        raise ValueError("remainder %r: want 'drop', 'pad' or (one rank) 'partial'" % (remainder,))
+    if remainder == "partial" and world_size != 1:
+        raise ValueError("remainder='partial' is for one rank: with world_size %d every rank must get as many batches "
+                         "of as many samples (a rank with one batch fewer would leave the others waiting): give 'pad' or "
+                         "'drop'" % world_size)
+    return rank
 
 
 def _advise_range(fd, a, b):
