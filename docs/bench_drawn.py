@@ -66,7 +66,7 @@ def pairs(order, batches=64):
     """The batch-mate clip pairs of the first batches, as int64 keys."""
     out = []
     for b in range(min(batches, len(order) // B)):
-        c = np.unique(order[b * B:(b + 1) * B, 0])
+        c = np.unique(order[b * B:(b + 1) * B, 0]).astype(np.int64)
         i, j = np.triu_indices(len(c), 1)
         out.append(c[i] * (1 << 32) + c[j])
     return np.unique(np.concatenate(out)) if out else np.zeros(0, np.int64)

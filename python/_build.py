@@ -168,11 +168,13 @@ PLATFORMS = {
 }
 
 
-def wheels(out, every=False):
+def wheels(out, every=False, binary=None):
     """Build the clipshard command (go build, CGO off, stamped with its
     commit) for this machine (every: for each of PLATFORMS) and its wheel:
     this machine's into out, the others' into out/GOOS-GOARCH/. Returns
-    the wheels' paths."""
+    the wheels' paths. binary: this machine's wheel around a command
+    already built (the tests' own build: no second compile of every
+    package without cgo)."""
     import shutil
     import subprocess
     import tempfile
@@ -182,6 +184,10 @@ def wheels(out, every=False):
     if host not in PLATFORMS and not every:
         raise SystemExit("no wheel for %s/%s: the command is built for %s" % (host + (", ".join("/".join(t) for t in PLATFORMS),)))
     made = []
+    if binary is not None:
+        os.makedirs(out, exist_ok=True)
+        made.append(os.path.join(out, _wheel(out, editable=False, binary=binary, platform=PLATFORMS[host])))
+        targets = [t for t in targets if t != host]
     with tempfile.TemporaryDirectory() as tmp:
         for goos, goarch in targets:
             binary = os.path.join(tmp, "%s-%s" % (goos, goarch), "clipshard")
@@ -203,6 +209,7 @@ if __name__ == "__main__":
     ap.add_argument("command", choices=["wheels"])
     ap.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "dist"), help="where (default: dist/ at the top)")
     ap.add_argument("--all", action="store_true", help="every platform (the others into OUT/GOOS-GOARCH/)")
+    ap.add_argument("--binary", help="this machine's wheel around this clipshard command instead of building one")
     a = ap.parse_args()
-    for w in wheels(a.out, a.all):
+    for w in wheels(a.out, a.all, a.binary):
         print(w)

@@ -10,6 +10,7 @@ raise ValueError naming the file within 1 second (a hang or another
 exception fails). MIXED_EPOCHS_DIR (shuffle --source ...) adds the cases of
 the samples' source column. Prints "ok: hostile N cases" or raises.
 """
+import io
 import json
 import os
 import shutil
@@ -354,5 +355,58 @@ for row, col, v in ((3, 0, -100), (5, 1, 10**15)):
     save_npy(p, a)
     expect("index.npy row %d column %d = %d" % (row, col, v), lambda: Dataset(d), [p, "contiguous"])
 
+# The fast .npy header parser (_files._fast_header) gives what numpy's
+# gives, or leaves the header to numpy: headers numpy writes, and the same
+# damaged (bytes changed, cut, doubled, spaces and zeros played with).
+from clipshard import _files  # noqa: E402
+
+
+def numpy_header(head):
+    f = io.BytesIO(head)
+    try:
+        v = np.lib.format.read_magic(f)
+        shape, fortran, dtype = (np.lib.format.read_array_header_1_0 if v == (1, 0) else np.lib.format.read_array_header_2_0)(f)
+    except Exception:
+        return None
+    return f.tell(), tuple(int(x) for x in shape), fortran, dtype
+
+
+rng = np.random.default_rng(11)
+heads, fast_taken = [], 0
+for dt in ("<f2", ">f4", "<f8", "|u1", "<i8", "|b1", "<c8", "<U3"):
+    for shape in ((), (0,), (5,), (3, 4), (2, 0, 7), (10 ** 12, 3)):
+        for order in (False, True):
+            for version in ((1, 0), (2, 0)):
+                f = io.BytesIO()
+                getattr(np.lib.format, "write_array_header_%d_%d" % version)(
+                    f, {"descr": np.lib.format.dtype_to_descr(np.dtype(dt)), "fortran_order": order, "shape": shape})
+                heads.append(f.getvalue())
+heads += [b"\x93NUMPY\x01\x00" + len(h).to_bytes(2, "little") + h for h in (
+    b"{'descr': '<f2', 'fortran_order': False, 'shape': (5), }\n", b"{'descr': '<f2', 'fortran_order': False, 'shape': (05,), }\n",
+    b"{'descr': '<f2', 'fortran_order': False, 'shape': (5, 3,), }\n", b"{'descr': '<f2', 'fortran_order': False, 'shape': (,), }\n",
+    b"{'descr': '<f2', 'fortran_order': False, 'shape': (-5,), }\n", b"{'descr': '<f2', 'fortran_order': 0, 'shape': (5,), }\n",
+    b"{'descr': '<f2', 'fortran_order': False, 'shape': (5,), }" + b" " * 10001 + b"\n")]
+for h in list(heads):
+    for _ in range(40):
+        b = bytearray(h)
+        i = int(rng.integers(0, len(b)))
+        op = int(rng.integers(0, 4))
+        if op == 0:
+            b[i] = int(rng.choice([ord(c) for c in " ,()'0159:\n"]))
+        elif op == 1:
+            del b[i:]
+        elif op == 2:
+            b[i:i] = b[i: i + int(rng.integers(1, 8))]
+        else:
+            b[i] = int(rng.integers(0, 256))
+        heads.append(bytes(b))
+for h in heads:
+    got = _files._fast_header(h)
+    if got is not None:
+        fast_taken += 1
+        assert got == numpy_header(h), (h, got, numpy_header(h))
+assert fast_taken > 100, fast_taken
+cases += len(heads)
+
 shutil.rmtree(tmp)
-print("ok: hostile %d cases" % cases)
+print("ok: hostile %d cases (%d .npy headers read by the fast parser, each as numpy reads it)" % (cases, fast_taken))

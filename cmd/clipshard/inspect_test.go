@@ -22,21 +22,8 @@ import (
 	"github.com/clipshard/clipshard/manifests"
 )
 
-func demo(t *testing.T) (ds, ep string) {
-	t.Helper()
-	src := filepath.Join(t.TempDir(), "src")
-	clitest.CopyTree(t, filepath.Join("..", "..", "testdata", "demo"), src)
-	dir := t.TempDir()
-	ds, ep = filepath.Join(dir, "ds"), filepath.Join(dir, "ep")
-	if r := clip(t, "convert", "--quiet", "--clips", filepath.Join(src, "clips.txt"), "--out", ds, "-m", "motion=motion/{clip}.pkl:exp+pose",
-		"-m", "shape@clip=motion/{clip}.pkl:shape", "-m", "whisper@2=whisper/{clip}.npy"); r.Code != 0 {
-		t.Fatal(r.Stderr)
-	}
-	if r := clip(t, "shuffle", "--quiet", "--dataset", ds, "--out", ep, "--window", "1", "--epochs", "2", "--shard-samples", "64"); r.Code != 0 {
-		t.Fatal(r.Stderr)
-	}
-	return ds, ep
-}
+// demo: clitest.Demo with this package's command.
+func demo(t *testing.T) (ds, ep string) { t.Helper(); return clitest.Demo(t, bin) }
 
 func inspectJSON(t *testing.T, args ...string) map[string]any {
 	t.Helper()
@@ -108,32 +95,12 @@ func TestInspectDataset(t *testing.T) {
 	}
 }
 
-// writeNPY writes float32 [rows, cols] with value(r, c).
-func writeNPY(t *testing.T, path string, rows, cols int, value func(r, c int) float32) {
-	t.Helper()
-	b, err := npy.EncodeHeader("<f4", false, []int{rows, cols}, npy.DataAlign)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for r := 0; r < rows; r++ {
-		for c := 0; c < cols; c++ {
-			b = binary.LittleEndian.AppendUint32(b, math.Float32bits(value(r, c)))
-		}
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestInspectClip (#28.1): a clip's per-feature figures and its NaNs, at
 // positions put there.
 func TestInspectClip(t *testing.T) {
 	src := t.TempDir()
 	for i, rows := range []int{10, 20, 30} {
-		writeNPY(t, filepath.Join(src, "x", fmt.Sprintf("c%d.npy", i)), rows, 3, func(r, c int) float32 {
+		clitest.WriteF32(t, filepath.Join(src, "x", fmt.Sprintf("c%d.npy", i)), rows, 3, func(r, c int) float32 {
 			if i == 1 && ((r == 3 && c == 2) || (r == 17 && c == 0)) {
 				return float32(math.NaN())
 			}
@@ -168,7 +135,7 @@ func TestInspectClip(t *testing.T) {
 // hold more than 4M values are sampled on fewer, and the figures say so.
 func TestInspectWideRows(t *testing.T) {
 	src := t.TempDir()
-	writeNPY(t, filepath.Join(src, "x", "c0.npy"), 100, 70000, func(r, c int) float32 { return float32(c % 7) })
+	clitest.WriteF32(t, filepath.Join(src, "x", "c0.npy"), 100, 70000, func(r, c int) float32 { return float32(c % 7) })
 	os.WriteFile(filepath.Join(src, "clips.txt"), []byte("c0\n"), 0o644)
 	ds := filepath.Join(t.TempDir(), "ds")
 	if r := clip(t, "convert", "--quiet", "--clips", filepath.Join(src, "clips.txt"), "--out", ds, "-m", "x=x/{clip}.npy"); r.Code != 0 {
@@ -469,7 +436,7 @@ func TestInspectPlots(t *testing.T) {
 		if i == 7 {
 			n = 6000
 		}
-		writeNPY(t, filepath.Join(src, "x", id+".npy"), n, 4, func(r, c int) float32 { return float32(r%97) / 10 })
+		clitest.WriteF32(t, filepath.Join(src, "x", id+".npy"), n, 4, func(r, c int) float32 { return float32(r%97) / 10 })
 	}
 	os.WriteFile(filepath.Join(src, "clips.txt"), []byte(ids.String()), 0o644)
 	ds := filepath.Join(t.TempDir(), "ds")

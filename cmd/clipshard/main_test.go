@@ -21,12 +21,9 @@ func clip(t *testing.T, args ...string) clitest.Result {
 	return clitest.Run(t, bin, nil, args...)
 }
 
-// oneLine: a failure is one line on stderr, named, and nothing on stdout.
 func oneLine(t *testing.T, r clitest.Result, code int, prefix string) {
 	t.Helper()
-	if r.Code != code || r.Stdout != "" || strings.Count(r.Stderr, "\n") != 1 || !strings.HasPrefix(r.Stderr, prefix) {
-		t.Fatalf("want exit %d and one line %q... on stderr, got exit %d, stdout %q, stderr %q", code, prefix, r.Code, r.Stdout, r.Stderr)
-	}
+	clitest.OneLine(t, r, code, prefix)
 }
 
 // TestHelp: help goes to stdout with exit 0, for the command and for each

@@ -149,7 +149,7 @@ func nonfinite(t *testing.T) (ds, ep string) {
 	t.Helper()
 	src := t.TempDir()
 	for i, rows := range []int{10, 20, 30} {
-		writeNPY(t, filepath.Join(src, "x", fmt.Sprintf("c%d.npy", i)), rows, 3, func(r, c int) float32 {
+		clitest.WriteF32(t, filepath.Join(src, "x", fmt.Sprintf("c%d.npy", i)), rows, 3, func(r, c int) float32 {
 			switch {
 			case i == 1 && c == 0:
 				return float32(math.NaN())
@@ -240,7 +240,7 @@ func rawControl(s string) bool {
 func TestControlCharactersInIDs(t *testing.T) {
 	src := t.TempDir()
 	bad := []string{"b\x1b]0;pwned\x07", "c\x07", "d\u202ecba", "e\x7f", "f\u0085g", "g\xff", "h\u2066"}
-	writeNPY(t, filepath.Join(src, "x", "a.npy"), 8, 2, func(r, c int) float32 { return float32(r) })
+	clitest.WriteF32(t, filepath.Join(src, "x", "a.npy"), 8, 2, func(r, c int) float32 { return float32(r) })
 	for i, id := range bad {
 		list := filepath.Join(src, fmt.Sprintf("clips%d.txt", i))
 		os.WriteFile(list, []byte("a\n"+id+"\n"), 0o644)
@@ -259,8 +259,8 @@ func TestControlCharactersInIDs(t *testing.T) {
 	os.WriteFile(list, []byte("a\nb\n"), 0o644)
 	ds := filepath.Join(t.TempDir(), "ds")
 	os.MkdirAll(filepath.Join(src, "y"), 0o755)
-	writeNPY(t, filepath.Join(src, "y", "a.npy"), 8, 2, func(r, c int) float32 { return float32(r) })
-	writeNPY(t, filepath.Join(src, "y", "b.npy"), 9, 2, func(r, c int) float32 { return float32(r) })
+	clitest.WriteF32(t, filepath.Join(src, "y", "a.npy"), 8, 2, func(r, c int) float32 { return float32(r) })
+	clitest.WriteF32(t, filepath.Join(src, "y", "b.npy"), 9, 2, func(r, c int) float32 { return float32(r) })
 	if r := clip(t, "convert", "--quiet", "--clips", list, "--out", ds, "-m", "x=y/{clip}.npy"); r.Code != 0 {
 		t.Fatal(r.Stderr)
 	}

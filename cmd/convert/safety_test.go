@@ -219,7 +219,8 @@ func faultPoints(t *testing.T, run func(env []string) clitest.Result) []string {
 	return strings.Fields(string(must(os.ReadFile(log))))
 }
 
-// TestKillAtFaultPoints: kill -9 at 20 points spread over a run (the
+// TestKillAtFaultPoints: kill -9 at 12 points (20 with
+// CLIPSHARD_EXHAUSTIVE=1, CI) spread over a run (the
 // manifests' atomic writes, the commit's renames, between clips), on a
 // fresh --out and over a previous dataset: --out holds the previous
 // dataset, none, or the new one complete; the re-run then gives the same
@@ -261,7 +262,7 @@ func TestKillAtFaultPoints(t *testing.T) {
 				}
 				return r
 			})
-			for _, k := range clitest.Spread(t, len(points), 20) {
+			for _, k := range clitest.Spread(t, len(points), clitest.Exhaustive(12, 20)) {
 				t.Run(fmt.Sprintf("%d-%s", k, points[k-1]), func(t *testing.T) {
 					parent := t.TempDir()
 					out := filepath.Join(parent, "ds")

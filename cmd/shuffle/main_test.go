@@ -2,13 +2,10 @@ package main_test
 
 import (
 	"bytes"
-	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -17,52 +14,20 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/clipshard/clipshard/internal/clitest"
+	"github.com/clipshard/clipshard/internal/demodata"
 	"github.com/clipshard/clipshard/internal/numpytest"
 	"github.com/clipshard/clipshard/manifests"
 
 	// Imported so the test cache is keyed on the binary's sources.
 	_ "github.com/clipshard/clipshard/internal/ui"
-	"github.com/clipshard/clipshard/transform/convert"
-	"github.com/clipshard/clipshard/transform/shuffle"
 )
 
 var bin string
 
 func TestMain(m *testing.M) { clitest.Main(m, "shuffle", &bin) }
 
-var (
-	dsOnce sync.Once
-	dsDir  string
-	dsErr  error
-)
-
 // demoDataset converts testdata/demo once for all tests (read-only).
-func demoDataset(t *testing.T) string {
-	t.Helper()
-	dsOnce.Do(func() {
-		dir, err := os.MkdirTemp(filepath.Dir(bin), "ds") // removed with the build
-		if err != nil {
-			dsErr = err
-			return
-		}
-		var mods []convert.Modality
-		// With per-clip modalities (a float16 vector and a kept int64
-		// scalar), which every sample carries whole.
-		for _, s := range []string{"motion=motion/{clip}.pkl:exp+pose", "shape@clip=motion/{clip}.pkl:shape", "whisper@2=whisper/{clip}.npy",
-			"fps@clip=motion/{clip}.pkl:fps", "emotion=emotion/{clip}.npy"} {
-			m, _ := convert.ParseModality(s)
-			m.KeepDType = m.Name == "fps"
-			mods = append(mods, m)
-		}
-		dsDir = filepath.Join(dir, "ds")
-		_, dsErr = convert.Run(context.Background(), convert.Options{
-			ClipList: filepath.Join("..", "..", "testdata", "demo", "clips.txt"), Out: dsDir, Modalities: mods})
-	})
-	if dsErr != nil {
-		t.Fatal(dsErr)
-	}
-	return dsDir
-}
+func demoDataset(t *testing.T) string { return demodata.Dataset(t, filepath.Dir(bin)) } // (removed with the build)
 
 func shuffleRun(t *testing.T, env []string, args ...string) clitest.Result {
 	t.Helper()
@@ -77,199 +42,6 @@ func copyTree(t *testing.T, from, to string) { clitest.CopyTree(t, from, to) }
 
 func base(ds, out string, extra ...string) []string {
 	return append([]string{"--dataset", ds, "--out", out, "--window", "15", "--seed", "7", "--shard-samples", "5"}, extra...)
-}
-
-// TestPythonPackage (#27.3): pip installs python/ as a newcomer types it,
-// offline: a fresh virtualenv (with the system's numpy: nothing to fetch)
-// and "pip install --no-index ./python" builds it with the package's own
-// backend (python/_build.py, the standard library alone) and leaves
-// nothing in the tree; the installed package (with py.typed, its version,
-// its numpy range) reads an epoch; an editable install imports from the
-// tree. (CI also installs it from the registry into a venv of its own:
-// .ci/run.)
-func TestPythonPackage(t *testing.T) {
-	numpytest.Module(t, "pip", "python3-pip")
-	numpytest.Module(t, "ensurepip", "python3-venv")
-	pkg, err := filepath.Abs(filepath.Join("..", "..", "python"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	before := listTree(t, pkg)
-	ds := demoDataset(t)
-	out := filepath.Join(t.TempDir(), "ep")
-	if r := shuffleRun(t, nil, base(ds, out, "--epochs", "1")...); r.Code != 0 {
-		t.Fatal(r.Stderr)
-	}
-	for _, editable := range []bool{false, true} {
-		venv := filepath.Join(t.TempDir(), "venv")
-		numpytest.Run(t, "-m", "venv", "--system-site-packages", venv)
-		py := filepath.Join(venv, "bin", "python")
-		args := []string{"-m", "pip", "install", "--quiet", "--no-index", "--disable-pip-version-check"}
-		if editable {
-			args = append(args, "-e")
-		}
-		cmd := exec.Command(py, append(args, pkg)...)
-		cmd.Dir = t.TempDir()
-		cmd.Env = append(os.Environ(), "PIP_NO_INDEX=1", "PIP_CONFIG_FILE=/dev/null")
-		if b, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("pip install (editable %v): %v\n%s", editable, err, b)
-		}
-		check := exec.Command(py, "-c", `import os, sys, importlib.metadata as md; import clipshard
-where, editable = os.path.realpath(clipshard.__file__), sys.argv[3] == "true"
-assert where.startswith(os.path.realpath(sys.argv[4])) == editable and ("site-packages" in where) != editable, where
-assert os.path.exists(os.path.join(os.path.dirname(where), "py.typed"))
-assert md.version("clipshard") == clipshard.__version__, (md.version("clipshard"), clipshard.__version__)
-assert "numpy>=1.24,<3" in md.requires("clipshard"), md.requires("clipshard")
-r = clipshard.Loader(sys.argv[1], 0, rank=1, world_size=2, batch_size=3)
-print("ok", len(list(r)), r.state_dict()["consumed"], sys.argv[2])`, out, ds, fmt.Sprint(editable), pkg)
-		check.Dir = t.TempDir() // not python/: the installed package is imported
-		got, err := check.CombinedOutput()
-		if err != nil || !strings.HasPrefix(string(got), "ok ") {
-			t.Fatalf("installed package (editable %v): %v %s", editable, err, got)
-		}
-	}
-	if after := listTree(t, pkg); !slices.Equal(before, after) {
-		t.Fatalf("pip install left files in python/:\nbefore %v\nafter  %v", before, after)
-	}
-}
-
-// listTree lists the files under dir (but __pycache__, which imports make).
-func listTree(t *testing.T, dir string) []string {
-	t.Helper()
-	var out []string
-	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() && d.Name() == "__pycache__" {
-			return filepath.SkipDir
-		}
-		out = append(out, p)
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-// TestQualityJSON: shuffle --json reports each epoch's shuffle quality,
-// and the Python helper measures the same figures from the epoch it reads.
-func TestQualityJSON(t *testing.T) {
-	ds := demoDataset(t)
-	out := filepath.Join(t.TempDir(), "ep")
-	r := shuffleRun(t, nil, base(ds, out, "--epochs", "2", "--json", "--quality-batch", "8")...)
-	if r.Code != 0 {
-		t.Fatal(r.Stderr)
-	}
-	var res struct {
-		Quality map[string]shuffle.Quality `json:"quality"`
-	}
-	if err := json.Unmarshal([]byte(r.Stdout), &res); err != nil || len(res.Quality) != 2 {
-		t.Fatalf("%v: %s", err, r.Stdout)
-	}
-	for e, q := range res.Quality {
-		if q.Batch != 8 || q.Samples == 0 || q.DistinctClipsMean < 4 || q.Spearman > 0.6 {
-			t.Errorf("epoch %s: %+v", e, q)
-		}
-		got := numpytest.Run(t, "-c", `import json, sys; sys.path.insert(0, sys.argv[1]); import clipshard, numpy as np
-r = clipshard.EpochReader(sys.argv[2], int(sys.argv[3]), batch_size=1)
-print(json.dumps(clipshard.quality.measure(np.concatenate([b["samples"] for b in r]), 8)))`, filepath.Join("..", "..", "python"), out, e)
-		var py shuffle.Quality
-		if err := json.Unmarshal(got, &py); err != nil || !reflect.DeepEqual(py, q) {
-			t.Errorf("epoch %s: Go %+v, Python %+v (%v)", e, q, py, err)
-		}
-	}
-}
-
-// TestTorchReader: clipshard.torch with a real DataLoader: workers, state
-// through torch.save, kill -9 and resume with another world size and
-// batch size (testdata/check_torch.py).
-func TestTorchReader(t *testing.T) {
-	numpytest.Module(t, "torch", "python3-torch")
-	ds := demoDataset(t)
-	out := filepath.Join(t.TempDir(), "ep")
-	if r := shuffleRun(t, nil, base(ds, out, "--epochs", "1", "--shard-samples", "4")...); r.Code != 0 {
-		t.Fatal(r.Stderr)
-	}
-	got := numpytest.Run(t, filepath.Join("..", "..", "testdata", "check_torch.py"), out)
-	if !strings.Contains(string(got), "ok: torch") {
-		t.Fatalf("check_torch: %s", got)
-	}
-}
-
-// TestLoader (#24.1, #24.2): clipshard.Loader's batches equal
-// EpochReader's; exactly once over world sizes, batch sizes, prefetch
-// depths and stop/resume points (a padded epoch's last batch, an epoch's
-// end and past it) with another world size and batch size; batches never
-// written again; no thread or fd left after a break, close() or an error
-// of the thread; and clipshard.torch.Loader's tensors and casts where
-// torch is installed (testdata/check_loader.py).
-func TestLoader(t *testing.T) {
-	got := checkThreeEpochs(t, "check_loader.py", "ok: loader")
-	if os.Getenv("CI") != "" && !strings.Contains(got, "; torch ") {
-		t.Fatalf("check_loader ran without torch in CI: %s", got)
-	}
-}
-
-// TestTrainDDP (#24.5): examples/train_ddp.py, real torch.distributed
-// (gloo, CPU) on 2 ranks, killed with SIGKILL after a checkpoint and
-// resumed on 3 ranks with another batch size, trains every sample of
-// every epoch once, in the epoch's order (testdata/check_ddp.py); on a mixed
-// folder too (its samples have 4 columns).
-func TestTrainDDP(t *testing.T) {
-	numpytest.Module(t, "torch", "python3-torch")
-	checkThreeEpochs(t, "check_ddp.py", "ok: ddp")
-	// A mixed folder (samples of 4 columns) too.
-	ds := demoDataset(t)
-	out := filepath.Join(t.TempDir(), "mixed")
-	if r := shuffleRun(t, nil, "--source", "a="+ds, "--source", "b="+ds, "--weights", "a=1,b=2", "--out", out, "--epochs", "1", "--window", "5", "--shard-samples", "8"); r.Code != 0 {
-		t.Fatal(r.Stderr)
-	}
-	if got := numpytest.Run(t, filepath.Join("..", "..", "testdata", "check_ddp.py"), out); !strings.Contains(string(got), "ok: ddp") {
-		t.Fatalf("check_ddp on a mixed folder: %s", got)
-	}
-}
-
-// checkThreeEpochs runs testdata/SCRIPT on three epochs of the demo set
-// (W=5, shards of 8) and wants ok in its output, which it returns.
-func checkThreeEpochs(t *testing.T, script, ok string) string {
-	t.Helper()
-	ds := demoDataset(t)
-	out := filepath.Join(t.TempDir(), "ep")
-	if r := shuffleRun(t, nil, base(ds, out, "--epochs", "3", "--window", "5", "--shard-samples", "8")...); r.Code != 0 {
-		t.Fatal(r.Stderr)
-	}
-	got := numpytest.Run(t, filepath.Join("..", "..", "testdata", script), out)
-	if !strings.Contains(string(got), ok) {
-		t.Fatalf("%s: %s", script, got)
-	}
-	return string(got)
-}
-
-// TestReaderDistrustsFiles (#24.4): the Python readers refuse hostile
-// epochs folders and datasets within a second, naming the file: FIFOs,
-// /dev/zero, oversized manifests, shards with other counts, dtypes or
-// sizes than epochs.json says, paths outside the folder, impossible
-// sample counts; and options that cannot take effect
-// (testdata/check_hostile.py; before, the first case hung). In a mixed
-// folder (#25): a source number that names no source, a samples file
-// without the source column, sources missing or named twice.
-func TestReaderDistrustsFiles(t *testing.T) {
-	ds := demoDataset(t)
-	out := filepath.Join(t.TempDir(), "ep")
-	if r := shuffleRun(t, nil, base(ds, out, "--epochs", "1", "--shard-samples", "8")...); r.Code != 0 {
-		t.Fatal(r.Stderr)
-	}
-	mixed := filepath.Join(t.TempDir(), "mixed")
-	d := mixDatasets(t)
-	if r := shuffleRun(t, nil, "--source", "a="+d["a"], "--source", "b="+d["b"], "--window", "15", "--epochs", "1", "--shard-samples", "8", "--out", mixed); r.Code != 0 {
-		t.Fatal(r.Stderr)
-	}
-	got := numpytest.Run(t, filepath.Join("..", "..", "testdata", "check_hostile.py"), out, ds, mixed)
-	if !strings.Contains(string(got), "ok: hostile") {
-		t.Fatalf("check_hostile: %s", got)
-	}
 }
 
 // TestPathsAgree: the in-memory gather and the external two-pass shuffle
@@ -308,8 +80,10 @@ func TestPathsAgree(t *testing.T) {
 				t.Fatalf("check_epochs: %s", out)
 			}
 			// The Python reader on the configs of W > 1, which have the
-			// fewest samples (its checks take a second per thousand).
-			if i := slices.Index(cfg, "--window"); i < 0 || cfg[i+1] != "1" {
+			// fewest samples (its checks take a second per thousand; 8 s of
+			// CPU a config: the first config, all of them with
+			// CLIPSHARD_EXHAUSTIVE=1).
+			if i := slices.Index(cfg, "--window"); (i < 0 && cfg[1] == "3") || (os.Getenv("CLIPSHARD_EXHAUSTIVE") != "" && (i < 0 || cfg[i+1] != "1")) {
 				out = numpytest.Run(t, filepath.Join("..", "..", "testdata", "check_reader.py"), ext)
 				if !strings.Contains(string(out), "ok: reader") {
 					t.Fatalf("check_reader: %s", out)

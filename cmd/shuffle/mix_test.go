@@ -1,7 +1,6 @@
 package main_test
 
 import (
-	"context"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,65 +16,13 @@ import (
 
 	"github.com/clipshard/clipshard/formats/npy"
 	"github.com/clipshard/clipshard/internal/clitest"
+	"github.com/clipshard/clipshard/internal/demodata"
 	"github.com/clipshard/clipshard/internal/numpytest"
 	"github.com/clipshard/clipshard/manifests"
-	"github.com/clipshard/clipshard/transform/convert"
 )
 
-var (
-	mixOnce sync.Once
-	mixDirs map[string]string
-	mixErr  error
-)
-
-// mixDatasets converts, once for all tests (read-only), three datasets of
-// testdata/demo's clips of different sizes (a: all 12 clips, b: 4, c: 7),
-// with the demo dataset's modalities, and one ("other") of the same clips
-// whose motion modality has other keys (another frame shape).
-func mixDatasets(t *testing.T) map[string]string {
-	t.Helper()
-	mixOnce.Do(func() {
-		dir, err := os.MkdirTemp(filepath.Dir(bin), "mix") // removed with the build
-		if err != nil {
-			mixErr = err
-			return
-		}
-		root, _ := filepath.Abs(filepath.Join("..", "..", "testdata", "demo"))
-		mixDirs = map[string]string{}
-		clips := func(a, b int) string {
-			var s strings.Builder
-			for c := a; c < b; c++ {
-				fmt.Fprintf(&s, "clip%03d\n", c)
-			}
-			return s.String()
-		}
-		for _, set := range []struct {
-			name, clips, motion string
-		}{{"a", clips(0, 12), "exp+pose"}, {"b", clips(0, 4), "exp+pose"}, {"c", clips(4, 11), "exp+pose"}, {"other", clips(0, 4), "exp"}} {
-			var mods []convert.Modality
-			for _, s := range []string{"motion=motion/{clip}.pkl:" + set.motion, "shape@clip=motion/{clip}.pkl:shape", "whisper@2=whisper/{clip}.npy",
-				"emotion=emotion/{clip}.npy"} {
-				m, err := convert.ParseModality(s)
-				if err != nil {
-					mixErr = err
-					return
-				}
-				mods = append(mods, m)
-			}
-			list := filepath.Join(dir, set.name+".txt")
-			os.WriteFile(list, []byte(set.clips), 0o644)
-			mixDirs[set.name] = filepath.Join(dir, set.name)
-			o := convert.Options{ClipList: list, Root: root, Out: mixDirs[set.name], Modalities: mods}
-			if _, mixErr = convert.Run(context.Background(), o); mixErr != nil {
-				return
-			}
-		}
-	})
-	if mixErr != nil {
-		t.Fatal(mixErr)
-	}
-	return mixDirs
-}
+// mixDatasets: demodata.Mix, once for all tests (read-only).
+func mixDatasets(t *testing.T) map[string]string { return demodata.Mix(t, filepath.Dir(bin)) } // (removed with the build)
 
 // mixArgs is a 3-source run over 4 epochs with a curriculum: in epochs
 // 0-1, b (800 samples of its own) is upsampled 4x and a (2400) and c
@@ -370,7 +316,7 @@ func TestMixRefused(t *testing.T) {
 			t.Fatalf("%v: wrote %s", c.args, out)
 		}
 	}
-	if got := listTree(t, users); len(got) != 2 || !strings.HasSuffix(got[1], "/notes.txt") {
+	if got := clitest.List(t, users); len(got) != 2 || !strings.HasSuffix(got[1], "/notes.txt") {
 		t.Fatalf("--out holding the user's files: now %v", got)
 	}
 	// Into a folder of other weights, or other sources: refused like

@@ -355,7 +355,8 @@ func TestVerifyLiveRun(t *testing.T) {
 	}
 }
 
-// TestKillAtFaultPoints: kill -9 at 20 points spread over a run (the
+// TestKillAtFaultPoints: kill -9 at 12 points (20 with
+// CLIPSHARD_EXHAUSTIVE=1, CI) spread over a run (the
 // commit's renames, the manifests' atomic writes, between shards, in
 // pass 1), on both paths, writing new epochs beside committed ones: the
 // re-run gives the same bytes as an uninterrupted run, verify passes, and
@@ -385,7 +386,7 @@ func TestKillAtFaultPoints(t *testing.T) {
 				t.Fatal(r.Stderr)
 			}
 			points := strings.Fields(string(must(os.ReadFile(log))))
-			for _, k := range clitest.Spread(t, len(points), 20) {
+			for _, k := range clitest.Spread(t, len(points), clitest.Exhaustive(12, 20)) {
 				t.Run(fmt.Sprintf("%d-%s", k, points[k-1]), func(t *testing.T) {
 					out := filepath.Join(t.TempDir(), "ep")
 					prepare(t, out)

@@ -13,7 +13,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -26,13 +28,17 @@ import (
 // Build builds the command in the current directory (a test's package)
 // into a temporary folder and returns its path and a cleanup func. It is
 // meant for TestMain; on failure it prints the build output and exits.
-func Build(name string, flags ...string) (string, func()) {
+func Build(name string, flags ...string) (string, func()) { return BuildOf(name, ".", flags...) }
+
+// BuildOf is Build of the command in the folder pkg (relative to the
+// test's package).
+func BuildOf(name, pkg string, flags ...string) (string, func()) {
 	dir, err := os.MkdirTemp("", "clipshard-"+name+"-test")
 	if err != nil {
 		panic(err)
 	}
 	bin := filepath.Join(dir, name)
-	if out, err := exec.Command("go", append(append([]string{"build"}, flags...), "-o", bin, ".")...).CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", append(append([]string{"build"}, flags...), "-o", bin, pkg)...).CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
 		os.Exit(1)
 	}
@@ -42,8 +48,13 @@ func Build(name string, flags ...string) (string, func()) {
 // Main is a test package's TestMain: it builds the command name into *bin
 // (see Build), runs the tests and removes the build.
 func Main(m *testing.M, name string, bin *string, flags ...string) {
+	MainOf(m, name, ".", bin, flags...)
+}
+
+// MainOf is Main with the command of the folder pkg.
+func MainOf(m *testing.M, name, pkg string, bin *string, flags ...string) {
 	var cleanup func()
-	*bin, cleanup = Build(name, flags...)
+	*bin, cleanup = BuildOf(name, pkg, flags...)
 	code := m.Run()
 	cleanup()
 	os.Exit(code)
@@ -285,4 +296,114 @@ func BigNPY(t testing.TB, path string, dt array.DType, rows, cols int) {
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// StaticBuild runs go build with CGO off (a static binary: the
+// Dockerfile's and the wheel's build) under a lock shared by every test
+// process of this machine (a file in the temporary folder), so that two
+// packages' tests do not compile the standard library and every module
+// without cgo at once on a cold build cache: the first compiles, the
+// second finds it in Go's cache and links. dir is where go runs; env is
+// added to the environment.
+func StaticBuild(t testing.TB, dir string, env []string, name string, args ...string) []byte {
+	t.Helper()
+	lock, err := os.OpenFile(filepath.Join(os.TempDir(), "clipshard-static-build.lock"), os.O_RDWR|os.O_CREATE, 0o666)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
+	cmd := exec.Command(name, args...)
+	cmd.Dir = dir
+	cmd.Env = append(append(os.Environ(), "CGO_ENABLED=0"), env...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %v: %v\n%s", name, args, err, out)
+	}
+	return out
+}
+
+// List lists the files under dir (but __pycache__, which imports make).
+func List(t testing.TB, dir string) []string {
+	t.Helper()
+	var out []string
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && d.Name() == "__pycache__" {
+			return filepath.SkipDir
+		}
+		out = append(out, p)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// OneLine: a failure is one line on stderr, named, and nothing on stdout.
+func OneLine(t testing.TB, r Result, code int, prefix string) {
+	t.Helper()
+	if r.Code != code || r.Stdout != "" || strings.Count(r.Stderr, "\n") != 1 || !strings.HasPrefix(r.Stderr, prefix) {
+		t.Fatalf("want exit %d and one line %q... on stderr, got exit %d, stdout %q, stderr %q", code, prefix, r.Code, r.Stdout, r.Stderr)
+	}
+}
+
+// WriteF32 writes a .npy of float32 [rows, cols] with value(r, c).
+func WriteF32(t testing.TB, path string, rows, cols int, value func(r, c int) float32) {
+	t.Helper()
+	b, err := npy.EncodeHeader("<f4", false, []int{rows, cols}, npy.DataAlign)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r := 0; r < rows; r++ {
+		for c := 0; c < cols; c++ {
+			b = binary.LittleEndian.AppendUint32(b, math.Float32bits(value(r, c)))
+		}
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Demo converts a copy of testdata/demo (motion, shape per clip, whisper)
+// with the clipshard command bin and shuffles it into 2 epochs (W=1,
+// shards of 64), each into a temporary folder of t's.
+func Demo(t testing.TB, bin string) (ds, ep string) {
+	t.Helper()
+	src := filepath.Join(t.TempDir(), "src")
+	CopyTree(t, DemoDir(), src)
+	dir := t.TempDir()
+	ds, ep = filepath.Join(dir, "ds"), filepath.Join(dir, "ep")
+	if r := Run(t, bin, nil, "convert", "--quiet", "--clips", filepath.Join(src, "clips.txt"), "--out", ds, "-m", "motion=motion/{clip}.pkl:exp+pose",
+		"-m", "shape@clip=motion/{clip}.pkl:shape", "-m", "whisper@2=whisper/{clip}.npy"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	if r := Run(t, bin, nil, "shuffle", "--quiet", "--dataset", ds, "--out", ep, "--window", "1", "--epochs", "2", "--shard-samples", "64"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	return ds, ep
+}
+
+// DemoDir is testdata/demo of this checkout.
+func DemoDir() string {
+	_, here, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(here), "..", "..", "testdata", "demo")
+}
+
+// Exhaustive is n, or with CLIPSHARD_EXHAUSTIVE set (just test-long, CI)
+// all: how many cases a test runs.
+func Exhaustive(n, all int) int {
+	if os.Getenv("CLIPSHARD_EXHAUSTIVE") != "" {
+		return all
+	}
+	return n
 }
