@@ -1,7 +1,6 @@
 package examples_test
 
 import (
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -38,7 +37,7 @@ func TestTrainDDP(t *testing.T) {
 		}
 	}
 	run(filepath.Join(t.TempDir(), "mixed"), "--source", "a="+ds, "--source", "b="+ds, "--weights", "a=1,b=2", "--epochs", "2")
-	if os.Getenv("CLIPSHARD_EXHAUSTIVE") != "" {
+	if clitest.Long() {
 		run(filepath.Join(t.TempDir(), "ep"), "--dataset", ds, "--epochs", "3", "--seed", "7")
 	}
 }

@@ -190,7 +190,7 @@ func TestWheel(t *testing.T) {
 		t.Fatal(err)
 	}
 	dist := t.TempDir()
-	if os.Getenv("CLIPSHARD_EXHAUSTIVE") != "" {
+	if clitest.Long() {
 		clitest.StaticBuild(t, root, nil, numpytest.Python(t), filepath.Join(root, "python", "_build.py"), "wheels", "--out", dist)
 	} else {
 		// the wheel around the command these tests built

@@ -89,7 +89,7 @@ func TestMemoryManyModalities(t *testing.T) {
 	}
 	list := clitest.ClipSetMods(t, mods, array.Float32, 128, rows...)
 	cases := [][2]int{{8, 64}, {4, 256}} // (the most buffers under the lowest bound; and four modalities)
-	if os.Getenv("CLIPSHARD_EXHAUSTIVE") != "" {
+	if clitest.Long() {
 		cases = [][2]int{{4, 64}, {4, 256}, {8, 64}, {8, 256}}
 	}
 	for _, c := range cases {

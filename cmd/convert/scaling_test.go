@@ -185,7 +185,7 @@ func TestKubernetesIndexedJob(t *testing.T) {
 		t.Fatal("Dockerfile: want RUN CGO_ENABLED=0 go build ... -o /out/ ./cmd/..., COPY --from=build /out/ /clipshard/bin/, and a numeric non-root USER")
 	}
 	binDir := t.TempDir()
-	if os.Getenv("CLIPSHARD_EXHAUSTIVE") != "" {
+	if clitest.Long() {
 		args := append(strings.Fields(string(build[1]))[1:], "-o", binDir+"/")
 		args = append(args, strings.Fields(string(build[2]))...)
 		clitest.StaticBuild(t, filepath.Join("..", ".."), nil, "go", args...) // (the Dockerfile's go build)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/clipshard/clipshard/formats"
+	"github.com/clipshard/clipshard/internal/clitest"
 )
 
 // npyFloat32 is a .npy file (version 1.0, '<f4', C order) of shape
@@ -119,10 +120,7 @@ func TestTornSourceRead(t *testing.T) {
 	}()
 	out := filepath.Join(t.TempDir(), "ds")
 	var ok, refused int
-	runs := 15
-	if os.Getenv("CLIPSHARD_EXHAUSTIVE") != "" {
-		runs = 200
-	}
+	runs := clitest.Exhaustive(15, 200)
 	for range runs {
 		stall.Store(0)
 		r := runConvert(t, nil, append(args(out), "--force")...)

@@ -83,7 +83,7 @@ func TestPathsAgree(t *testing.T) {
 			// fewest samples (its checks take a second per thousand; 8 s of
 			// CPU a config: the first config, all of them with
 			// CLIPSHARD_EXHAUSTIVE=1).
-			if i := slices.Index(cfg, "--window"); (i < 0 && cfg[1] == "3") || (os.Getenv("CLIPSHARD_EXHAUSTIVE") != "" && (i < 0 || cfg[i+1] != "1")) {
+			if i := slices.Index(cfg, "--window"); (i < 0 && cfg[1] == "3") || (clitest.Long() && (i < 0 || cfg[i+1] != "1")) {
 				out = numpytest.Run(t, filepath.Join("..", "..", "testdata", "check_reader.py"), ext)
 				if !strings.Contains(string(out), "ok: reader") {
 					t.Fatalf("check_reader: %s", out)

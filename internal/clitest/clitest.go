@@ -307,7 +307,7 @@ func BigNPY(t testing.TB, path string, dt array.DType, rows, cols int) {
 // added to the environment.
 func StaticBuild(t testing.TB, dir string, env []string, name string, args ...string) []byte {
 	t.Helper()
-	lock, err := os.OpenFile(filepath.Join(os.TempDir(), "clipshard-static-build.lock"), os.O_RDWR|os.O_CREATE, 0o666)
+	lock, err := os.OpenFile(filepath.Join(os.TempDir(), "clipshard-static-build.lock"), os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o666)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -399,10 +399,13 @@ func DemoDir() string {
 	return filepath.Join(filepath.Dir(here), "..", "..", "testdata", "demo")
 }
 
-// Exhaustive is n, or with CLIPSHARD_EXHAUSTIVE set (just test-long, CI)
-// all: how many cases a test runs.
+// Long reports the one switch of the exhaustive cases:
+// CLIPSHARD_EXHAUSTIVE set (just test-long, CI).
+func Long() bool { return os.Getenv("CLIPSHARD_EXHAUSTIVE") != "" }
+
+// Exhaustive is n, or all with Long: how many cases a test runs.
 func Exhaustive(n, all int) int {
-	if os.Getenv("CLIPSHARD_EXHAUSTIVE") != "" {
+	if Long() {
 		return all
 	}
 	return n

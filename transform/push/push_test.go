@@ -249,11 +249,7 @@ func TestPushKilled(t *testing.T) {
 		want := bucketTree(t, filepath.Join(s.Root, "bkt", prefix))
 		clitest.SameTree(t, want, pushedTree(t, dir, want), "a clean push")
 		points := []int{1, 2, len(names) / 3, len(names) / 2, len(names) - 2, len(names) - 1, len(names)}
-		random := 1 // (points drawn at random besides: 4 with CLIPSHARD_EXHAUSTIVE=1, CI)
-		if os.Getenv("CLIPSHARD_EXHAUSTIVE") != "" {
-			random = 4
-		}
-		for i := 0; i < random; i++ {
+		for range clitest.Exhaustive(1, 4) { // (points drawn at random besides)
 			points = append(points, 1+rand.IntN(len(names)))
 		}
 		for k, at := range points {
