@@ -7,6 +7,11 @@ ROW:
   floor-T    plain boto3 ranged GETs (8 MiB, each body read whole, T
              threads) of the epoch's shard objects, to nothing (the
              sweep's best is the floor)
+  checked-T  the same GETs, each 1 MiB of the body as it comes written
+             into a local file (allocated first) and hashed (sha256 by
+             1 MiB): what a script does that keeps and checks what it
+             fetches, the work of a cold cache without its bookkeeping
+             nor the reader's copy out of it (files under CACHE)
   loader     clipshard.Loader over the bucket (cache CACHE: cold if it
              is empty, warm if a loader filled it), float16, B=256
   ranks-R    R ranks (processes) of the Loader over the bucket at once,
@@ -21,8 +26,9 @@ ROW:
   put        plain boto3 uploads of the folder EDIR's files to URL
   upload     a plain boto3 multipart upload (upload_file, 16 MiB parts,
              4 threads) of EDIR's files to URL
-With STEP_MS, the loader rows sleep that long a batch (a simulated
-accelerator step) and report the median and p90 wait for the next batch.
+B is 256, or BENCH_BATCH (the tests' tiny epochs). With STEP_MS, the
+loader rows sleep that long a batch (a simulated accelerator step) and
+report the median and p90 wait for the next batch.
 Every row's clock starts once its client or loader is made (setup_s);
 cpu_s is the CPU the row's processes used meanwhile, server_cpu_s the
 server's (BENCH_SERVER_PID).
@@ -40,6 +46,7 @@ from clipshard import _remote  # noqa: E402
 
 row, edir, url, cache = sys.argv[1:5]
 step = float(sys.argv[5]) / 1000 if len(sys.argv) > 5 else 0.0
+B = int(os.environ.get("BENCH_BATCH", 256))
 if row == "put":
     # a folder's files to URL, plain boto3 uploads (a peer's shards)
     import boto3
@@ -73,9 +80,9 @@ def _server_cpu():
 # import and client, the manifests: out["setup_s"]), the same for all.
 t0 = time.perf_counter()
 cpu0, server0 = _cpu(), (_server_cpu() if server else 0.0)
-if row.startswith("floor"):
+if row.startswith(("floor", "checked")):
     # floor-T: T threads of plain boto3 ranged GETs (8 MiB, read whole) of
-    # every object, to nothing
+    # every object, to nothing; checked-T: written and hashed as they come
     import boto3
     from botocore.config import Config
     c = boto3.session.Session().client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"], config=Config(
@@ -85,12 +92,30 @@ if row.startswith("floor"):
     out["setup_s"] = time.perf_counter() - t0
     t0, cpu0, server0 = time.perf_counter(), _cpu(), (_server_cpu() if server else 0.0)
 
+    import hashlib
+    fds = {}
+    if row.startswith("checked"):
+        os.makedirs(cache, exist_ok=True)
+        for i, f in enumerate(files):
+            fds[f] = os.open(os.path.join(cache, "%d" % i), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.posix_fallocate(fds[f], 0, sizes[f])
+
     def get(piece):
         f, a, b = piece
-        c.get_object(Bucket=bucket, Key=prefix + "/" + f, Range="bytes=%d-%d" % (a, b - 1))["Body"].read()
+        body = c.get_object(Bucket=bucket, Key=prefix + "/" + f, Range="bytes=%d-%d" % (a, b - 1))["Body"]
+        if not fds:
+            body.read()
+            return
+        while a < b:
+            chunk = body.read(min(1 << 20, b - a))
+            os.pwrite(fds[f], chunk, a)
+            hashlib.sha256(chunk).digest()
+            a += len(chunk)
     pieces = [(f, a, min(a + (8 << 20), sizes[f])) for f in files for a in range(0, sizes[f], 8 << 20)]
     with ThreadPoolExecutor(int(row.split("-")[1])) as ex:
         list(ex.map(get, pieces))
+    for fd in fds.values():
+        os.close(fd)
 elif row.startswith("ranks-"):
     R = int(row.split("-")[1])
     code = """
@@ -98,14 +123,14 @@ import json, resource, sys, time
 sys.path.insert(0, %r)
 import clipshard
 rank, R, url, cache = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-ld = clipshard.Loader(url, %d, rank=rank, world_size=R, batch_size=256, cache_dir=cache, cache_limit=%d)
+ld = clipshard.Loader(url, %d, rank=rank, world_size=R, batch_size=%d, cache_dir=cache, cache_limit=%d)
 print(json.dumps({"ready": time.time()}), flush=True)
 sys.stdin.readline()
 cpu = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
 c0 = cpu()
 n = sum(len(b["samples"]) for b in ld)
 print(json.dumps({"samples": n, "fetched": ld._remote.fetched, "cpu": cpu() - c0}))
-""" % (os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"), e["epoch"], max(4 * nbytes, 1 << 30))
+""" % (os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"), e["epoch"], B, max(4 * nbytes, 1 << 30))
     import subprocess
     ps = [subprocess.Popen([sys.executable, "-c", code, str(r), str(R), url, "%s-%d" % (cache, r)], stdin=subprocess.PIPE,
                            stdout=subprocess.PIPE, text=True) for r in range(R)]
@@ -122,7 +147,7 @@ print(json.dumps({"samples": n, "fetched": ld._remote.fetched, "cpu": cpu() - c0
                egress=sum(r["fetched"] for r in res) / (nbytes * read / e["samples"]), ranks_cpu_s=sum(r["cpu"] for r in res))
 elif row in ("loader", "local"):
     kw = dict(cache_dir=cache, cache_limit=max(4 * nbytes, 1 << 30)) if row == "loader" else {}
-    ld = clipshard.Loader(url if row == "loader" else edir, e["epoch"], batch_size=256, **kw)
+    ld = clipshard.Loader(url if row == "loader" else edir, e["epoch"], batch_size=B, **kw)
     out["setup_s"] = time.perf_counter() - t0
     t0, cpu0, server0 = time.perf_counter(), _cpu(), (_server_cpu() if server else 0.0)
     waits = []
@@ -147,7 +172,7 @@ elif row.startswith(("mosaic-", "litdata-")):
         from streaming import StreamingDataLoader, StreamingDataset
         from streaming.base.util import clean_stale_shared_memory
         clean_stale_shared_memory()
-        ds = StreamingDataset(remote=url, local=cache, shuffle=True, batch_size=256, shuffle_seed=1)
+        ds = StreamingDataset(remote=url, local=cache, shuffle=True, batch_size=B, shuffle_seed=1)
     else:
         from litdata import StreamingDataLoader, StreamingDataset
         import litdata.streaming.downloader as dl
@@ -155,7 +180,7 @@ elif row.startswith(("mosaic-", "litdata-")):
         # is http on loopback (on S3 it is https): allowed, as it would be.
         dl._OBSTORE_CLIENT_OPTIONS = dict(dl._OBSTORE_CLIENT_OPTIONS, allow_http="true")
         ds = StreamingDataset(url, cache_dir=cache, shuffle=True, drop_last=True, seed=1)
-    ld = StreamingDataLoader(ds, batch_size=256, num_workers=int(workers), drop_last=True)
+    ld = StreamingDataLoader(ds, batch_size=B, num_workers=int(workers), drop_last=True)
     out["setup_s"] = time.perf_counter() - t0
     t0, cpu0, server0 = time.perf_counter(), _cpu(), (_server_cpu() if server else 0.0)
     waits, n = [], 0

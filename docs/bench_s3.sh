@@ -2,7 +2,8 @@
 # just bench-s3: epochs in a bucket, on versitygw over loopback (started
 # here on 127.0.0.1, stopped by PID), side by side in one run, rows
 # interleaved in 3 rounds: the floor (plain boto3 ranged GETs of the same
-# objects, the best of 1/2/4/8 threads), clipshard's Loader from the
+# objects, the best of 1/2/4/8 threads), the checked floor (the same GETs
+# written to files and hashed as they come, 4 threads), clipshard's Loader from the
 # bucket with a cold cache and a warm one, 2 and 4 ranks each with a cache
 # of its own (separate nodes: the cluster's egress), the Loader from the
 # folder, Mosaic Streaming and LitData reading their own shards of the same
@@ -58,7 +59,9 @@ for round in 1 2 3; do
   for th in 1 2 4 8; do
     "$PY" docs/bench_s3.py "floor-$th" "$EP" s3://bench/ep - | sed "s/}$/, \"round\": $round}/" >> "$OUT"
   done
-  rm -rf "$W/s3-cache"
+  rm -rf "$W/s3-checked"
+  "$PY" docs/bench_s3.py checked-4 "$EP" s3://bench/ep "$W/s3-checked" | sed "s/}$/, \"round\": $round}/" >> "$OUT"
+  rm -rf "$W/s3-checked" "$W/s3-cache"
   "$PY" docs/bench_s3.py loader "$EP" s3://bench/ep "$W/s3-cache" | sed "s/}$/, \"round\": $round, \"cache\": \"cold\"}/" >> "$OUT"
   "$PY" docs/bench_s3.py loader "$EP" s3://bench/ep "$W/s3-cache" | sed "s/}$/, \"round\": $round, \"cache\": \"warm\"}/" >> "$OUT"
   for R in 2 4; do
@@ -112,6 +115,7 @@ xs = [best[k]["MiB_per_s"] for k in rounds]
 print("| floor: plain boto3 ranged GETs, the best of 1/2/4/8 threads | %s | 1 | | %s | %s |" % (
     rng(xs, "%.0f"), rng([1000 * best[k]["cpu_s"] / (best[k]["epoch_bytes"] / 2**20) for k in rounds], "%.1f"),
     rng([1000 * best[k]["server_cpu_s"] / (best[k]["epoch_bytes"] / 2**20) for k in rounds], "%.1f")))
+line("checked floor: the same GETs (4 threads), written to local files and hashed (sha256) as they come", dict(row="checked-4"))
 line("clipshard Loader, bucket, cold cache", dict(row="loader", cache="cold", step_ms=0.0))
 line("clipshard Loader, bucket, warm cache", dict(row="loader", cache="warm"))
 for R in (2, 4):

@@ -282,6 +282,41 @@ except ValueError as err:
 finally:
     client.put_object(Bucket=b.bucket, Key=b.key(rel), Body=good)
 checks += len(bad_ones) + 1
+
+# The read-ahead's pieces: a file's range cut on block bounds into pieces
+# of at most PIECE bytes, in order, covering it once (the fetch threads
+# take them as each is free); a head stays one request.
+rm = _remote.Remote(url, cache_dir(), limit)
+files0 = man["epochs"][0]["shards"][0]["files"]
+sums = rm.block_sums(files0["samples"])
+K = sums.block
+step = max(1, _remote.PIECE // K) * K
+for rel in files0.values():
+    size = sums.files[rel][0]
+    for lo, hi in ((0, None), (5, max(6, size - 3)), (K + 1, None)):
+        if lo >= size:
+            continue
+        got = list(rm._pieces([(rel, lo, hi)]))
+        end = size if hi is None else min(hi, size)
+        assert got[0][1] == lo and (got[-1][2] or size) == end, (rel, lo, hi, got)
+        for (r1, a1, b1), (r2, a2, b2) in zip(got, got[1:]):
+            assert r1 == r2 == rel and b1 == a2 and a2 % K == 0, got
+        assert all((b or size) - a <= step and (b or size) > a for _, a, b in got), got
+        checks += 1
+    assert list(rm._pieces([(rel, 0, -1)])) == [(rel, 0, -1)]
+# The ledger: written in place, a torn one is not trusted (a walk).
+with open(os.path.join(rm.cache.path, _remote.LEDGER), "wb") as f:
+    f.write(b"x" * 200)  # (torn, and longer than one: cut to its size)
+rm.cache.record(12345, walk=False)
+assert os.path.getsize(os.path.join(rm.cache.path, _remote.LEDGER)) == _remote.LEDGER_BYTES
+assert rm.cache.counted() is None  # (walked 0: never)
+rm.cache.record(12345)
+assert rm.cache.counted() == 12345
+with open(os.path.join(rm.cache.path, _remote.LEDGER), "r+b") as f:
+    f.write(b'{"usage": 1\0\0')  # (damaged)
+assert rm.cache.counted() is None
+rm.close()
+checks += 3
 shutil.rmtree(root, ignore_errors=True)
 print("ok: bucket %d checks; cache limit %d bytes (5 shard groups and the manifests, BLOCKSUMS); egress %s x the epoch's bytes for R = 2, 4 ranks sharing a cache%s"
       % (checks, limit, ", ".join("%.3f" % r for r in ratios), "" if torch is not None else " (no torch: its readers not checked)"))

@@ -64,11 +64,12 @@ import struct
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Iterable, Iterator, Optional, Union
 
 MARK = "CLIPSHARD-CACHE"
 LEDGER = ".usage"  # the cache's usage as last counted (Cache.counted)
 LEDGER_AGE = 2.0  # seconds a count is trusted before the cache is walked again
+LEDGER_BYTES = 96  # the ledger's size: its JSON, padded with spaces
 BLOCKSUMS = "BLOCKSUMS"
 # Threads of a process that fetch at once (each a GET in flight, its
 # blocks hashed and written as they come): CLIPSHARD_S3_FETCHERS, default
@@ -401,17 +402,24 @@ class Cache:
     def record(self, usage: int, walk: bool = True) -> None:
         """Write the ledger (under the lock): usage, as a walk found it
         now, or (walk False) as counted since the last walk."""
-        walked = time.time()
-        if not walk:
-            try:
-                with open(os.path.join(self.path, LEDGER)) as f:
-                    walked = float(json.load(f)["walked"])
-            except (OSError, ValueError, KeyError, TypeError, RecursionError):
-                walked = 0.0
-        tmp = os.path.join(self.path, LEDGER + ".tmp.%d" % os.getpid())
-        with open(tmp, "w") as f:
-            json.dump({"usage": usage, "walked": walked}, f)
-        os.replace(tmp, os.path.join(self.path, LEDGER))
+        # Written in place, one pwrite of LEDGER_BYTES (JSON padded with
+        # spaces): under the lock no reader sees it half written, and one
+        # that a death left torn is not JSON (counted: walk). (A temporary
+        # file renamed over it cost a new inode a fetched piece.)
+        fd = os.open(os.path.join(self.path, LEDGER), os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
+        try:
+            walked = time.time()
+            if not walk:
+                try:
+                    walked = float(json.loads(os.pread(fd, LEDGER_BYTES, 0))["walked"])
+                except (OSError, ValueError, KeyError, TypeError, RecursionError):
+                    walked = 0.0
+            body = json.dumps({"usage": usage, "walked": walked}).encode()
+            os.pwrite(fd, body.ljust(LEDGER_BYTES), 0)
+            if os.fstat(fd).st_size > LEDGER_BYTES:
+                os.ftruncate(fd, LEDGER_BYTES)  # (an older version's, longer)
+        finally:
+            os.close(fd)
 
     def locked(self) -> "_Flock":
         """The cache's own lock (flock of the mark): room is made and
@@ -922,7 +930,7 @@ class Remote:
         """Fetch these byte ranges of shard files in the background ((rel,
         0, None): the file whole; (rel, 0, -1): its head)."""
         pool = None
-        for r in ranges:
+        for r in self._pieces(ranges):
             if r in self._ahead and self._pool_pid == os.getpid():
                 continue
             if r[1] == 0 and r[2] is None and self._sums.get(r[0].rsplit("/", 1)[0]) is None and os.path.exists(self.local(r[0])):
@@ -931,6 +939,29 @@ class Remote:
             self._ahead[r] = pool.submit(self._quiet_fetch, *r)
         if len(self._ahead) > 4096:
             self._ahead = {k: v for k, v in self._ahead.items() if not v.done()}
+
+    def _pieces(self, ranges: Iterable[tuple[str, int, Optional[int]]]) -> Iterator[tuple[str, int, Optional[int]]]:
+        """The ranges, those of a file whose folder's BLOCKSUMS is at hand cut
+        into pieces of PIECE bytes on block bounds, in order: the fetch
+        threads then take the next piece as each is free, and keep
+        FETCHERS GETs in flight in the order the reader needs them (a file
+        a thread fetched whole made a group wait for its largest file,
+        fetched by one thread)."""
+        for rel, lo, hi in ranges:
+            with self._lock:
+                sums = self._sums.get(rel.rsplit("/", 1)[0] if "/" in rel else "")
+            got = sums.files.get(rel) if sums is not None and hi != -1 else None
+            if got is None:
+                yield rel, lo, hi
+                continue
+            size, K = got[0], sums.block
+            end = size if hi is None else min(hi, size)
+            step = max(1, PIECE // K) * K
+            a = lo // K * K
+            while a < end:
+                b = min(end, (a // step + 1) * step)
+                yield rel, max(a, lo), (None if b >= size else b)
+                a = b
 
     def _quiet_fetch(self, rel: str, lo: int, hi: Optional[int]) -> None:
         try:

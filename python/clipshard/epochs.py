@@ -427,9 +427,12 @@ class EpochReader:
         r.at(keep + [self.shards[k]["files"]["samples"].rsplit("/", 1)[0] + "/" + _remote.BLOCKSUMS],
              [rel for g in groups[1:] for rel in g])
         if not self._ranged:
+            # Every piece of these groups queued for the fetch threads in
+            # the order they are read, this one's first; this thread then
+            # takes what none has taken yet, or waits for it.
+            r.read_ahead(groups)
             for rel in groups[0]:
                 r.ensure(rel)
-            r.read_ahead(groups[1:])
             return
         for rel in groups[0]:
             self._fetch_head(rel)

@@ -620,3 +620,34 @@ func wideDataset(t *testing.T, y bool) string {
 	}
 	return ds
 }
+
+// TestBenchS3Runs: docs/bench_s3.py's rows of clipshard and the floors
+// (the peers' rows need their packages: bench-peers' venv) run end to end
+// on the demo epoch in versitygw, each printing its figures, so that the
+// script behind the "Epochs in a bucket" table cannot rot.
+func TestBenchS3Runs(t *testing.T) {
+	s, ep := pushedEpochs(t, "1", "16")
+	env := append(s.Env(), "AWS_PROFILE=", "BENCH_BATCH=32")
+	script := filepath.Join("..", "..", "docs", "bench_s3.py")
+	dir := t.TempDir()
+	for _, c := range [][]string{
+		{"floor-2", ep, "s3://bkt/ep", "-"},
+		{"checked-2", ep, "s3://bkt/ep", filepath.Join(dir, "checked")},
+		{"loader", ep, "s3://bkt/ep", filepath.Join(dir, "cache")},
+		{"loader", ep, "s3://bkt/ep", filepath.Join(dir, "cache"), "1"},
+		{"ranks-2", ep, "s3://bkt/ep", filepath.Join(dir, "rank-cache")},
+		{"local", ep, "s3://bkt/ep", "-"},
+		{"upload", ep, "s3://bkt/plain", "-"},
+	} {
+		got := numpytest.RunEnv(t, env, append([]string{script}, c...)...)
+		var row map[string]any
+		if err := json.Unmarshal(got, &row); err != nil || row["row"] != c[0] || !(row["MiB_per_s"].(float64) > 0) {
+			t.Fatalf("bench_s3.py %v: %s (%v)", c, got, err)
+		}
+		if c[0] == "loader" || c[0] == "ranks-2" || c[0] == "local" {
+			if n, _ := row["samples"].(float64); n <= 0 {
+				t.Fatalf("bench_s3.py %v read no samples: %s", c, got)
+			}
+		}
+	}
+}
