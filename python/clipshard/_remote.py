@@ -951,7 +951,7 @@ class Remote:
             with self._lock:
                 sums = self._sums.get(rel.rsplit("/", 1)[0] if "/" in rel else "")
             got = sums.files.get(rel) if sums is not None and hi != -1 else None
-            if got is None:
+            if sums is None or got is None:
                 yield rel, lo, hi
                 continue
             size, K = got[0], sums.block
