@@ -73,8 +73,11 @@ LEDGER_BYTES = 96  # the ledger's size: its JSON, padded with spaces
 BLOCKSUMS = "BLOCKSUMS"
 # Threads of a process that fetch at once (each a GET in flight, its
 # blocks hashed and written as they come): CLIPSHARD_S3_FETCHERS, default
-# 4 (on this 2-core box, the server on it too: 1: 534, 2: 724, 3: 778,
-# 4: 804 MiB/s cold; docs/BENCHMARKS.md).
+# 4, for a server elsewhere, whose GETs wait on the network (on the 2-core
+# box of docs/BENCHMARKS.md, the server on the same cores and every fetch
+# thread kept busy, 2 did best: 399 MiB/s cold against 376 with 4, 338
+# with 6, less CPU a MiB; before the pieces were queued, 4 did: 804
+# against 724).
 FETCHERS = max(1, int(os.environ.get("CLIPSHARD_S3_FETCHERS", 4)))
 PIECE = int(os.environ.get("CLIPSHARD_S3_PIECE", 8 << 20))  # bytes of one ranged GET at most (the tests make it small)
 CHUNK = 1 << 20  # bytes of a body read at once
