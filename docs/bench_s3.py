@@ -11,7 +11,8 @@ ROW:
              into a local file (allocated first) and hashed (sha256 by
              1 MiB): what a script does that keeps and checks what it
              fetches, the work of a cold cache without its bookkeeping
-             nor the reader's copy out of it (files under CACHE)
+             nor the reader's copy out of it (files in CACHE, a new
+             folder: one that exists is refused)
   loader     clipshard.Loader over the bucket (cache CACHE: cold if it
              is empty, warm if a loader filled it), float16, B=256
   ranks-R    R ranks (processes) of the Loader over the bucket at once,
@@ -95,9 +96,9 @@ if row.startswith(("floor", "checked")):
     import hashlib
     fds = {}
     if row.startswith("checked"):
-        os.makedirs(cache, exist_ok=True)
+        os.makedirs(cache)  # (a new folder: never one holding anyone's files)
         for i, f in enumerate(files):
-            fds[f] = os.open(os.path.join(cache, "%d" % i), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            fds[f] = os.open(os.path.join(cache, "%d" % i), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
             os.posix_fallocate(fds[f], 0, sizes[f])
 
     def get(piece):

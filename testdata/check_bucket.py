@@ -315,8 +315,26 @@ assert rm.cache.counted() == 12345
 with open(os.path.join(rm.cache.path, _remote.LEDGER), "r+b") as f:
     f.write(b'{"usage": 1\0\0')  # (damaged)
 assert rm.cache.counted() is None
+# A symlink or a FIFO planted as the ledger: never followed, opened for
+# long or written; the cache refused, naming it.
+led = os.path.join(rm.cache.path, _remote.LEDGER)
+outside = os.path.join(root, "users-own-file")
+with open(outside, "wb") as f:
+    f.write(b"mine")
+for plant in ("symlink", "fifo"):
+    os.unlink(led)
+    os.symlink(outside, led) if plant == "symlink" else os.mkfifo(led)
+    assert rm.cache.counted() is None  # (and did not wait for a writer)
+    try:
+        rm.cache.record(1)
+        raise SystemExit("a %s ledger was written" % plant)
+    except ValueError as err:
+        assert led in str(err) and "refusing to use this cache" in str(err), err
+    with open(outside, "rb") as f:
+        assert f.read() == b"mine", plant
+os.unlink(led)
 rm.close()
-checks += 3
+checks += 5
 shutil.rmtree(root, ignore_errors=True)
 print("ok: bucket %d checks; cache limit %d bytes (5 shard groups and the manifests, BLOCKSUMS); egress %s x the epoch's bytes for R = 2, 4 ranks sharing a cache%s"
       % (checks, limit, ", ".join("%.3f" % r for r in ratios), "" if torch is not None else " (no torch: its readers not checked)"))

@@ -60,6 +60,7 @@ import json
 import os
 import random
 import re
+import stat
 import struct
 import threading
 import time
@@ -394,13 +395,27 @@ class Cache:
         lock: every reservation and eviction goes through it, and what
         grows outside it (position files, extent blocks) is within SLACK."""
         try:
-            with open(os.path.join(self.path, LEDGER)) as f:
-                v = json.load(f)
+            fd = self._ledger(create=False)
+            try:
+                v = json.loads(os.pread(fd, LEDGER_BYTES + 1, 0))
+            finally:
+                os.close(fd)
             if time.time() - float(v["walked"]) < LEDGER_AGE:
                 return int(v["usage"])
         except (OSError, ValueError, KeyError, TypeError, RecursionError):
             pass
         return None
+
+    def _ledger(self, create: bool) -> int:
+        """An fd of the ledger, a regular file of this cache's: a symlink,
+        a FIFO or a device planted under its name is never followed,
+        opened for long or written (ValueError, naming it)."""
+        p = os.path.join(self.path, LEDGER)
+        fd = os.open(p, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | _O_CLOEXEC | (os.O_CREAT if create else 0), 0o644)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ValueError("%s: not a regular file (the cache's ledger is): refusing to use this cache; remove it" % p)
+        return fd
 
     def record(self, usage: int, walk: bool = True) -> None:
         """Write the ledger (under the lock): usage, as a walk found it
@@ -409,7 +424,10 @@ class Cache:
         # spaces): under the lock no reader sees it half written, and one
         # that a death left torn is not JSON (counted: walk). (A temporary
         # file renamed over it cost a new inode a fetched piece.)
-        fd = os.open(os.path.join(self.path, LEDGER), os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
+        try:
+            fd = self._ledger(create=True)
+        except OSError as e:  # (ELOOP: a symlink)
+            raise ValueError("%s: %s: refusing to use this cache; remove it" % (os.path.join(self.path, LEDGER), e.strerror)) from None
         try:
             walked = time.time()
             if not walk:
