@@ -90,9 +90,9 @@ bench-read:
 bench-s3-clients:
     docs/bench_s3_clients.sh
 
-# Epochs in a bucket on versitygw over loopback: the floor (boto3 ranged GETs), the Loader cold and warm, a 20 ms step's wait, push against a plain multipart upload (docs/BENCHMARKS.md).
+# Epochs in a bucket on versitygw over loopback: the floor (boto3 ranged GETs), the Loader cold and warm, a 20 ms step's wait, push against a plain multipart upload; then (as root) the floors and the cold Loader behind links of 2, 4 and 6 Gbit/s and an unshaped one (docs/bench_link.sh; docs/BENCHMARKS.md).
 bench-s3:
-    docs/bench_s3.sh
+    if [ "$(id -u)" = 0 ]; then BENCH_LINKS="${BENCH_LINKS:-2gbit 4gbit 6gbit none}" docs/bench_s3.sh; else docs/bench_s3.sh; fi
 
 # Peak RSS of convert and both shuffle paths at --mem 64 MiB / 256 MiB / 2 GiB (docs/BENCHMARKS.md).
 bench-memory:

@@ -9,9 +9,12 @@
 # folder, Mosaic Streaming and LitData reading their own shards of the same
 # windows from the same server (0 and 2 DataLoader workers), a 20 and a 60
 # ms step's wait (cold), and clipshard push against a plain boto3
-# multipart upload of the same files. Every row runs in one Python (a venv
-# of the script's own, as bench-peers makes it: the peers, torch, boto3),
-# with its client CPU and the server's. The mixed bench set with one huge
+# multipart upload of the same files; with BENCH_LINKS="2gbit 4gbit none"
+# (root) the floors and the cold Loader again behind a link of each rate
+# (docs/bench_link.sh: the server in a network namespace of its own).
+# Every row runs in one Python (a venv of the script's own, as bench-peers
+# makes it: the peers, torch, boto3), with its client CPU and the
+# server's. The mixed bench set with one huge
 # clip (docs/bench_gen_mixed.py), W=15.
 #   docs/bench_s3.sh [WORKDIR]   (CLIPSHARD_VERSITYGW: the server, else .ci/run's cache;
 #                                 BENCH_CLIPS: clips of the set, default 400)
@@ -84,6 +87,32 @@ for round in 1 2 3; do
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 trap - EXIT; kill $VPID 2>/dev/null; wait $VPID 2>/dev/null || true
+LOUT="$W/s3-link.jsonl"; : > "$LOUT"
+if [ -n "${BENCH_LINKS:-}" ]; then
+  # The link leg: the same bucket served from a network namespace over a
+  # veth pair shaped to each rate of BENCH_LINKS (none: not shaped), rates
+  # interleaved in 3 rounds: the floor (4 and 8 threads), the checked floor
+  # and the Loader with a cold cache (docs/bench_link.sh).
+  [ "$(id -u)" = 0 ] || { echo "BENCH_LINKS needs root (a network namespace, tc)"; exit 1; }
+  . docs/bench_link.sh
+  trap 'link_down' EXIT
+  link_up
+  ROOT_ACCESS_KEY=bench ROOT_SECRET_KEY=bench-secret-key link_serve "$VGW" "$ROOT" "$W/vgw-link.log"
+  export AWS_ENDPOINT_URL="$LINK_ENDPOINT" BENCH_SERVER_PID="$LINK_PID"
+  echo "link leg: load average $(cut -d' ' -f1-3 /proc/loadavg)"
+  for round in 1 2 3; do
+    for rate in $BENCH_LINKS; do
+      link_rate "$rate"
+      for row in floor-4 floor-8 checked-4 loader; do
+        rm -rf "$W/s3-checked" "$W/s3-cache"
+        "$PY" docs/bench_s3.py "$row" "$EP" s3://bench/ep "$W/s3-$([ $row = loader ] && echo cache || echo checked)" \
+          | sed "s/}$/, \"round\": $round, \"link\": \"$rate\"}/" >> "$LOUT"
+      done
+    done
+  done
+  echo "link leg: load average after $(cut -d' ' -f1-3 /proc/loadavg)"
+  trap - EXIT; link_down
+fi
 "$PY" - "$OUT" <<'PY'
 import json, sys, statistics as st
 rows = [json.loads(l) for l in open(sys.argv[1])]
@@ -137,4 +166,24 @@ for S in (20.0, 60.0):
 push = [r["seconds"] for r in pick(row="push")]
 plain = [r["seconds"] for r in pick(row="upload")]
 print("push: %s s; a plain boto3 multipart upload of the same files: %s s; push is %s × its speed" % (rng(push), rng(plain), rng([b / a for a, b in zip(push, plain)])))
+PY
+[ -s "$LOUT" ] && "$PY" - "$LOUT" <<'PY'
+import json, sys, statistics as st
+rows = [json.loads(l) for l in open(sys.argv[1])]
+def rng(xs, f="%.2f"):
+    return (f + " (" + f + "–" + f + ")") % (st.median(xs), min(xs), max(xs)) if xs else "–"
+print()
+print("| link (each way) | floor MiB/s: the better of 4, 8 threads | checked floor MiB/s | × the floor | Loader, cold cache, MiB/s | × the floor | Loader client CPU ms / MiB |")
+print("| --- | --- | --- | --- | --- | --- | --- |")
+for link in dict.fromkeys(r["link"] for r in rows):
+    rs = [r for r in rows if r["link"] == link]
+    rounds = sorted({r["round"] for r in rs})
+    floor = {k: max(r["MiB_per_s"] for r in rs if r["row"].startswith("floor-") and r["round"] == k) for k in rounds}
+    def of(row):
+        return [r for r in rs if r["row"] == row]
+    ck, ld = of("checked-4"), of("loader")
+    print("| %s | %s | %s | %s | %s | %s | %s |" % (
+        link, rng(list(floor.values()), "%.0f"), rng([r["MiB_per_s"] for r in ck], "%.0f"),
+        rng([r["MiB_per_s"] / floor[r["round"]] for r in ck]), rng([r["MiB_per_s"] for r in ld], "%.0f"),
+        rng([r["MiB_per_s"] / floor[r["round"]] for r in ld]), rng([1000 * r["cpu_s"] / (r["epoch_bytes"] / 2**20) for r in ld], "%.1f")))
 PY

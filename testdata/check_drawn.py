@@ -31,6 +31,8 @@ the same modalities (for mixing), OTHER: one whose motion differs.
   sources whose modalities differ; a dataset converted again while a
   loader draws from it (its next epoch refused); close() leaves no file
   open.
+- A group's read asks the kernel for every row the rank's windows of
+  it read, nothing outside its blocks, in each file's order.
 - torch (when installed): EpochDataset(dataset=...) through a
   DataLoader with 0 and 2 workers gives the reader's batches, resumes
   from state_dict(batch); torch.Loader(dataset=...) casts to float32.
@@ -361,6 +363,54 @@ for bad in (dict(st, id="x"), dict(st, epoch=1), dict(st, remaining=[[5, 3]]), d
         continue
     raise AssertionError("state %r was taken" % (bad,))
 plan.close()
+
+# What a group's read asks of the kernel (posix_fadvise WILLNEED, each
+# streamed file in its own order): every row the rank's windows of the
+# group read, nothing outside the group's blocks.
+if hasattr(os, "posix_fadvise"):
+    import clipshard.draw as _draw
+    asked = []
+    real_advise, real_cached = os.posix_fadvise, _draw._cached
+    os.posix_fadvise = lambda fd, off, n, adv: asked.append((fd, off, n))
+    _draw._cached = lambda fd, off, n: False  # (the demo set is in the page cache: ask anyway)
+    try:
+        for dirs, opts in (CASES[0], CASES[2], CASES[4], CASES[5]):
+            plan, _ = plan_of(dirs, opts)
+            for R in (1, 3):
+                for r in range(R):
+                    rd = DrawnReader(plan, 1, batch_size=3, world_size=R, rank=r)
+                    o = plan.order(1)
+                    pos = rd.positions()
+                    for gid in rd._needs()[1].tolist():
+                        del asked[:]
+                        rd._fetch(gid)
+                        s_, _ = o.groups[gid]
+                        src = plan.sources[s_]
+                        mine = pos[o.group[pos] == gid]
+                        blocks = set((o.gs[mine] // src.block_frames).tolist())
+                        for rec in src.mods:
+                            if rec["held"]:
+                                continue
+                            f = src.files[rec["name"]]
+                            mine_f = sorted((off, off + n) for fd, off, n in asked if fd == f.fd)
+                            got = [(fd, off) for fd, off, n in asked if fd == f.fd]
+                            assert [x[1] for x in got] == sorted(x[1] for x in got), (rec["name"], "asked out of order")
+                            step = rec["rate"] * f.row
+                            for k in mine.tolist():  # every window's rows inside an asked range
+                                a = f.offset + o.gs[k] * step
+                                b = a + o.valid[k] * step
+                                assert any(lo <= a and b <= hi for lo, hi in mine_f), (rec["name"], k, a, b, mine_f)
+                            BF, W = src.block_frames, plan.window
+                            for lo, hi in mine_f:  # nothing outside the group's blocks (their W - 1 overlap included)
+                                fa, fb = (lo - f.offset) // step, (hi - f.offset) // step
+                                assert fa % BF == 0 and fa // BF in blocks, (rec["name"], fa, blocks)
+                                last = -(-(fb - W + 1) // BF) - 1
+                                assert all(x in blocks for x in range(fa // BF, last + 1)), (rec["name"], fa, fb, blocks)
+                                checked["advised"] = checked.get("advised", 0) + 1
+            plan.close()
+    finally:
+        os.posix_fadvise, _draw._cached = real_advise, real_cached
+    assert checked["advised"] > 20, checked
 
 # Hostile datasets: refused, naming the file.
 tmp = tempfile.mkdtemp()

@@ -635,11 +635,8 @@ class Remote:
         p = self.local(rel)
         if os.path.exists(p):
             return p
-        t = self._ahead.get(rel)
-        if t is not None and self._pool_pid == os.getpid():
-            t.result()
-            if os.path.exists(p):
-                return p
+        # (a fetch thread reading it ahead holds its lock: _fetch_whole
+        # waits for that and finds it there)
         self._fetch_whole(rel)
         return p
 

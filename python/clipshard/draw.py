@@ -781,25 +781,33 @@ class DrawnReader:
         return self._pool
 
     def _fetch(self, gid: int) -> None:
-        """A group's blocks asked for, each block and streamed modality as
-        one sequential range: of the kernel (posix_fadvise WILLNEED: read
-        ahead into the page cache; not for a block whose first modality's
-        range starts and ends in the page cache), or, from a bucket,
-        fetched into the node-local cache (checked by BLOCKSUMS)."""
+        """A group's blocks asked for: from a bucket, each block and
+        streamed modality fetched into the node-local cache (checked by
+        BLOCKSUMS); then of the kernel (posix_fadvise WILLNEED: read ahead
+        into the page cache), block by block in the files' order, each
+        streamed modality's range (not a block whose first modality's
+        range starts and ends in the page cache). (In the order the windows first need them, a
+        cold epoch of 4000 clips in 256 KiB blocks read 13-14k windows/s,
+        in the files' order 19-21k; blocks that touch asked as one range
+        of 16 MiB did no better and made waits longer.)"""
         s, _ = self.order.groups[gid]
         blocks = self._needs()[3].get(gid, np.zeros(0, np.int64))  # (the group's blocks this rank reads windows of)
         src = self.plan.sources[s]
         BF, F, W = src.block_frames, src.frames, self.plan.window
         streamed = [(rec, src.files[rec["name"]]) for rec in src.mods if not rec["held"]]
-        advise = hasattr(os, "posix_fadvise")
-        for k in blocks.tolist():
+        if src.remote is not None:
+            for k in blocks.tolist():
+                a, b = k * BF, min(F, (k + 1) * BF + W - 1)
+                for rec, f in streamed:
+                    off = f.offset + a * rec["rate"] * f.row
+                    src.remote.ensure_range(rec["file"], off, off + (b - a) * rec["rate"] * f.row)
+        if not hasattr(os, "posix_fadvise"):
+            return
+        for k in np.sort(blocks).tolist():
             a, b = k * BF, min(F, (k + 1) * BF + W - 1)
-            ranges = [(rec, f, f.offset + a * rec["rate"] * f.row, (b - a) * rec["rate"] * f.row) for rec, f in streamed]
-            if src.remote is not None:
-                for rec, f, off, n in ranges:
-                    src.remote.ensure_range(rec["file"], off, off + n)
-            if advise and ranges and not _cached(ranges[0][1].fd, ranges[0][2], ranges[0][3]):
-                for rec, f, off, n in ranges:
+            ranges = [(f, f.offset + a * rec["rate"] * f.row, (b - a) * rec["rate"] * f.row) for rec, f in streamed]
+            if ranges and not _cached(*(ranges[0][0].fd,) + ranges[0][1:]):
+                for f, off, n in ranges:
                     if f.fd >= 0:
                         os.posix_fadvise(f.fd, off, n, os.POSIX_FADV_WILLNEED)
 

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -111,16 +112,32 @@ func pushedTree(t *testing.T, dir string, got map[string][]byte) map[string][]by
 // and one of other values (another dataset).
 func bigDataset(t *testing.T, v float32) string {
 	t.Helper()
+	return synthDataset(t, "c", 40, 100, func(i int) int { return 1000 + i },
+		func(i, r, c int) float32 { return v + float32((r*7+c*3+i)%1000)/64 }, false)
+}
+
+// synthDataset converts n clips (IDs prefix00, prefix01, ...) of float32
+// x [frames(i), width] valued x(i, row, col), and with y a modality y
+// [frames(i), 4], into a new dataset folder.
+func synthDataset(t *testing.T, prefix string, n, width int, frames func(i int) int, x func(i, r, c int) float32, y bool) string {
+	t.Helper()
 	src := t.TempDir()
 	var ids strings.Builder
-	for i := range 40 {
-		id := fmt.Sprintf("c%02d", i)
+	for i := range n {
+		id := fmt.Sprintf("%s%02d", prefix, i)
 		ids.WriteString(id + "\n")
-		clitest.WriteF32(t, filepath.Join(src, "x", id+".npy"), 1000+i, 100, func(r, c int) float32 { return v + float32((r*7+c*3+i)%1000)/64 })
+		clitest.WriteF32(t, filepath.Join(src, "x", id+".npy"), frames(i), width, func(r, c int) float32 { return x(i, r, c) })
+		if y {
+			clitest.WriteF32(t, filepath.Join(src, "y", id+".npy"), frames(i), 4, func(r, c int) float32 { return float32(r%7+c) / 8 })
+		}
 	}
 	os.WriteFile(filepath.Join(src, "clips.txt"), []byte(ids.String()), 0o644)
 	ds := filepath.Join(t.TempDir(), "ds")
-	if r := clip(t, "convert", "--quiet", "--clips", filepath.Join(src, "clips.txt"), "--out", ds, "-m", "x=x/{clip}.npy"); r.Code != 0 {
+	args := []string{"convert", "--quiet", "--clips", filepath.Join(src, "clips.txt"), "--out", ds, "-m", "x=x/{clip}.npy"}
+	if y {
+		args = append(args, "-m", "y=y/{clip}.npy")
+	}
+	if r := clip(t, args...); r.Code != 0 {
 		t.Fatal(r.Stderr)
 	}
 	return ds
@@ -599,26 +616,8 @@ func TestDrawnFromBucket(t *testing.T) {
 // dataset, and returns its folder.
 func wideDataset(t *testing.T, y bool) string {
 	t.Helper()
-	src := t.TempDir()
-	var ids strings.Builder
-	for i := range 20 {
-		id := fmt.Sprintf("w%02d", i)
-		ids.WriteString(id + "\n")
-		clitest.WriteF32(t, filepath.Join(src, "x", id+".npy"), 900+7*i, 512, func(r, c int) float32 { return float32((r*13+c*5+i)%2048) / 256 })
-		if y {
-			clitest.WriteF32(t, filepath.Join(src, "y", id+".npy"), 900+7*i, 4, func(r, c int) float32 { return float32(r%7+c) / 8 })
-		}
-	}
-	os.WriteFile(filepath.Join(src, "clips.txt"), []byte(ids.String()), 0o644)
-	ds := filepath.Join(t.TempDir(), "ds")
-	args := []string{"convert", "--quiet", "--clips", filepath.Join(src, "clips.txt"), "--out", ds, "-m", "x=x/{clip}.npy"}
-	if y {
-		args = append(args, "-m", "y=y/{clip}.npy")
-	}
-	if r := clip(t, args...); r.Code != 0 {
-		t.Fatal(r.Stderr)
-	}
-	return ds
+	return synthDataset(t, "w", 20, 512, func(i int) int { return 900 + 7*i },
+		func(i, r, c int) float32 { return float32((r*13+c*5+i)%2048) / 256 }, y)
 }
 
 // TestBenchS3Runs: docs/bench_s3.py's rows of clipshard and the floors
@@ -649,5 +648,85 @@ func TestBenchS3Runs(t *testing.T) {
 				t.Fatalf("bench_s3.py %v read no samples: %s", c, got)
 			}
 		}
+	}
+}
+
+// TestBenchLinkRuns: docs/bench_link.sh (bench-s3's BENCH_LINKS leg)
+// serves a bucket from a network namespace over a veth pair shaped to a
+// rate: bench_s3.py's floor and cold Loader rows read the epoch through
+// it, no faster than the link (so the shaping is in force), and
+// link_down leaves no namespace nor interface behind. Needs root, ip and
+// tc (iproute2; .ci/run installs it); without the privilege to make a
+// namespace (a container without CAP_NET_ADMIN) it is skipped, saying so.
+func TestBenchLinkRuns(t *testing.T) {
+	for _, tool := range []string{"ip", "tc"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("CI") != "" {
+				t.Fatalf("%s is missing in CI (iproute2): .ci/run installs it", tool)
+			}
+			t.Skipf("no %s: the link leg needs iproute2 (apt-get install iproute2)", tool)
+		}
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("the link leg makes a network namespace: run as root")
+	}
+	s, ep := pushedEpochs(t, "1", "16")
+	dir := t.TempDir()
+	const rate = 4 // Mbit/s each way (0.48 MiB/s: the demo epoch's 0.47 MB in about a second; unshaped, 6 MiB/s)
+	sh := `set -euo pipefail
+. "$1"
+trap link_down EXIT
+link_up
+link_rate ` + strconv.Itoa(rate) + `mbit 8kb
+ROOT_ACCESS_KEY="$ACCESS" ROOT_SECRET_KEY="$SECRET" link_serve "$VGW" "$ROOT" "$DIR/vgw-link.log"
+export AWS_ENDPOINT_URL="$LINK_ENDPOINT" BENCH_SERVER_PID="$LINK_PID"
+echo "ns $LINK_NS $LINK_HOST"
+"$PY" "$2" floor-2 "$EP" s3://bkt/ep -
+"$PY" "$2" loader "$EP" s3://bkt/ep "$DIR/cache"
+`
+	cmd := exec.Command("bash", "-c", sh, "bash", filepath.Join("..", "..", "docs", "bench_link.sh"), filepath.Join("..", "..", "docs", "bench_s3.py"))
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "AWS_PROFILE=") {
+			env = append(env, kv)
+		}
+	}
+	cmd.Env = append(env, append(s.Env(), "BENCH_BATCH=32", "ACCESS="+s3test.AccessKey, "SECRET="+s3test.SecretKey,
+		"VGW="+s3test.Binary(), "ROOT="+s.Root, "DIR="+dir, "EP="+ep, "PY="+numpytest.Python(t))...)
+	out, err := cmd.CombinedOutput()
+	if err != nil && strings.Contains(string(out), "Operation not permitted") && os.Getenv("CI") == "" {
+		t.Skipf("no privilege to make a network namespace here: %s", out)
+	}
+	if err != nil {
+		t.Fatalf("the link leg: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	var ns, host string
+	rows := 0
+	for _, l := range lines {
+		if f := strings.Fields(l); len(f) == 3 && f[0] == "ns" {
+			ns, host = f[1], f[2]
+			continue
+		}
+		var row map[string]any
+		if err := json.Unmarshal([]byte(l), &row); err != nil {
+			continue
+		}
+		rows++
+		t.Logf("%v: %.1f MiB/s through %d Mbit/s (%v bytes)", row["row"], row["MiB_per_s"], rate, row["epoch_bytes"])
+		v, _ := row["MiB_per_s"].(float64)
+		// (tbf's bucket of 8 KB lets a little more through at first)
+		if !(v > 0) || v > 2*rate/8.0*1e6/(1<<20)+1 {
+			t.Fatalf("%v through a %d Mbit/s link: %v MiB/s\n%s", row["row"], rate, v, out)
+		}
+	}
+	if rows != 2 || ns == "" {
+		t.Fatalf("the link leg printed %d rows:\n%s", rows, out)
+	}
+	if l, _ := exec.Command("ip", "netns", "list").Output(); strings.Contains(string(l), ns) {
+		t.Fatalf("namespace %s left behind: %s", ns, l)
+	}
+	if exec.Command("ip", "link", "show", host).Run() == nil {
+		t.Fatalf("interface %s left behind", host)
 	}
 }
