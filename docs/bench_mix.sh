@@ -7,8 +7,8 @@
 # writes 2 epochs of the same number of samples (one's own count; the mix
 # weighs a=0.2, b=0.3, c=0.5, so a is subsampled and c upsampled 3x),
 # in memory (--mem 8GiB) and on the external path (--mem 256MiB); the one
-# and mix runs of a path alternate (bestpair). Wall time (best of RUNS)
-# and peak RSS.
+# and mix runs of a path alternate (bestpair: rounds). Wall time (median,
+# range of RUNS rounds), the ratio of the two in each round, peak RSS.
 # Usage: docs/bench_mix.sh [WORKDIR]   (default /tmp/clipshard-bench; needs python3-numpy)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,7 +38,7 @@ for path in in-memory:8GiB external:256MiB; do
   label=${path%%:*} mem=${path#*:}
   bestpair "one-$label" "$W/mix-ep-one" "$C" shuffle --dataset "$W/mix-one" --out "$W/mix-ep-one" "${common[@]}" --mem "$mem" -- \
     "mix3-$label" "$W/mix-ep-mix" "$C" shuffle "${mix[@]}" --out "$W/mix-ep-mix" "${common[@]}" --mem "$mem"
-  awk -v a="$(cat "$W/mix3-$label.best")" -v b="$(cat "$W/one-$label.best")" -v l="$label" 'BEGIN{printf "  %s: 3-source mix / one dataset = %.2fx\n", l, a/b}'
+  echo "  $label: 3-source mix / one dataset, round by round: $(ratio "mix3-$label" "one-$label")x"
 done
 "$C" verify --deep "$W/mix-ep-mix" | tail -1
 "$C" inspect "$W/mix-ep-mix" | grep -m3 "source "

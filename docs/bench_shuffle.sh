@@ -18,23 +18,23 @@ echo "dataset: $(du -sh --apparent-size "$W/shuf-ds" | cut -f1)"
 
 
 args=(--dataset "$W/shuf-ds" --window 15 --epochs 1 --seed 1 --shard-samples 1024 --quiet --force)
-# Every run writes a new output (FRESH: the previous one is removed first,
-# untimed), for shuffle and cp alike.
-FRESH="$W/shuf-ep" best shuffle-external "$W/shuffle" "${args[@]}" --out "$W/shuf-ep" --mem 64MiB
-# the same without waiting for the disk (no fsync, page cache), as cp
-FRESH="$W/shuf-ep-nf" best shuffle-ext-no-fsync "$W/shuffle" "${args[@]}" --out "$W/shuf-ep-nf" --mem 64MiB --no-fsync
-FRESH="$W/shuf-ep-mem" best shuffle-in-memory "$W/shuffle" "${args[@]}" --out "$W/shuf-ep-mem" --mem 4GiB
+# Every run writes a new output (the previous one removed first, untimed),
+# for shuffle and cp alike; the five rows run in turn, one run of each a
+# round (rounds, docs/bench_lib.sh): the external path durable (default)
+# and --no-fsync (the page cache, as cp), the in-memory path, cp of the
+# epoch (its source warm: the external row just wrote it) and cp made as
+# durable as shuffle's output (shuffle fsyncs each epoch).
+rounds shuffle-external "$W/shuf-ep" "$W/shuffle" "${args[@]}" --out "$W/shuf-ep" --mem 64MiB -- \
+  shuffle-ext-no-fsync "$W/shuf-ep-nf" "$W/shuffle" "${args[@]}" --out "$W/shuf-ep-nf" --mem 64MiB --no-fsync -- \
+  shuffle-in-memory "$W/shuf-ep-mem" "$W/shuffle" "${args[@]}" --out "$W/shuf-ep-mem" --mem 4GiB -- \
+  cp-epoch "$W/cp-ep" cp -r "$W/shuf-ep/epoch-0000" "$W/cp-ep" -- \
+  cp-epoch+fsync "$W/cp-ep" sh -c "cp -r '$W/shuf-ep/epoch-0000' '$W/cp-ep' && sync -f '$W/cp-ep'/*"
 cmp -s <(cd "$W/shuf-ep" && cat SHA256SUMS | grep -v epochs.json) <(cd "$W/shuf-ep-mem" && cat SHA256SUMS | grep -v epochs.json) \
   && cmp -s <(cd "$W/shuf-ep" && cat SHA256SUMS | grep -v epochs.json) <(cd "$W/shuf-ep-nf" && cat SHA256SUMS | grep -v epochs.json) \
   && echo "  external == in-memory == external --no-fsync (SHA256SUMS)"
 rm -rf "$W/shuf-ep-nf"
-# cp reads a warm source, as shuffle does after its first run
-cat "$W/shuf-ep/epoch-0000"/* > /dev/null
-FRESH="$W/cp-ep" best cp-epoch cp -r "$W/shuf-ep/epoch-0000" "$W/cp-ep"
-# cp made as durable as shuffle's output (shuffle fsyncs each epoch)
-FRESH="$W/cp-ep" best cp-epoch+fsync sh -c "cp -r '$W/shuf-ep/epoch-0000' '$W/cp-ep' && sync -f '$W/cp-ep'/*"
-awk -v a="$(cat "$W/shuffle-external.best")" -v n="$(cat "$W/shuffle-ext-no-fsync.best")" -v c="$(cat "$W/cp-epoch.best")" -v f="$(cat "$W/cp-epoch+fsync.best")" \
-  'BEGIN{printf "  external shuffle --no-fsync / cp = %.2fx; external shuffle / (cp+fsync) = %.2fx (/ cp = %.2fx)\n", n/c, a/f, a/c}'
+awk -v a="$(cat "$W/shuffle-external.median")" -v n="$(cat "$W/shuffle-ext-no-fsync.median")" -v c="$(cat "$W/cp-epoch.median")" -v f="$(cat "$W/cp-epoch+fsync.median")" \
+  'BEGIN{printf "  medians: external shuffle --no-fsync / cp = %.2fx; external shuffle / (cp+fsync) = %.2fx (/ cp = %.2fx)\n", n/c, a/f, a/c}'
 echo "epoch: $(du -sh --apparent-size "$W/shuf-ep/epoch-0000" | cut -f1)"
 
 # Let the writes above settle first: cold reads right behind 300 MB of

@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -53,5 +54,46 @@ func TestBenchPeersRuns(t *testing.T) {
 		if !strings.Contains(got, mode) {
 			t.Fatalf("bench_peers.sh: no %q table\n%s", mode, got)
 		}
+	}
+}
+
+// TestBenchLibRounds (#35): docs/bench_lib.sh's rounds, behind every
+// best/bestpair of the bench_*.sh scripts, runs its rows in turn, one run
+// of each a round, at least 3 rounds, FRESH removed before each run, an
+// argument with spaces and quotes passed as it is, and prints each row's
+// median, range, best, peak RSS and load average (and stores the median,
+// the best and the times, whose ratio round by round `ratio` prints); a
+// command that fails ends the script.
+func TestBenchLibRounds(t *testing.T) {
+	w := t.TempDir()
+	sh := `set -euo pipefail
+. docs/bench_lib.sh "$1"
+RUNS=2 rounds a "$1/fresh" sh -c 'test ! -e "$1/fresh" || exit 9; echo x >> "$1/log"; touch "$1/fresh"' sh "$1" -- \
+  b "" sh -c 'echo "y $2" >> "$1/log"; sleep 0.05' sh "$1" "it's one arg"
+cat "$1/log"; cat "$1/a.median" "$1/b.best"
+echo "times $(cat "$1/b.times") ratio $(ratio b a)"
+rounds c "" false
+echo not reached`
+	cmd := exec.Command("bash", "-c", sh, "bash", w)
+	cmd.Dir = filepath.Join("..", "..")
+	out, err := cmd.CombinedOutput()
+	got := string(out)
+	if err == nil || strings.Contains(got, "not reached") {
+		t.Fatalf("a failing row did not end the script: %v\n%s", err, got)
+	}
+	want := "x\ny it's one arg\nx\ny it's one arg\nx\ny it's one arg\n"
+	if !strings.Contains(got, want) {
+		t.Fatalf("rows not run in turn 3 times (RUNS=2 is raised to 3):\n%s", got)
+	}
+	for _, row := range []string{"a", "b"} {
+		if !strings.Contains(got, "  "+row+" ") || !strings.Contains(got, "3 rounds), best ") || !strings.Contains(got, "load ") {
+			t.Fatalf("no result line for %s:\n%s", row, got)
+		}
+	}
+	if !regexp.MustCompile(`times \d+\.\d+ \d+\.\d+ \d+\.\d+ ratio \d+\.\d\d \(\d+\.\d\d–\d+\.\d\d\)`).MatchString(got) {
+		t.Fatalf("no times of 3 rounds or no ratio of two rows round by round:\n%s", got)
+	}
+	if !strings.HasPrefix(got, "load average at the start: ") {
+		t.Fatalf("no load average first:\n%s", got)
 	}
 }
