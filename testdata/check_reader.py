@@ -195,18 +195,59 @@ for ep in man["epochs"]:
                         merged.append((a, b))
                 assert cover == merged, ("read-ahead", R, B, r, path, cover, merged)
             assert set(asked) <= set(rows), ("asked for other files", set(asked) - set(rows))
-    clipshard.epochs.cached = real_cached
-    # Bytes the page cache holds (the files were just read) are not asked
-    # for: asking walks every page of them.
+    # Memory-mapped batches never probe the page cache (a range whose ends
+    # are cached but not its middle would be faulted a page at a time
+    # under MADV_RANDOM): every range is asked for, cached or not.
+    probes = []
+    clipshard.epochs.cached = lambda fd, off, n: probes.append((fd, off, n)) or True
+    asked = {}
+    os.posix_fadvise = lambda fd, off, ln, advice: asked.setdefault(fd, []).append((off, ln))
+    try:
+        for _ in EpochReader(edir, e, batch_size=3, prefetch=1).batches(0, 1):
+            pass
+    finally:
+        os.posix_fadvise = real
+    assert not probes and asked, ("an EpochReader's mapped batches probed the cache", probes[:3])
+    # The probe (the Loader's, which reads with preadv): a range found
+    # cached is not asked for; after a miss the next PROBE_BACKOFF ranges
+    # are asked for unprobed, then probing starts again.
+    rd = EpochReader(edir, e, batch_size=3, prefetch=1)
+    fd = next(iter(rd._shard(0).values())).fd
+    answers = []
+    clipshard.epochs.cached = lambda fd, off, n: probes.append(off) or answers.pop(0)
+    asked = {}
+    os.posix_fadvise = lambda fd, off, ln, advice: asked.setdefault(fd, []).append((off, ln))
+    try:
+        answers[:] = [True]
+        rd._advise_one(fd, 4096, 4100, probe=True)
+        assert probes == [4096] and not asked, ("a cached range asked for", probes, asked)
+        answers[:] = [False]
+        rd._advise_one(fd, 4096, 4100, probe=True)
+        assert len(probes) == 2 and len(asked[fd]) == 1, (probes, asked)
+        for i in range(clipshard.epochs.PROBE_BACKOFF):
+            rd._advise_one(fd, 8192 + i, 8193 + i, probe=True)
+        assert len(probes) == 2 and len(asked[fd]) == 1 + clipshard.epochs.PROBE_BACKOFF, ("probed within the back-off", probes)
+        answers[:] = [True]
+        rd._advise_one(fd, 4096, 4100, probe=True)
+        assert len(probes) == 3 and not answers, ("no probe after the back-off", probes)
+        rd._advise_one(fd, 4096, 4100)  # probe=False: asked, not probed
+        assert len(probes) == 3 and len(asked[fd]) == 2 + clipshard.epochs.PROBE_BACKOFF
+    finally:
+        os.posix_fadvise = real
+        clipshard.epochs.cached = real_cached
+        rd.close()
+    # The Loader over files the page cache holds (just read) asks for
+    # nothing: asking walks every page of them.
     if getattr(os, "RWF_NOWAIT", None) is not None:
         asked = {}
         os.posix_fadvise = lambda fd, off, ln, advice: asked.setdefault(fd, []).append((off, ln))
         try:
-            for _ in EpochReader(edir, e, batch_size=3, prefetch=1).batches(0, 1):
+            ld = clipshard.Loader(edir, e, batch_size=3, prefetch=1)
+            for _ in ld:
                 pass
         finally:
             os.posix_fadvise = real
-        assert not asked, ("cached bytes asked for", asked)
+        assert not asked, ("cached bytes asked for by the Loader", asked)
 
 # Dataset: by id, by row, and sample windows.
 ds = clipshard.Dataset(man["dataset"]["dir"])

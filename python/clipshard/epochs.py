@@ -405,7 +405,7 @@ class EpochReader:
             if self.prefetch > 0 and hasattr(os, "posix_fadvise"):
                 for k in range(first, last):
                     for fd, off, row in self._shard_fds(k):
-                        _advise_range(fd, off, off + self.shards[k]["samples"] * row)
+                        self._advise_one(fd, off, off + self.shards[k]["samples"] * row)
         u = b0 + int(perm[v - b0])
         k = bisect.bisect_right(self._starts, u) - 1
         return k, u - self._starts[k]
@@ -625,8 +625,11 @@ class EpochReader:
     def _shard_fds(self, k):
         return [(f.fd, f.offset, f.row) for f in self._shard(k).values()]
 
-    def _advise(self, lo, hi):
-        """Ask the kernel for the bytes of virtual positions [lo, hi), once."""
+    def _advise(self, lo, hi, probe=False):
+        """Ask the kernel for the bytes of virtual positions [lo, hi), once
+        (probe: not for bytes the page cache holds; for readers that read
+        with preadv, the Loader's, never for memory-mapped batches: see
+        _advise_one)."""
         if self.mix > 1:
             return  # a block is asked for whole when it is first entered
         done = getattr(self, "_asked", None)
@@ -637,7 +640,29 @@ class EpochReader:
         done.add(lo)
         for k, a, b in self._segments(lo, hi):
             for fd, off, row in self._shard_fds(k):
-                _advise_range(fd, off + a * row, off + b * row)
+                self._advise_one(fd, off + a * row, off + b * row, probe)
+
+    def _advise_one(self, fd, a, b, probe=False):
+        """Ask the kernel for bytes [a, b) of fd; with probe, unless the
+        page cache holds them (asking for cached pages walks them all: a
+        fifth of a warm epoch's time). The probe reads 1 byte at each end
+        (RWF_NOWAIT) while probes find the bytes there; after a miss the
+        next PROBE_BACKOFF ranges are asked for unprobed (a probe of a
+        page the cache lacks starts a read of it, out of order). Never
+        for memory-mapped batches: their maps are MADV_RANDOM, and a
+        range whose ends are cached but not its middle would be faulted
+        in a page at a time (a cold epoch read per rank took 1.5x as
+        long, at times 4x, probing: docs/BENCHMARKS.md, "The trainer's
+        read"); a preadv of such a range reads what is missing at once."""
+        if probe:
+            skip = getattr(self, "_probe_skip", 0)
+            if skip:
+                self._probe_skip = skip - 1
+            elif cached(fd, a, b - a):
+                return
+            else:
+                self._probe_skip = PROBE_BACKOFF
+        _advise_range(fd, a, b)
 
     def _group_disk_bytes(self):
         """What a full shard group's files take on disk in a cache: each its
@@ -655,6 +680,7 @@ class EpochReader:
 
 
 PIECE = 256 << 10  # bytes asked of the kernel per posix_fadvise call
+PROBE_BACKOFF = 64  # ranges asked for without a probe after a probe found one not cached
 _DATA_AT = 4096  # where a shard file's data starts (docs/FORMAT.md; each file's header is checked when it is opened)
 
 
@@ -693,8 +719,6 @@ def _check_rank_args(rank: Optional[int], world_size: int, batch_size: int, rema
 
 
 def _advise_range(fd, a, b):
-    if cached(fd, a, b - a):  # (asking for cached pages walks them all: a fifth of a warm epoch's time)
-        return
     for p in range(a, b, PIECE):
         os.posix_fadvise(fd, p, min(PIECE, b - p), os.POSIX_FADV_WILLNEED)
 

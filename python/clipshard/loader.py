@@ -704,7 +704,7 @@ def _produce(ref: "weakref.ref[Loader]", pos: int, start: int, stop: Optional[th
                     return
                 lo = r.start + g * B * R + r.rank * B
                 if g + 1 < n:
-                    r._advise(lo + B * R, lo + B * R + B)  # the disk works on the next one meanwhile
+                    r._advise(lo + B * R, lo + B * R + B, probe=True)  # the disk works on the next one meanwhile
                 arrays = loader._finish(loader._read(r, lo, r._end(lo), [lo + h * B * R for h in range(1, 5) if g + h < n]))
                 del loader
                 yield _Batch(pos, g, arrays, r._consumed(g), g + 1 == n)
