@@ -29,6 +29,7 @@ import clipshard  # noqa: E402
 import clipshard._files  # noqa: E402
 from clipshard import EpochReader  # noqa: E402
 
+
 edir = sys.argv[1]
 man = clipshard.load_epochs(edir)
 checked = 0
@@ -236,6 +237,34 @@ for ep in man["epochs"]:
         os.posix_fadvise = real
         clipshard.epochs.cached = real_cached
         rd.close()
+    # The probe itself reads a byte at the range's middle and at its first
+    # and last whole pages, not at its ends: a range whose end pages a
+    # neighbour brought in (a drawn block shares its last W-1 frames with
+    # the next one's first) but not its middle is not "cached". (Checked
+    # on the calls: a RWF_NOWAIT read of a page the cache lacks may
+    # still return it if the read it starts is done in time.)
+    if getattr(os, "RWF_NOWAIT", None) is not None:
+        real_preadv, probed = os.preadv, []
+
+        def fake(fd, bufs, at, flags=0):
+            assert flags == os.RWF_NOWAIT
+            probed.append(at)
+            if at // 4096 in lacks:
+                raise BlockingIOError
+            return 1
+
+        os.preadv = fake
+        try:
+            lacks = {128}  # the middle page of [4000, 4000 + 1040576)
+            assert not clipshard._files.cached(0, 4000, 1040576) and probed == [524288], probed
+            lacks, probed[:] = {0, 254 + 1}, []  # only the pages it shares with its neighbours
+            assert clipshard._files.cached(0, 4000, 1040576) and probed == [524288, 4096, 1044479], probed
+            lacks, probed[:] = {1}, []
+            assert not clipshard._files.cached(0, 4000, 1040576) and probed == [524288, 4096], probed
+            lacks, probed[:] = {0}, []  # less than a whole page: its middle
+            assert not clipshard._files.cached(0, 100, 200) and probed == [200], probed
+        finally:
+            os.preadv = real_preadv
     # The Loader over files the page cache holds (just read) asks for
     # nothing: asking walks every page of them.
     if getattr(os, "RWF_NOWAIT", None) is not None:

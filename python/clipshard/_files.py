@@ -186,15 +186,24 @@ _PROBE = bytearray(1)
 
 
 def cached(fd: int, off: int, n: int) -> bool:
-    """Whether the first and last bytes of [off, off+n) are in the page
-    cache (preadv2 RWF_NOWAIT): asking the kernel to read ahead what it
-    holds costs a walk of every page."""
+    """Whether the page cache holds [off, off+n), as far as 1-byte reads
+    that never wait (preadv2 RWF_NOWAIT) tell: at its middle, then at the
+    first and the last page wholly inside it. Not at its ends: a range
+    beside it, or overlapping it (a drawn block's last W-1 frames are the
+    next one's first), may have brought those pages in when this range's
+    middle is not cached (a cold drawn epoch in groups of 32 MiB found
+    132 of 479 blocks "cached" by their ends). (Asking the kernel to read
+    ahead what it holds costs a walk of every page: the callers probe
+    first.)"""
     flag = getattr(os, "RWF_NOWAIT", None)
     if flag is None or n <= 0:
         return False
+    first = -(-off // 4096) * 4096  # the first whole page's first byte
+    last = (off + n) // 4096 * 4096 - 1  # the last whole page's last byte
+    at = [off + n // 2] + ([first, last] if first < last else [])
     try:
-        for at in (off, off + n - 1):
-            if os.preadv(fd, [_PROBE], at, flag) != 1:
+        for a in at:
+            if os.preadv(fd, [_PROBE], a, flag) != 1:
                 return False
     except (BlockingIOError, OSError):
         return False

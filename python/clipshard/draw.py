@@ -786,7 +786,9 @@ class DrawnReader:
         BLOCKSUMS); then of the kernel (posix_fadvise WILLNEED: read ahead
         into the page cache), block by block in the files' order, each
         streamed modality's range (not a block whose first modality's
-        range starts and ends in the page cache). (In the order the windows first need them, a
+        range the page cache holds: _files.cached probes its middle and
+        its first and last whole pages, not its ends, which the blocks
+        beside it share). (In the order the windows first need them, a
         cold epoch of 4000 clips in 256 KiB blocks read 13-14k windows/s,
         in the files' order 19-21k; blocks that touch asked as one range
         of 16 MiB did no better and made waits longer.)"""
