@@ -7,6 +7,8 @@
 #   mixed: 400 clips, four modalities (docs/bench_gen_mixed.py)
 #   huge:  one float32 [131072, 1024] clip (512 MiB) among 40 small ones (docs/bench_gen_huge.py)
 # Both outputs are checked byte-identical (sha256 of blobs and manifests).
+# 3 rounds of a full rebuild then an incremental one: each round printed,
+# then the median and range, and the load average.
 # Usage: docs/bench_incremental.sh [WORKDIR]   (default /tmp/clipshard-bench; needs python3-numpy)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +32,7 @@ for set in small mixed huge; do
   "$W/convert" --quiet --clips "$S/clips.txt" --out "$W/$set-inc" "${mods[@]}" --force >/dev/null
   for cache in warm cold; do
     [ $cache = warm ] || [ $cold = yes ] || continue
+    l0=$(cut -d' ' -f1 /proc/loadavg); : > "$W/inc.times"
     for run in 1 2 3; do
       # full: a new output every run; incremental: 2 sources touched, then over the previous dataset
       rm -rf "$W/$set-full"; sync; [ $cache = warm ] && cat "$S"/*/* > /dev/null || echo 3 > /proc/sys/vm/drop_caches
@@ -40,7 +43,11 @@ for set in small mixed huge; do
       t2=$(date +%s%N); "$W/convert" --quiet --clips "$S/clips.txt" --out "$W/$set-inc" "${mods[@]}" >/dev/null; t3=$(date +%s%N)
       awk -v a="$t0" -v b="$t1" -v c="$t2" -v d="$t3" -v s="$cache" \
         'BEGIN{printf "  %s cache: full %.3f s   incremental (2 sources changed) %.3f s   %.2fx\n", s, (b-a)/1e9, (d-c)/1e9, (b-a)/(d-c)}'
+      awk -v a="$t0" -v b="$t1" -v c="$t2" -v d="$t3" 'BEGIN{printf "%.3f %.3f %.3f\n", (b-a)/1e9, (d-c)/1e9, (b-a)/(d-c)}' >> "$W/inc.times"
     done
+    # The rounds' median and range (each round: a full rebuild, then an incremental one).
+    for col in 1 2 3; do cut -d' ' -f$col "$W/inc.times" | sort -g | awk '{a[NR]=$1} END{printf "%s (%s–%s)\n", a[int((NR+1)/2)], a[1], a[NR]}'; done |
+      { read -r f; read -r i; read -r x; echo "  $cache cache, 3 rounds, load average $l0–$(cut -d' ' -f1 /proc/loadavg): full $f s, incremental $i s, full / incremental $x"; }
   done
   rm -rf "$W/$set-full"
   "$W/convert" --quiet --clips "$S/clips.txt" --out "$W/$set-full" "${mods[@]}" >/dev/null

@@ -3,7 +3,8 @@
 # and 2 GiB (just bench-memory), on a set of the kind that broke the bounds:
 # 400 clips of float16 features [1000, 1024] plus one clip of [160000, 1024]
 # (328 MB, larger than any --mem below 2 GiB), and motion pickles: a
-# dataset of 1.15 GB. Best of 3 wall time, peak RSS from /usr/bin/time.
+# dataset of 1.15 GB. The rows of each table in turn, 3 rounds (RUNS):
+# the median, range and best wall time, peak RSS from /usr/bin/time.
 # Usage: docs/bench_memory.sh [WORKDIR]   (default /tmp/clipshard-bench-mem; needs python3-numpy)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,28 +34,33 @@ fi
 du -sh --apparent-size "$S" | awk '{print "sources " $1 " (one feature clip of 328 MB)"}'
 RUNS=${RUNS:-3}
 echo "convert (2 workers): features only (.npy, converted in pieces when large)"
+rows=()
 for mem in 64MiB 256MiB 2GiB; do
-  FRESH="$W/feat-$mem" best "--mem $mem" "$W/convert" --clips "$S/clips.txt" --out "$W/feat-$mem" --quiet --mem "$mem" \
-    -m 'feat=feat/{clip}.npy'
+  rows+=("--mem $mem" "$W/feat-$mem" "$W/convert" --clips "$S/clips.txt" --out "$W/feat-$mem" --quiet --mem "$mem" \
+    -m 'feat=feat/{clip}.npy' --)
 done
+rounds "${rows[@]}"
 rm -rf "$W"/feat-*
 echo "convert (2 workers): features and motion pickles (a pickle is decoded whole)"
+rows=()
 for mem in 64MiB 256MiB 2GiB; do
-  FRESH="$W/ds-$mem" best "--mem $mem" "$W/convert" --clips "$S/clips.txt" --out "$W/ds-$mem" --quiet --mem "$mem" \
-    -m 'feat=feat/{clip}.npy' -m 'motion=motion/{clip}.pkl:exp+pose'
+  rows+=("--mem $mem" "$W/ds-$mem" "$W/convert" --clips "$S/clips.txt" --out "$W/ds-$mem" --quiet --mem "$mem" \
+    -m 'feat=feat/{clip}.npy' -m 'motion=motion/{clip}.pkl:exp+pose' --)
 done
+rounds "${rows[@]}"
 echo "verify --sources (the 328 MB feature clip is compared a piece at a time)"
-for mem in 64MiB 256MiB; do
-  best "verify --mem $mem" "$W/verify" --sources --quiet --mem "$mem" "$W/ds-2GiB"
-done
+rounds "verify --mem 64MiB" "" "$W/verify" --sources --quiet --mem 64MiB "$W/ds-2GiB" -- \
+  "verify --mem 256MiB" "" "$W/verify" --sources --quiet --mem 256MiB "$W/ds-2GiB"
 DS="$W/ds-2GiB"
 du -sh --apparent-size "$DS" | awk '{print "dataset " $1}'
 echo "shuffle (window 15, 1 epoch; external below 4/3 of the dataset)"
+rows=()
 for mem in 64MiB 256MiB 2GiB; do
   for fs in "" --no-fsync; do
-    FRESH="$W/ep" best "--mem $mem $fs" "$W/shuffle" --dataset "$DS" --out "$W/ep" --window 15 --epochs 1 --seed 1 --mem "$mem" $fs --quiet
+    rows+=("--mem $mem $fs" "$W/ep" "$W/shuffle" --dataset "$DS" --out "$W/ep" --window 15 --epochs 1 --seed 1 --mem "$mem" $fs --quiet --)
   done
 done
+rounds "${rows[@]}"
 
 # Many modalities, thousands of clips (#26.8): 4,000 clips of 8 float32
 # modalities [40..89, 128] (1 GB of sources); the blobs' write buffers
@@ -75,13 +81,15 @@ open(out + "/clips.txt", "w").write("".join("c%d\n" % i for i in range(4000)))
 PYEOF
 fi
 echo "convert (2 workers): 4,000 clips of 4 and 8 modalities"
+rows=()
 for n in 4 8; do
   mods=()
   for m in a b c d e f g h; do
     [ ${#mods[@]} -lt $((2 * n)) ] && mods+=(-m "$m=$m/{clip}.npy")
   done
   for mem in 64MiB 256MiB; do
-    FRESH="$W/many-ds" best "$n modalities --mem $mem" "$W/convert" --clips "$MS/clips.txt" --out "$W/many-ds" --quiet --mem "$mem" "${mods[@]}"
+    rows+=("$n modalities --mem $mem" "$W/many-ds" "$W/convert" --clips "$MS/clips.txt" --out "$W/many-ds" --quiet --mem "$mem" "${mods[@]}" --)
   done
 done
+rounds "${rows[@]}"
 rm -rf "$W/many-ds"

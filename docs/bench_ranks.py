@@ -59,8 +59,9 @@ def timed(edir, batches):
     return time.perf_counter() - t, n
 
 
+print("load average at the start: %s" % open("/proc/loadavg").read().split()[0])
 for R in (1, 2, 8):
-    tn, to = [], []
+    tn, to, an, bo = [], [], [], []
     for r in range(R):
         a, b = [], []
         for rep in range(5):
@@ -73,5 +74,11 @@ for R in (1, 2, 8):
                     b.append(t)
         tn.append(statistics.median(a))
         to.append(statistics.median(b))
-    print("R=%d: per rank %.3f s (format 2, slices of one order) vs %.3f s (format 1, per-rank files): %.2fx   [%d vs %d samples a rank]"
-          % (R, np.mean(tn), np.mean(to), np.mean(tn) / np.mean(to), n1, n2))
+        an.append(a)
+        bo.append(b)
+    # the ratio of each round (the same rep of every rank), its median and range
+    x = sorted(sum(a[i] for a in an) / sum(b[i] for b in bo) for i in range(5))
+    print("R=%d: per rank %.3f s (format 2, slices of one order) vs %.3f s (format 1, per-rank files): %.2fx, "
+          "round by round %.2fx (%.2f–%.2f)   [%d vs %d samples a rank; load average %s]"
+          % (R, np.mean(tn), np.mean(to), np.mean(tn) / np.mean(to), x[2], x[0], x[-1], n1, n2,
+             open("/proc/loadavg").read().split()[0]))

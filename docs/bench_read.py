@@ -12,7 +12,8 @@
 (c) per sample from the original files, as the field notes' __getitem__:
     np.load the whole .npy, astype(float32), slice the window; unpickle the
     motion .pkl. Timed on the first 600 samples and reported per sample.
-Cold: posix_fadvise(DONTNEED) on every file involved first. Prints samples/s.
+Cold: posix_fadvise(DONTNEED) on every file involved first. The five in
+turn, BENCH_ROUNDS (3) rounds; prints samples/s, median (range).
 """
 import glob
 import json
@@ -97,25 +98,48 @@ def gather(advice):
     return time.perf_counter() - t
 
 
-ta, ta2 = read_shards(False), read_shards(True)
-tb, tb2 = gather(None), gather(mmap.MADV_RANDOM)
-
 # (c) per sample from the sources
 k = min(n, 600)
-if mode == "cold":
-    drop(glob.glob(os.path.join(src, "feat", "*.npy")) + glob.glob(os.path.join(src, "motion", "*.pkl")))
-t = time.perf_counter()
-for clip, start, valid in samples[:k]:
-    c = clips[clip]
-    x = np.load(os.path.join(src, "feat", c + ".npy")).astype(np.float32)[start : start + W]
-    with open(os.path.join(src, "motion", c + ".pkl"), "rb") as fh:
-        mo = pickle.load(fh)
-    y = np.concatenate([mo["exp"], mo["pose"]], axis=-1)[start : start + W]
-tc = (time.perf_counter() - t) * n / k
 
-print("%s: %d samples (W=%d, batch %d)" % (mode, n, W, B))
-print("  (a) shards in order        %9.0f samples/s  %7.3f s" % (n / ta, ta))
-print("  (a') same, read=True       %9.0f samples/s  %7.3f s" % (n / ta2, ta2))
-print("  (b) random gather, blobs   %9.0f samples/s  %7.3f s   (a)/(b) = %.1fx" % (n / tb, tb, tb / ta))
-print("  (b') same, MADV_RANDOM     %9.0f samples/s  %7.3f s   (a)/(b') = %.1fx" % (n / tb2, tb2, tb2 / ta))
-print("  (c) per sample, sources    %9.0f samples/s  %7.3f s   (a)/(c) = %.1fx (timed on %d samples)" % (n / tc, tc, tc / ta, k))
+
+def per_sample():
+    if mode == "cold":
+        drop(glob.glob(os.path.join(src, "feat", "*.npy")) + glob.glob(os.path.join(src, "motion", "*.pkl")))
+    t = time.perf_counter()
+    for clip, start, valid in samples[:k]:
+        c = clips[clip]
+        x = np.load(os.path.join(src, "feat", c + ".npy")).astype(np.float32)[start : start + W]
+        with open(os.path.join(src, "motion", c + ".pkl"), "rb") as fh:
+            mo = pickle.load(fh)
+        y = np.concatenate([mo["exp"], mo["pose"]], axis=-1)[start : start + W]
+    return (time.perf_counter() - t) * n / k
+
+
+# The five ways in turn, BENCH_ROUNDS rounds (3): the median and range of
+# the rounds, and each ratio to (a) round by round.
+ways = [("(a) shards in order", lambda: read_shards(False)), ("(a') same, read=True", lambda: read_shards(True)),
+        ("(b) random gather, blobs", lambda: gather(None)), ("(b') same, MADV_RANDOM", lambda: gather(mmap.MADV_RANDOM)),
+        ("(c) per sample, sources", per_sample)]
+rounds = max(1, int(os.environ.get("BENCH_ROUNDS", "3")))
+load0 = open("/proc/loadavg").read().split()[0]
+times = [[] for _ in ways]
+for r in range(rounds):
+    for i, (_, f) in enumerate(ways):
+        times[i].append(f())
+load1 = open("/proc/loadavg").read().split()[0]
+
+
+def span(xs, fmt):
+    xs = sorted(xs)
+    return "%s (%s–%s)" % (fmt % float(np.median(xs)), fmt % xs[0], fmt % xs[-1])
+
+
+print("%s: %d samples (W=%d, batch %d), %d rounds, load average %s–%s; samples/s median (range), and (x)/(a) round by round"
+      % (mode, n, W, B, rounds, load0, load1))
+for i, (label, _) in enumerate(ways):
+    line = "  %-26s %s samples/s" % (label, span([n / t for t in times[i]], "%.0f"))
+    if i >= 2:
+        line += "   %s slower than (a)" % span([t / a for t, a in zip(times[i], times[0])], "%.1fx")
+    if i == 4:
+        line += " (timed on %d samples)" % k
+    print(line)

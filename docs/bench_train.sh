@@ -7,7 +7,13 @@
 # the naive per-clip loader (0 and 2 workers) and preload + gather, warm,
 # cold, under a memory cap below the data's size, and over sshfs to a
 # loopback sshd (a real network filesystem, made and removed here).
+# Every leg runs its rows interleaved in BENCH_ROUNDS rounds (3: each
+# round runs every row at every S once, in turn), and the tables give the
+# median and range of the rounds and the load average over them.
 #   docs/bench_train.sh [WORKDIR]      (CLIPSHARD_PYTHON: a Python with numpy and torch)
+# BENCH_LEGS (warm cold capped sshfs), BENCH_ROUNDS (3), BENCH_S (0 5 20),
+# BENCH_ROWS (the warm and cold rows), BENCH_CLIPS (400): fewer, for a
+# quick run (TestBenchTrainRuns runs it on 24 clips).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . docs/bench_lib.sh
@@ -15,7 +21,7 @@ cd "$(dirname "$0")/.."
 go build -o "$W/" ./cmd/convert ./cmd/shuffle
 # The mixed set with one huge clip (20x the median length).
 M="$W/mixed-huge"
-[ -f "$M/clips.txt" ] || "$PY" docs/bench_gen_mixed.py "$M" 400 20
+[ -f "$M/clips.txt" ] || "$PY" docs/bench_gen_mixed.py "$M" "${BENCH_CLIPS:-400}" 20
 mods=(-m 'motion=motion/{clip}.pkl:exp+pose' -m 'whisper@2=whisper/{clip}.npy' -m 'w2v=w2v/{clip}.npy' -m 'emotion=emotion/{clip}.npy')
 [ -f "$W/mixed-huge-ds/dataset.json" ] || "$W/convert" --quiet --clips "$M/clips.txt" --out "$W/mixed-huge-ds" "${mods[@]}" >/dev/null
 [ -f "$W/train-huge-ep/epochs.json" ] || "$W/shuffle" --dataset "$W/mixed-huge-ds" --out "$W/train-huge-ep" --window 15 --epochs 1 --seed 3 >/dev/null
@@ -24,18 +30,25 @@ OUT="$W/train.jsonl"
 echo "$("$PY" -c 'import numpy, torch, sys; print("python", sys.version.split()[0], "numpy", numpy.__version__, "torch", torch.__version__)'); $(nproc) cores; epoch $(du -sh --apparent-size "$W/train-huge-ep/epoch-0000" | cut -f1), dataset $(du -sh --apparent-size "$W/mixed-huge-ds" | cut -f1), sources $(du -sh --apparent-size "$M" | cut -f1)"
 one() {  # ROW S MODE [BATCHES] [SRC DS EP]
   local src=${5:-$M} ds=${6:-$W/mixed-huge-ds} ep=${7:-$W/train-huge-ep}
-  "$PY" docs/bench_train.py one "$1" "$2" "$3" "$src" "$ds" "$ep" "${4:-all}" >> "$OUT" 2>"$W/train.err" ||
-    { tail -3 "$W/train.err"; echo "{\"row\": \"$1\", \"S\": $2, \"mode\": \"$3\", \"killed\": \"exit $?\"}" >> "$OUT"; }
+  local rc=0
+  BENCH_ROUND=$round "$PY" docs/bench_train.py one "$1" "$2" "$3" "$src" "$ds" "$ep" "${4:-all}" >> "$OUT" 2>"$W/train.err" || rc=$?
+  if [ "$rc" != 0 ]; then
+    tail -3 "$W/train.err"; echo "{\"row\": \"$1\", \"S\": $2, \"mode\": \"$3\", \"round\": $round, \"killed\": \"exit $rc\"}" >> "$OUT"
+  fi
 }
-ROWS="cat loader-f16 loader epochds-w0 epochds-w2 preload"
+# The naive loader: the first 6 batches of each pass (it takes seconds a batch).
+ROWS=${BENCH_ROWS:-cat loader-f16 loader epochds-w0 epochds-w2 preload naive-w0 naive-w2}
+SS=${BENCH_S:-0 5 20}
+ROUNDS=${BENCH_ROUNDS:-3}
 LEGS=${BENCH_LEGS:-warm cold capped sshfs}
-for mode in warm cold; do
-  case " $LEGS " in *" $mode "*) ;; *) continue ;; esac
-  for S in 0 5 20; do
-    for row in $ROWS; do one "$row" "$S" "$mode"; done
-    # The naive loader: the first 6 batches of each pass (it takes seconds a batch).
-    one naive-w0 "$S" "$mode" 6
-    one naive-w2 "$S" "$mode" 6
+for round in $(seq "$ROUNDS"); do
+  for mode in warm cold; do
+    case " $LEGS " in *" $mode "*) ;; *) continue ;; esac
+    for S in $SS; do
+      for row in $ROWS; do
+        case $row in naive*) one "$row" "$S" "$mode" 6 ;; *) one "$row" "$S" "$mode" ;; esac
+      done
+    done
   done
 done
 
@@ -46,22 +59,26 @@ done
 # hold 201 MiB, more than the cap).
 CAP=${CLIPSHARD_BENCH_CAP:-160M}
 cg=""
-if [ "$(id -u)" = 0 ] && [ -f /sys/fs/cgroup/cgroup.controllers ] && grep -qw memory /sys/fs/cgroup/cgroup.controllers; then
+case " $LEGS " in *" capped "*) capped=yes ;; *) capped=no ;; esac
+if [ $capped = no ]; then
+  :
+elif [ "$(id -u)" = 0 ] && [ -f /sys/fs/cgroup/cgroup.controllers ] && grep -qw memory /sys/fs/cgroup/cgroup.controllers; then
   cg=/sys/fs/cgroup/clipshard-bench-train; mkdir -p "$cg" && echo "$CAP" > "$cg/memory.max" && { echo 0 > "$cg/memory.swap.max" 2>/dev/null || true; }
 elif [ "$(id -u)" = 0 ] && [ -d /sys/fs/cgroup/memory ]; then
   cg=/sys/fs/cgroup/memory/clipshard-bench-train; mkdir -p "$cg" && numfmt --from=iec "$CAP" > "$cg/memory.limit_in_bytes"
 fi
-case " $LEGS " in *" capped "*) ;; *) cg="" ;; esac
 if [ -n "$cg" ]; then
-  for S in 0 20; do
-    for row in loader-f16 loader-np reader-mmap reader-read preload naive-np; do
-      n=all; [ "$row" = naive-np ] && n=6
-      BENCH_PREFETCH=1 sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$cg" "$PY" docs/bench_train.py one "$row" "$S" "cold, memory capped at $CAP" "$M" "$W/mixed-huge-ds" "$W/train-huge-ep" "$n" >> "$OUT" 2>"$W/train.err" ||
-        echo "{\"row\": \"$row\", \"S\": $S, \"mode\": \"cold, memory capped at $CAP\", \"killed\": \"out of memory\"}" >> "$OUT"
+  for round in $(seq "$ROUNDS"); do
+    for S in 0 20; do
+      for row in loader-f16 loader-np reader-mmap reader-read preload naive-np; do
+        n=all; [ "$row" = naive-np ] && n=6
+        BENCH_ROUND=$round BENCH_PREFETCH=1 sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$cg" "$PY" docs/bench_train.py one "$row" "$S" "cold, memory capped at $CAP" "$M" "$W/mixed-huge-ds" "$W/train-huge-ep" "$n" >> "$OUT" 2>"$W/train.err" ||
+          echo "{\"row\": \"$row\", \"S\": $S, \"mode\": \"cold, memory capped at $CAP\", \"round\": $round, \"killed\": \"out of memory\"}" >> "$OUT"
+      done
     done
   done
   rmdir "$cg" 2>/dev/null || true
-else
+elif [ $capped = yes ]; then
   echo "memory-capped leg skipped: needs root and a cgroup memory controller"
 fi
 
@@ -90,13 +107,15 @@ CFG
     fusermount -u "$N/mnt" 2>/dev/null || true
     sshfs -p 2299 -o IdentityFile="$N/user",StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,LogLevel=ERROR root@127.0.0.1:"$W" "$N/mnt"
   }
-  for S in 0 20; do
-    for row in cat loader-f16 loader reader-mmap reader-read epochds-w2; do
+  for round in $(seq "$ROUNDS"); do
+    for S in 0 20; do
+      for row in cat loader-f16 loader reader-mmap reader-read epochds-w2; do
+        mount_net
+        BENCH_DROP="$W/train-huge-ep:$M:$W/mixed-huge-ds" one "$row" "$S" "sshfs, cold" all "$N/mnt/mixed-huge" "$N/mnt/mixed-huge-ds" "$N/mnt/train-huge-ep"
+      done
       mount_net
-      BENCH_DROP="$W/train-huge-ep:$M:$W/mixed-huge-ds" one "$row" "$S" "sshfs, cold" all "$N/mnt/mixed-huge" "$N/mnt/mixed-huge-ds" "$N/mnt/train-huge-ep"
+      BENCH_DROP="$W/train-huge-ep:$M:$W/mixed-huge-ds" one naive-w2 "$S" "sshfs, cold" 6 "$N/mnt/mixed-huge" "$N/mnt/mixed-huge-ds" "$N/mnt/train-huge-ep"
     done
-    mount_net
-    BENCH_DROP="$W/train-huge-ep:$M:$W/mixed-huge-ds" one naive-w2 "$S" "sshfs, cold" 6 "$N/mnt/mixed-huge" "$N/mnt/mixed-huge-ds" "$N/mnt/train-huge-ep"
   done
   fusermount -u "$N/mnt"
   kill "$(cat "$N/sshd.pid")"; trap - EXIT

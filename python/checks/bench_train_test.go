@@ -1,0 +1,98 @@
+package checks_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/clipshard/clipshard/internal/numpytest"
+)
+
+// TestBenchTrainRuns (#35): docs/bench_train.sh (just bench-train) runs
+// end to end on a small mixed set, so that it cannot rot: its rows in
+// rounds (every row at every S once a round, in turn), and the table of
+// the medians and ranges of the rounds with the load average and the
+// goals' ratios round by round. (Warm only, the loader's rows and cat:
+// the cold, capped and sshfs legs need root, a cgroup and an sshd, and
+// the naive loader reads its clips whole, seconds a batch.)
+func TestBenchTrainRuns(t *testing.T) {
+	py := numpytest.Python(t)
+	numpytest.Module(t, "torch", "python3-torch")
+	w := t.TempDir()
+	cmd := exec.Command("bash", filepath.Join("..", "..", "docs", "bench_train.sh"), w)
+	cmd.Env = append(os.Environ(), "CLIPSHARD_PYTHON="+py, "BENCH_CLIPS=40", "BENCH_ROUNDS=2", "BENCH_PASSES=2",
+		"BENCH_S=0 20", "BENCH_ROWS=cat loader-f16 loader", "BENCH_LEGS=warm")
+	out, err := cmd.CombinedOutput()
+	got := string(out)
+	if err != nil {
+		t.Fatalf("bench_train.sh: %v\n%s", err, got)
+	}
+	if strings.Contains(got, "killed") || strings.Contains(got, "Traceback") {
+		t.Fatalf("bench_train.sh: a run failed\n%s", got)
+	}
+	for _, want := range []string{
+		"warm: 2 round(s), load average ",
+		"| row | S=0 ms | S=20 ms |",
+		"loader float16 / cat samples/s at S=0, round by round: ",
+		"loader float32 wait at S=20: median ",
+	} {
+		if !strings.Contains(got, want) {
+			t.Fatalf("bench_train.sh: no %q in\n%s", want, got)
+		}
+	}
+	// every row's cells: a wait and the rounds' median (range) of samples/s
+	for _, row := range []string{"loader-f16", "loader"} {
+		re := regexp.MustCompile(`\| ` + row + ` \| \d+\.\d\d / \d+\.\d, \d+ \(\d+–\d+\) \| \d+\.\d\d / \d+\.\d, \d+ \(\d+–\d+\) \|`)
+		if !re.MatchString(got) {
+			t.Fatalf("bench_train.sh: no row %s of 2 rounds in\n%s", row, got)
+		}
+	}
+	// the rows ran in turn: round 1 of every row before round 2 of any
+	lines, _ := os.ReadFile(filepath.Join(w, "train.jsonl"))
+	var order []string
+	for _, l := range strings.Split(string(lines), "\n") {
+		if m := regexp.MustCompile(`"round": (\d)`).FindStringSubmatch(l); m != nil {
+			order = append(order, m[1])
+		}
+	}
+	if strings.Join(order, "") != strings.Repeat("1", 6)+strings.Repeat("2", 6) {
+		t.Fatalf("bench_train.sh: rows not run in rounds: %v", order)
+	}
+}
+
+// TestBenchReadRuns (#35): docs/bench_read.py (the training-read
+// simulation of just bench-shuffle) runs end to end on a small set: its
+// five ways in rounds, each with the median and range of the rounds,
+// the ratios to the first round by round, and the load average.
+func TestBenchReadRuns(t *testing.T) {
+	py := numpytest.Python(t)
+	w := t.TempDir()
+	sh := `set -euo pipefail
+W=$1; PY=$2
+go build -o "$W/" ./cmd/convert ./cmd/shuffle
+"$PY" docs/bench_gen.py "$W/src" 30 50 80 16
+"$W/convert" --quiet --clips "$W/src/clips.txt" --out "$W/ds" -m 'feat=feat/{clip}.npy' -m 'motion=motion/{clip}.pkl:exp+pose' >/dev/null
+"$W/shuffle" --quiet --dataset "$W/ds" --out "$W/ep" --window 15 --epochs 1 --seed 1 >/dev/null
+BENCH_ROUNDS=3 "$PY" docs/bench_read.py "$W/src" "$W/ds" "$W/ep" warm`
+	cmd := exec.Command("bash", "-c", sh, "bash", w, py)
+	cmd.Dir = filepath.Join("..", "..")
+	out, err := cmd.CombinedOutput()
+	got := string(out)
+	if err != nil {
+		t.Fatalf("bench_read.py: %v\n%s", err, got)
+	}
+	if !regexp.MustCompile(`warm: \d+ samples \(W=15, batch 256\), 3 rounds, load average [\d.]+–[\d.]+`).MatchString(got) {
+		t.Fatalf("bench_read.py: no heading of 3 rounds with the load average in\n%s", got)
+	}
+	for _, way := range []string{`\(a\) shards in order`, `\(a'\) same, read=True`, `\(b\) random gather, blobs`, `\(b'\) same, MADV_RANDOM`, `\(c\) per sample, sources`} {
+		if !regexp.MustCompile(way + ` +\d+ \(\d+–\d+\) samples/s`).MatchString(got) {
+			t.Fatalf("bench_read.py: no %s in\n%s", way, got)
+		}
+	}
+	if strings.Count(got, "slower than (a)") != 3 {
+		t.Fatalf("bench_read.py: not 3 ratios to (a) in\n%s", got)
+	}
+}
