@@ -28,15 +28,8 @@ func TestBenchPeersRuns(t *testing.T) {
 	if out, err := exec.Command(py, "-c", "import torch, litdata, streaming, webdataset").CombinedOutput(); err != nil {
 		t.Fatalf("CLIPSHARD_PEERS_PYTHON=%s cannot import the peers: %v\n%s", py, err, out)
 	}
-	w := t.TempDir()
-	cmd := exec.Command("bash", filepath.Join("..", "..", "docs", "bench_peers.sh"), w)
-	cmd.Env = append(os.Environ(), "BENCH_PEERS_PYTHON="+py, "BENCH_CLIPS=48", "BENCH_ROUNDS=1", "BENCH_EPOCHS=2",
-		"BENCH_S=0", "BENCH_SWEEP=w0 w2p", "BENCH_LEGS=prepare sweep main resume")
-	out, err := cmd.CombinedOutput()
-	got := string(out)
-	if err != nil {
-		t.Fatalf("bench_peers.sh: %v\n%s", err, got)
-	}
+	got := benchScript(t, "bench_peers.sh", t.TempDir(), "BENCH_PEERS_PYTHON="+py, "BENCH_CLIPS=48", "BENCH_ROUNDS=1",
+		"BENCH_EPOCHS=2", "BENCH_S=0", "BENCH_SWEEP=w0 w2p", "BENCH_LEGS=prepare sweep main resume")
 	for _, want := range []string{
 		"| webdataset-1 |", "| mosaic w2p |", "| litdata w0 |", // prepare, the sweep
 		"| floor: ", "| clipshard-f16 threads2 |", "(best)", "(default)", // the main rows
@@ -55,6 +48,20 @@ func TestBenchPeersRuns(t *testing.T) {
 			t.Fatalf("bench_peers.sh: no %q table\n%s", mode, got)
 		}
 	}
+}
+
+// benchScript runs docs/NAME (a bash script) with work folder w and env
+// added to this process's environment, failing the test if it fails;
+// its output.
+func benchScript(t *testing.T, name, w string, env ...string) string {
+	t.Helper()
+	cmd := exec.Command("bash", filepath.Join("..", "..", "docs", name), w)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", name, err, out)
+	}
+	return string(out)
 }
 
 // TestBenchLibRounds (#35): docs/bench_lib.sh's rounds, behind every

@@ -22,14 +22,8 @@ func TestBenchTrainRuns(t *testing.T) {
 	py := numpytest.Python(t)
 	numpytest.Module(t, "torch", "python3-torch")
 	w := t.TempDir()
-	cmd := exec.Command("bash", filepath.Join("..", "..", "docs", "bench_train.sh"), w)
-	cmd.Env = append(os.Environ(), "CLIPSHARD_PYTHON="+py, "BENCH_CLIPS=40", "BENCH_ROUNDS=2", "BENCH_PASSES=2",
+	got := benchScript(t, "bench_train.sh", w, "CLIPSHARD_PYTHON="+py, "BENCH_CLIPS=40", "BENCH_ROUNDS=2", "BENCH_PASSES=2",
 		"BENCH_S=0 20", "BENCH_ROWS=cat loader-f16 loader", "BENCH_LEGS=warm")
-	out, err := cmd.CombinedOutput()
-	got := string(out)
-	if err != nil {
-		t.Fatalf("bench_train.sh: %v\n%s", err, got)
-	}
 	if strings.Contains(got, "killed") || strings.Contains(got, "Traceback") {
 		t.Fatalf("bench_train.sh: a run failed\n%s", got)
 	}
