@@ -192,7 +192,7 @@ def cached(fd: int, off: int, n: int) -> bool:
     beside it, or overlapping it (a drawn block's last W-1 frames are the
     next one's first), may have brought those pages in when this range's
     middle is not cached (a cold drawn epoch in groups of 32 MiB found
-    132 of 479 blocks "cached" by their ends). (Asking the kernel to read
+    132-144 of 479 blocks "cached" by their ends). (Asking the kernel to read
     ahead what it holds costs a walk of every page: the callers probe
     first.)"""
     flag = getattr(os, "RWF_NOWAIT", None)

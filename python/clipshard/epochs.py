@@ -645,9 +645,9 @@ class EpochReader:
     def _advise_one(self, fd, a, b, probe=False):
         """Ask the kernel for bytes [a, b) of fd; with probe, unless the
         page cache holds them (asking for cached pages walks them all: a
-        fifth of a warm epoch's time). The probe reads 1 byte at each end
-        (RWF_NOWAIT) while probes find the bytes there; after a miss the
-        next PROBE_BACKOFF ranges are asked for unprobed (a probe of a
+        fifth of a warm epoch's time). The probe (_files.cached: 1-byte
+        RWF_NOWAIT reads) runs while probes find the bytes there; after a
+        miss the next PROBE_BACKOFF ranges are asked for unprobed (a probe of a
         page the cache lacks starts a read of it, out of order). Never
         for memory-mapped batches: their maps are MADV_RANDOM, and a
         range whose ends are cached but not its middle would be faulted
