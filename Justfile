@@ -32,10 +32,9 @@ fixtures:
     {{python}} testdata/demo/gen.py
     {{python}} testdata/convert/gen.py
 
-# Go benchmarks of the decoders and the float16 kernels.
+# Go benchmarks of the decoders, the byte-order kernels and the float16 kernels, numpy's astype beside them, in 3 rounds (docs/bench_go.sh).
 bench:
-    go test -run '^$' -bench . -benchtime 2s ./formats/... ./transform/...
-    {{python}} docs/bench_numpy_astype.py
+    CLIPSHARD_PYTHON={{python}} docs/bench_go.sh
 
 # The README's demo (its first command, exactly as written there).
 demo:

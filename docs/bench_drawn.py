@@ -160,9 +160,12 @@ def speed(row_name, mode, S, ds, edir, epochs="6"):
     ep = range(int(epochs))
     if row_name == "materialised":
         L = clipshard.Loader(edir, epochs=ep, batch_size=B)
-    else:  # drawn-BLOCK[-BUFFER]
+    else:  # drawn-BLOCK[-BUFFER][-read]: read, one pread a window (read=True), not a gather from a memory map
         parts = row_name.split("-")
-        kw = {"buffer": parts[2]} if len(parts) > 2 else {}
+        kw = {"read": True} if parts[-1] == "read" else {}
+        parts = parts[:-1] if kw else parts
+        if len(parts) > 2:
+            kw["buffer"] = parts[2]
         L = clipshard.Loader(dataset=ds, epochs=ep, window=W, seed=3, batch_size=B, block=parts[1], **kw)
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
@@ -197,14 +200,19 @@ def table(path):
         k = (r["mode"], r["S"], r["row"])
         if k not in keys:
             keys.append(k)
-    print("| mode | step S | row | samples/s (median, range) | wait per step, ms (median; p90) | first batch, ms | CPU ms / batch | peak RSS MiB | load avg |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    # (the k-th line of a row is its k-th round: the script runs every row once a round)
+    print("| mode | step S | row | samples/s (median, range) | × materialised, round by round: median (range) | wait per step, ms (median; p90) | first batch, ms | CPU ms / batch | peak RSS MiB | load avg |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for k in keys:
         rs = [r for r in rows if (r["mode"], r["S"], r["row"]) == k]
+        base = [r for r in rows if (r["mode"], r["S"], r["row"]) == (k[0], k[1], "materialised")]
         v = sorted(r["samples_s"] for r in rs)
+        ratio = sorted(a["samples_s"] / b["samples_s"] for a, b in zip(rs, base)) if k[2] != "materialised" and base else []
         med = lambda f: float(np.median([r[f] for r in rs]))  # noqa: E731
-        print("| %s | %g ms | %s | %.0f (%.0f–%.0f) | %.2f; %.2f | %.0f | %.1f | %.0f | %.2f–%.2f |" % (
-            k[0], k[1], k[2], np.median(v), v[0], v[-1], med("wait_median_ms"), med("wait_p90_ms"), med("first_ms"),
+        print("| %s | %g ms | %s | %.0f (%.0f–%.0f) | %s | %.2f; %.2f | %.0f | %.1f | %.0f | %.2f–%.2f |" % (
+            k[0], k[1], k[2], np.median(v), v[0], v[-1],
+            "%.2f (%.2f–%.2f)" % (np.median(ratio), ratio[0], ratio[-1]) if ratio else "1" if k[2] == "materialised" else "",
+            med("wait_median_ms"), med("wait_p90_ms"), med("first_ms"),
             med("cpu_ms_batch"), med("peak_rss_mib"), min(r["load"] for r in rs), max(r["load"] for r in rs)))
 
 

@@ -34,7 +34,7 @@ OUT="$W/drawn.jsonl"
 : > "$OUT"
 cold=""
 if [ "$(id -u)" = 0 ] && [ -w /proc/sys/vm/drop_caches ]; then cold=1; else echo "(not root: no cold rows)"; fi
-ROWS="materialised drawn-auto drawn-8MiB"
+ROWS="materialised drawn-auto drawn-8MiB drawn-auto-read"
 for round in $(seq "${ROUNDS:-3}"); do
   for set in "400 $DS $EP 6" "4000 $DS4 $EP4 3"; do
     read -r n ds ep epochs <<< "$set"

@@ -282,6 +282,42 @@ for dirs, opts in (CASES[0], CASES[1], CASES[4], CASES[6]) if os.environ.get("CL
                     assert set(seen) == set(range(n)) and len(seen) - n < R * Bs, (R, Bs, remainder)
     plan.close()
 
+# The two ways a streamed modality's windows are read (a gather from a
+# memory map of the blob, the default; one pread a window, read=True):
+# the same bytes, the dataset's rows, zeros past valid (windows of clips
+# shorter than W among them: the last case's W is the demo's median clip).
+longW = int(np.median(dsets[DEMO].index[:, 1])) + 1
+for dirs, opts in (CASES[0], CASES[2], CASES[4], CASES[6], ([DEMO], dict(window=longW, seed=11, block=4096, group=2, hold=0))):
+    plans = [plan_of(dirs, dict(opts, read=r))[0] for r in (False, True)]
+    assert [bool(s.maps) for s in plans[0].sources] == [any(not r["held"] for r in s.mods) for s in plans[0].sources]
+    assert not any(s.maps for s in plans[1].sources)
+    short = 0
+    for a, b in zip(*(DrawnReader(p, 1, batch_size=7, remainder="partial").batches(0, 1) for p in plans)):
+        for k in b:
+            assert np.array_equal(a[k], b[k]), (opts, k)
+        check_batch(plans[0], dirs, a)
+        short += int((a["samples"][:, 2] < opts["window"]).sum())
+    assert short or opts["window"] != longW, "no window shorter than W: the zeros past valid not checked"
+    # rows past the blob (an order that disagrees with it) raise, naming it,
+    # never copy what mode="clip" would make of them
+    src = plans[0].sources[0]
+    name = next(iter(src.maps))  # (every case streams a modality)
+    m, f = src.maps[name], src.files[name]
+    for first in (len(m), -1):
+        try:
+            DrawnReader._gather(f, m, np.zeros((1, 1, m.shape[1]), np.uint8), np.arange(1), True, np.array([first]),
+                                np.array([1]), 1)
+            raise AssertionError("row %d of %d gathered" % (first, len(m)))
+        except ValueError as e:
+            assert f.path in str(e) and "disagree" in str(e), str(e)
+    for p in plans:
+        p.close()
+try:
+    Drawn(DEMO, window=5, read="yes")
+    raise AssertionError("read='yes' taken")
+except ValueError as e:
+    assert "read" in str(e)
+
 # The Loader: threads and prefetch change nothing; a cast is numpy's.
 dirs, opts = CASES[6]
 names = ["a", "b", "c"]
@@ -423,13 +459,13 @@ def fresh():
     return d
 
 
-def refused(what, make, words, when="open"):
+def refused(what, make, words, when="open", read=False):
     d = make()
     try:
         if when == "open":
-            Drawn(d, window=5, block=4096, group=2)
+            Drawn(d, window=5, block=4096, group=2, read=read)
         else:
-            p = Drawn(d, window=5, block=4096, group=2, hold=0)
+            p = Drawn(d, window=5, block=4096, group=2, hold=0, read=read)
             when(d)
             list(DrawnReader(p, 0, batch_size=4))
     except ValueError as e:
@@ -481,6 +517,8 @@ refused("a header that lies", lambda: header_lies(fresh()), ["whisper.npy"])
 refused("index.npy out of range", lambda: index_lies(fresh()), ["index.npy", "clip 3"])
 refused("a held blob changed", lambda: held_changed(fresh()), ["emotion.npy", "sha256"])
 refused("a blob cut short while reading", fresh, ["whisper.npy", "shorter"], when=lambda d: cut(d, "whisper.npy", 4096))
+refused("a blob cut short while reading (read=True)", fresh, ["whisper.npy", "shorter"], when=lambda d: cut(d, "whisper.npy", 4096),
+        read=True)
 refused("an epochs folder", lambda: (lambda d: (os.rename(os.path.join(d, "dataset.json"), os.path.join(d, "x.json")),
                                                 open(os.path.join(d, "epochs.json"), "w").write("{}"), d)[2])(fresh()),
         ["epochs folder"])

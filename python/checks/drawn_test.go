@@ -3,6 +3,7 @@ package checks_test
 import (
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -53,12 +54,17 @@ func TestBenchDrawnRuns(t *testing.T) {
 		t.Fatalf("bench_drawn quality of a fake set: %s", got)
 	}
 	var rows strings.Builder
-	for _, row := range []string{"materialised", "drawn-auto", "drawn-8MiB-64MiB"} {
+	for _, row := range []string{"materialised", "drawn-auto", "drawn-8MiB-64MiB", "drawn-auto-read"} {
 		rows.Write(numpytest.RunEnv(t, env, script, "speed", row, "warm", "0", ds, ep, "2"))
 	}
 	jsonl := filepath.Join(t.TempDir(), "speed.jsonl")
 	os.WriteFile(jsonl, []byte(rows.String()), 0o644)
-	if got := string(numpytest.RunEnv(t, env, script, "table", jsonl)); strings.Count(got, "| warm |") != 3 {
+	got := string(numpytest.RunEnv(t, env, script, "table", jsonl))
+	if strings.Count(got, "| warm |") != 4 || !strings.Contains(got, "| drawn-auto-read |") {
 		t.Fatalf("bench_drawn table: %s", got)
+	}
+	// each drawn row's ratio to the materialised one, "median (range)"
+	if m := regexp.MustCompile(`\| drawn-[^|]+ \| [0-9]+ \([0-9]+–[0-9]+\) \| [0-9.]+ \([0-9.]+–[0-9.]+\) \|`).FindAllString(got, -1); len(m) != 3 {
+		t.Fatalf("bench_drawn table: the ratios to materialised: %q in %s", m, got)
 	}
 }

@@ -91,7 +91,7 @@ class Loader:
         epoch files; clipshard.draw): every epoch fresh windows, blocks of
         consecutive frames read whole, windows shuffled across a buffer of
         blocks. It takes window (required), seed, sampling, per_clip,
-        short, weights, epoch_samples, block, buffer, hold (see
+        short, weights, epoch_samples, block, buffer, hold, read (see
         clipshard.draw.Drawn); epochs is then required. The state is the
         intervals of the epoch's order still to read (any world size or
         batch size resumes them exactly once).
