@@ -22,6 +22,8 @@ import time
 
 import numpy as np
 
+from bench_stats import span  # noqa: E402 (docs/bench_stats.py)
+
 here = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -44,11 +46,6 @@ def child(edir, n, f32):
         per.append(time.perf_counter() - t)
         batches = k
     print(json.dumps(dict(epochs_ms=[x * 1e3 for x in per], first_batch_ms=[x * 1e3 for x in first], batches=batches)))
-
-
-def span(xs, fmt):
-    xs = sorted(xs)
-    return "%s (%s–%s)" % (fmt % float(np.median(xs)), fmt % xs[0], fmt % xs[-1])
 
 
 def main():

@@ -25,6 +25,8 @@ import time
 
 import numpy as np
 
+from bench_stats import span  # noqa: E402 (docs/bench_stats.py)
+
 src, ds, edir = sys.argv[1:4]
 mode = sys.argv[4] if len(sys.argv) > 4 else "warm"
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
@@ -127,11 +129,6 @@ for r in range(rounds):
     for i, (_, f) in enumerate(ways):
         times[i].append(f())
 load1 = open("/proc/loadavg").read().split()[0]
-
-
-def span(xs, fmt):
-    xs = sorted(xs)
-    return "%s (%s–%s)" % (fmt % float(np.median(xs)), fmt % xs[0], fmt % xs[-1])
 
 
 print("%s: %d samples (W=%d, batch %d), %d rounds, load average %s–%s; samples/s median (range), and (x)/(a) round by round"

@@ -38,6 +38,8 @@ import time
 
 import numpy as np
 
+from bench_stats import span  # noqa: E402 (docs/bench_stats.py)
+
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(here, "..", "python"))
 import clipshard  # noqa: E402
@@ -261,13 +263,6 @@ def main():
 
 def med(xs):
     return float(np.median(xs)) if xs else float("nan")
-
-
-def span(xs, fmt):
-    """median (min–max) of xs, each formatted by fmt."""
-    if len(xs) == 1:
-        return fmt % xs[0]
-    return "%s (%s–%s)" % (fmt % med(xs), fmt % min(xs), fmt % max(xs))
 
 
 def table(path):
