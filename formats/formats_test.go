@@ -178,8 +178,9 @@ func TestNotRegular(t *testing.T) {
 	}
 }
 
-// TestDirs loads files of more folders than Dirs keeps open (the rest are
-// opened by full path) and checks that errors still name the full path.
+// TestDirs loads and stats files of more folders than Dirs keeps open
+// (the rest are opened by full path) and checks that errors still name
+// the full path.
 func TestDirs(t *testing.T) {
 	src, err := os.ReadFile(filepath.Join(fixtures, "npy", "f32_2d.npy"))
 	if err != nil {
@@ -206,6 +207,22 @@ func TestDirs(t *testing.T) {
 		missing := filepath.Join(d, "missing.npy")
 		if _, _, err := formats.LoadIntoDirs(&dirs, missing, "", nil); err == nil || !strings.Contains(err.Error(), missing) {
 			t.Fatalf("missing file: %v", err)
+		}
+		// Stat, from a kept folder or (past 64) by full path: os.Stat's
+		// answer (a symbolic link followed, a folder not regular)
+		os.Symlink("x.npy", filepath.Join(d, "link.npy"))
+		for _, c := range []struct {
+			name    string
+			size    int64
+			regular bool
+		}{{"x.npy", int64(len(src)), true}, {"link.npy", int64(len(src)), true}, {".", -1, false}} {
+			size, regular, err := dirs.Stat(filepath.Join(d, c.name))
+			if err != nil || regular != c.regular || (c.size >= 0 && size != c.size) {
+				t.Fatalf("Stat %s: %d %v %v, want %d %v", c.name, size, regular, err, c.size, c.regular)
+			}
+		}
+		if _, _, err := dirs.Stat(missing); err == nil || !strings.Contains(err.Error(), missing) {
+			t.Fatalf("Stat of a missing file: %v", err)
 		}
 	}
 	if _, _, err := formats.LoadIntoDirs(&dirs, filepath.Join(root, "nodir", "x.npy"), "", nil); err == nil || !strings.Contains(err.Error(), "nodir/x.npy") {

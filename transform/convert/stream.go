@@ -6,7 +6,6 @@ package convert
 import (
 	"context"
 	"fmt"
-	"os"
 
 	"github.com/cespare/xxhash/v2"
 
@@ -57,11 +56,11 @@ func (j *job) streamed(m Modality, path string) (bool, int64) {
 	if f, _ := formats.FormatOf(path); f != formats.NPY || m.Keys != "" {
 		return false, 0
 	}
-	st, err := os.Stat(path)
-	if err != nil || !st.Mode().IsRegular() {
+	size, regular, err := j.dirs.Stat(path)
+	if err != nil || !regular {
 		return false, 0
 	}
-	return st.Size() > j.streamMin && !m.PerClip, st.Size()
+	return size > j.streamMin && !m.PerClip, size
 }
 
 // pieceBytes is about how much of a source convertStream reads at a time.
