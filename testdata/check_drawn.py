@@ -310,6 +310,14 @@ for dirs, opts in (CASES[0], CASES[2], CASES[4], CASES[6], ([DEMO], dict(window=
             raise AssertionError("row %d of %d gathered" % (first, len(m)))
         except ValueError as e:
             assert f.path in str(e) and "disagree" in str(e), str(e)
+    # a destination that is not contiguous is refused (its reshape would
+    # be a copy that the rows went to, the batch left as it was)
+    try:
+        DrawnReader._gather(f, m, np.zeros((1, 1, 2 * m.shape[1]), np.uint8)[:, :, ::2], np.arange(1), True, np.array([0]),
+                            np.array([1]), 1)
+        raise AssertionError("a strided destination taken")
+    except RuntimeError as e:
+        assert "contiguous" in str(e), str(e)
     for p in plans:
         p.close()
 try:

@@ -970,6 +970,8 @@ class DrawnReader:
         short = np.flatnonzero(valid < per)
         if len(short):
             np.minimum(idx, len(m) - 1, out=idx)  # (rows past valid: any row, zeroed below)
+        if not dst.flags.c_contiguous:  # (a reshape would copy: the rows would go to the copy)
+            raise RuntimeError("a batch's buffer of %s is not C-contiguous" % f.path)
         d3 = dst.reshape(len(dst), per, -1).view(np.uint8)
         if one:
             np.take(m, idx, axis=0, out=d3, mode="clip")  # ("clip": no bounds pass and no buffer; idx is in range)
