@@ -156,6 +156,14 @@ if torch is not None:
         want = rows(clipshard.EpochReader(edir, e, batch_size=5))
         assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want)), ("EpochDataset", workers)
         checks += 1
+    # pickled into spawned workers: each opens the bucket and the cache again
+    from spawned import spawned
+    ds = ct.EpochDataset(url, e, batch_size=5, cache_dir=cache_dir(), cache_limit=limit)
+    got, err = spawned(ds, 2)
+    assert got is not None, err
+    got = [b["samples"].numpy() for b in got]
+    assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want)), "EpochDataset spawn"
+    checks += 1
     c = cache_dir()
     a = [b for b in ct.Loader(edir, e, batch_size=6, dtype=torch.float32)]
     b = [b for b in ct.Loader(url, e, batch_size=6, dtype=torch.float32, cache_dir=c, cache_limit=limit)]

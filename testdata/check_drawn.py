@@ -585,12 +585,21 @@ except ImportError:
     torch = None
 if torch is not None:
     from clipshard.torch import EpochDataset, Loader as TorchLoader
+    from spawned import spawned
     dirs, opts = CASES[0]
     plan, _ = plan_of(dirs, opts)
     ref = list(DrawnReader(plan, 1, rank=0, world_size=2, batch_size=3).batches(0, 1))
-    for nw in (0, 2):
+    # (spawn: the dataset pickled into the workers, its Drawn made again
+    # there; its resume state goes with it)
+    def loaded(ds, nw, ctx):
+        if ctx is None:
+            return list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=nw))
+        got, err = spawned(ds, nw, ctx)
+        assert got is not None, err
+        return got
+    for nw, ctx in ((0, None), (2, None), (2, "spawn")):
         ds = EpochDataset(dataset=DEMO, epoch=1, rank=0, world_size=2, batch_size=3, **opts)
-        got = list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=nw))
+        got = loaded(ds, nw, ctx)
         assert len(got) == len(ref) > 2
         for a, b in zip(got, ref):
             for k in b:
@@ -599,12 +608,25 @@ if torch is not None:
         st = ds.state_dict(got[1])
         ds2 = EpochDataset(dataset=DEMO, epoch=1, rank=0, world_size=1, batch_size=4, **opts)
         ds2.load_state_dict(json.loads(json.dumps(st)))
-        rest = [tuple(x.tolist()) for b in torch.utils.data.DataLoader(ds2, batch_size=None, num_workers=nw) for x in b["samples"]]
+        rest = [tuple(x.tolist()) for b in loaded(ds2, nw, ctx) for x in b["samples"]]
         done = [tuple(x.tolist()) for r in (0, 1) for b in list(DrawnReader(plan, 1, rank=r, world_size=2, batch_size=3).batches(0, 1))[:2]
                 for x in b["samples"]]
         every = set(order_of(plan, 1))
         assert not set(done) & set(rest) and len(set(rest)) == len(rest), nw
         assert len(every) - len(set(done) | set(rest)) < 4, (nw, len(every), len(done), len(rest))
+    # A dataset converted again between the parent's check and a spawned
+    # worker's: the worker refuses it, naming the dataset (it would
+    # otherwise draw another order than the parent's state describes).
+    tmp = tempfile.mkdtemp()
+    copy = os.path.join(tmp, "ds")
+    shutil.copytree(DEMO, copy)
+    ds = EpochDataset(dataset=copy, epoch=1, batch_size=3, **opts)
+    with open(os.path.join(copy, "dataset.json"), "a") as f:
+        f.write("\n")  # the same dataset, another dataset.json (its sha256 is what identifies it)
+    got, err = spawned(ds, 1)
+    assert got is None, "a spawned worker read a dataset changed since the parent checked it"
+    assert "ValueError: %s" % copy in err and "changed" in err, err
+    shutil.rmtree(tmp)
     L = TorchLoader(dataset=DEMO, epochs=[1], batch_size=3, dtype=torch.float32, rank=0, world_size=2, **opts)
     got = list(L)
     assert len(got) == len(ref)

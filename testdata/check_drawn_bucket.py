@@ -93,6 +93,24 @@ for b in L:
     seen += [tuple(x) for x in b["samples"].tolist()]
 o = L._drawn.order(0)
 assert len(set(seen)) == len(seen) and o.samples - len(seen) < 5, (len(seen), o.samples)
+
+# torch (when installed): EpochDataset(dataset=s3://...) pickled into
+# spawned DataLoader workers, each opening the bucket and the node's cache
+# again: the same batches as the folder's.
+torch_note = ""
+try:
+    import torch  # noqa: F401
+except ImportError:
+    torch = None
+if torch is not None:
+    import clipshard.torch as ct
+    from spawned import spawned
+    want = [b["samples"] for b in ct.EpochDataset(dataset=ds, epoch=1, batch_size=16, **OPTS)]
+    got, err = spawned(ct.EpochDataset(dataset=url, epoch=1, batch_size=16, cache_dir=os.path.join(root, "spawn"),
+                                       cache_limit="64MiB", **OPTS), 2)
+    assert got is not None, err
+    assert len(got) == len(want) > 4 and all(torch.equal(a["samples"], b) for a, b in zip(got, want)), "EpochDataset spawn"
+    torch_note = "; torch EpochDataset in spawned workers"
 shutil.rmtree(root, ignore_errors=True)
 print("ok: drawn bucket: 2 nodes byte-equal to the folder; egress of one epoch %.3fx the blobs (%d of %d bytes); a small cache "
-      "refused; resumed with another batch size" % (ratio, fetched, blobs))
+      "refused; resumed with another batch size%s" % (ratio, fetched, blobs, torch_note))

@@ -132,6 +132,20 @@ if torch is not None:
     for workers in (0, 2):
         sequential("EpochDataset workers=%d" % workers, lambda: torch.utils.data.DataLoader(
             ct.EpochDataset(edir, 0, batch_size=B_), batch_size=None, num_workers=workers), t_rows)
+    # Pickled into spawned workers (and a process of its own) after the
+    # folder was rewritten: they read the version the dataset was made on,
+    # which is gone, so they raise; never the new version's batches.
+    from spawned import spawned
+    ds = ct.EpochDataset(edir, 0, batch_size=B_)
+    shuffle(seed_b)
+    got, err = spawned(ds, 2)
+    if got is not None:
+        raise SystemExit("EpochDataset spawn: the folder was rewritten after the dataset was made, and its spawned workers "
+                         "read %d batches" % len(got))
+    if "ValueError: " not in err or "epochs.json" not in err and ".npy" not in err:
+        raise SystemExit("EpochDataset spawn: want a ValueError naming epochs.json or a shard, got: %s" % err[-2000:])
+    print("EpochDataset spawn: %s" % err.strip().splitlines()[-1][:200])
+    shuffle(seed_a)
     concurrent("EpochDataset workers=2 (concurrent)", lambda: torch.utils.data.DataLoader(
         ct.EpochDataset(edir, 0, batch_size=B_), batch_size=None, num_workers=2), t_rows, tries=max(1, TRIES - 1))
 print("ok: rewrite%s" % ("" if torch is not None else " (no torch: its readers not checked)"))

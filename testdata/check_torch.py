@@ -27,16 +27,21 @@ here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(here, "..", "python"))
 import clipshard  # noqa: E402
 from clipshard.torch import EpochDataset  # noqa: E402
+from spawned import spawned  # noqa: E402
 
 edir = sys.argv[1]
 man = clipshard.load_epochs(edir)
 epoch = man["epochs"][0]["epoch"]
 
 
-def run(R, r, B, workers, state=None):
+def run(R, r, B, workers, state=None, ctx=None):
     ds = EpochDataset(edir, epoch, rank=r, world_size=R, batch_size=B)
     if state is not None:
         ds.load_state_dict(state)
+    if ctx is not None:  # the dataset pickled into workers started by spawn or forkserver
+        got, err = spawned(ds, workers, ctx)
+        assert got is not None, err
+        return got
     dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)
     return [b for b in dl]
 
@@ -46,13 +51,14 @@ for R, B in ((1, 4), (3, 2)):
     for r in range(R):
         ref = run(R, r, B, 0)
         assert len(ref) == len(EpochDataset(edir, epoch, rank=r, world_size=R, batch_size=B))
-        for w in (1, 2, 4):
-            got = run(R, r, B, w)
-            assert len(got) == len(ref), (R, r, w, len(got), len(ref))
+        # (spawn and forkserver: the dataset pickled into the workers, once)
+        for w, ctx in ((1, None), (2, None), (4, None)) + (((2, "spawn"), (2, "forkserver")) if (R, r) == (3, 1) else ()):
+            got = run(R, r, B, w, ctx=ctx)
+            assert len(got) == len(ref), (R, r, w, ctx, len(got), len(ref))
             for a, b in zip(got, ref):
                 assert set(a) == set(b)
                 for k in a:
-                    assert torch.equal(a[k], b[k]), (R, r, w, k)
+                    assert torch.equal(a[k], b[k]), (R, r, w, ctx, k)
 
 # Per-clip modalities (convert's NAME@clip=): each sample carries its
 # clip's value, [B, *frame_shape], equal to the dataset's row.
@@ -86,6 +92,10 @@ again = EpochDataset(edir, epoch, rank=1, world_size=3, batch_size=2)
 again.load_state_dict(back)
 first = next(iter(torch.utils.data.DataLoader(again, batch_size=None, num_workers=2)))
 assert int(first["consumed"]) == 12 + 6, first["consumed"]
+# the loaded state goes with the dataset into spawned workers
+got, err = spawned(again, 2)
+assert got is not None, err
+assert int(got[0]["consumed"]) == 12 + 6, got[0]["consumed"]
 
 # Kill and resume with another world size and batch size.
 TRAIN = r'''

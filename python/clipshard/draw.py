@@ -442,6 +442,11 @@ class Drawn:
                  block: Union[str, int] = "auto", buffer: Union[str, int] = BUFFER, group: Optional[int] = None,
                  hold: Union[str, int] = HOLD, read: bool = False,
                  cache_dir: Optional[str] = None, cache_limit: Union[str, int, None] = None) -> None:
+        # (what makes these epochs again in another process: see __reduce__)
+        self._made = (dict(dataset) if isinstance(dataset, Mapping) else dataset, dict(
+            window=window, seed=seed, sampling=sampling, per_clip=per_clip, short=short, weights=weights,
+            epoch_samples=epoch_samples, block=block, buffer=buffer, group=group, hold=hold, read=read,
+            cache_dir=cache_dir, cache_limit=cache_limit))
         if type(window) is not int or window < 1:
             raise ValueError("window %r: want an int >= 1 (frames of each window)" % (window,))
         if sampling not in ("tile", "random"):
@@ -552,6 +557,25 @@ class Drawn:
         self.closed = True
         for s in self.sources:
             s.close()
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Pickled (a DataLoader worker started by spawn or forkserver:
+        # macOS's default, Python 3.14's on Linux): its open files, maps
+        # and lock do not travel; the other process opens and checks the
+        # sources again, and refuses them if they are not the ones checked
+        # here (the identity: each dataset.json's sha256 and the options).
+        if self.closed:
+            raise ValueError("a closed Drawn cannot be pickled (its sources are closed)")
+        return (_drawn_again, self._made + (self.identity,))
+
+
+def _drawn_again(dataset: Any, kw: dict[str, Any], identity: str) -> Drawn:
+    d = Drawn(dataset, **kw)
+    if d.identity != identity:
+        d.close()
+        raise ValueError("%s: the dataset changed between this process's parent checking it and this one opening it "
+                         "(converted again?): make the loader again" % ", ".join(s.url for s in d.sources))
+    return d
 
 
 class Order:
