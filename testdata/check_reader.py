@@ -19,8 +19,12 @@ files, with numpy alone.
 - Dataset: rows by clip id and by row, and sample windows, equal the blobs.
 Prints "ok: reader ..." or raises.
 """
+import json
 import os
+import pickle
+import shutil
 import sys
+import tempfile
 
 import numpy as np
 
@@ -305,4 +309,41 @@ try:
     raise AssertionError("unknown clip id found")
 except KeyError:
     pass
-print("ok: reader (%d samples checked)" % checked)
+
+# Pickled (a DataLoader worker started by spawn or forkserver gets its
+# dataset so): a Dataset maps its blobs again instead of copying them into
+# the pickle, and refuses a dataset.json changed since; an EpochReader is
+# made again at its resume point.
+blob = pickle.dumps(ds)
+data_bytes = sum(np.asarray(a).nbytes for a in ds.blobs.values())
+assert len(blob) < 64 << 10 and (data_bytes < 64 << 10 or len(blob) < data_bytes // 4), (len(blob), data_bytes)
+back = pickle.loads(blob)
+for name in ds.modalities:
+    same(np.asarray(back.blobs[name]), np.asarray(ds.blobs[name]), ("pickled dataset", name))
+    assert isinstance(back.blobs[name], np.memmap), name
+tmp = tempfile.mkdtemp()
+copy = os.path.join(tmp, "ds")
+shutil.copytree(ds.dir, copy)
+blob = pickle.dumps(clipshard.Dataset(copy))
+with open(os.path.join(copy, "dataset.json")) as f:
+    changed = json.load(f)
+changed["clips_note"] = "converted again"
+with open(os.path.join(copy, "dataset.json"), "w") as f:
+    json.dump(changed, f)
+try:
+    pickle.loads(blob)
+    raise AssertionError("a Dataset unpickled over a changed dataset.json")
+except ValueError as e:
+    assert copy in str(e) and "changed" in str(e), e
+shutil.rmtree(tmp)
+e0 = man["epochs"][0]["epoch"]
+for R, r, B in ((1, 0, 4), (3, 2, 2)):
+    a = EpochReader(edir, e0, rank=r, world_size=R, batch_size=B)
+    a.load_state_dict(dict(a.state_dict(), consumed=B * R))
+    b = pickle.loads(pickle.dumps(a))
+    got, want = list(b), list(a)
+    assert len(got) == len(want) > 0, (R, len(got), len(want))
+    for x, y in zip(got, want):
+        for name in y:
+            same(np.asarray(x[name]), np.asarray(y[name]), ("pickled reader", R, name))
+print("ok: reader (%d samples checked; pickled Dataset and EpochReader)" % checked)

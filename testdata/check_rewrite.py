@@ -11,6 +11,7 @@ back with SEED_A. Prints "ok: rewrite" at the end.
 """
 import gc
 import os
+import pickle
 import subprocess
 import sys
 import threading
@@ -114,6 +115,21 @@ def concurrent(name, make, rows, tries=3):
 np_rows = lambda b: np.asarray(b["samples"]).copy()  # noqa: E731
 sequential("EpochReader", lambda: clipshard.EpochReader(edir, 0, batch_size=B_), np_rows)
 sequential("EpochReader read=True", lambda: clipshard.EpochReader(edir, 0, batch_size=B_, read=True), np_rows)
+# An EpochReader pickled once it has begun (what a spawned worker gets):
+# the copy reads the version begun or raises, the folder rewritten since.
+r = clipshard.EpochReader(edir, 0, batch_size=B_)
+it = iter(r)
+next(it)
+blob = pickle.dumps(r)
+shuffle(seed_b)
+try:
+    got = [np_rows(b) for b in pickle.loads(blob)]
+    judge("EpochReader pickled", got, None, 1)
+    raise SystemExit("EpochReader pickled: the folder was rewritten after its first batch and the copy noticed nothing")
+except ValueError as e:
+    judge("EpochReader pickled", [], e, 1)
+it = None
+shuffle(seed_a)
 sequential("Loader", lambda: clipshard.Loader(edir, 0, batch_size=B_, prefetch=2), np_rows)
 sequential("Loader prefetch 0", lambda: clipshard.Loader(edir, 0, batch_size=B_, prefetch=0), np_rows)
 # Rewrites racing the reads: once each by default, more with the

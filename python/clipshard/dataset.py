@@ -88,6 +88,13 @@ class Dataset:
     def __len__(self) -> int:
         return len(self.index)
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Pickled (a DataLoader worker started by spawn or forkserver): the
+        # other process maps the blobs again; pickling the maps would copy
+        # the whole dataset into the pickle. A dataset.json changed since
+        # this one was read is refused there.
+        return (_dataset_again, (self.dir, self.manifest))
+
     def row(self, clip: Union[str, int]) -> int:
         """The row of clip id (a str) or row number (an int)."""
         if isinstance(clip, (int, np.integer)):
@@ -120,3 +127,11 @@ class Dataset:
         clip, start, valid = (int(x) for x in sample)
         c0 = int(self.index[clip][0])
         return {name: self._rows(name, clip, c0 + start, valid) for name in self.modalities}
+
+
+def _dataset_again(path: str, manifest: Any) -> Dataset:
+    d = Dataset(path)
+    if d.manifest != manifest:
+        raise ValueError("%s: dataset.json changed since the Dataset was made in the process that pickled it (converted "
+                         "again?): make it again" % path)
+    return d

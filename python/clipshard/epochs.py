@@ -162,6 +162,11 @@ class EpochReader:
         # folder's identity another reader of the same epoch pinned, e.g.
         # EpochDataset's for its DataLoader workers)
         self.url = edir  # as given (a folder, or s3://...)
+        # (what makes this reader again in another process: see __reduce__)
+        self._made: Optional[dict[str, Any]] = None if _remote is not None else dict(
+            edir=edir, epoch=epoch, rank=rank, world_size=world_size, batch_size=batch_size, remainder=remainder,
+            replay_seed=replay_seed, virtual_epoch=virtual_epoch, mix_shards=mix_shards, mix_seed=mix_seed, mix_mem=mix_mem,
+            read=read, prefetch=prefetch, cache_dir=cache_dir, cache_limit=cache_limit)
         if _remote is not None:  # (the caller's: clipshard.Loader's, shared by its readers)
             edir, self._remote = _remote.root, _remote
         else:
@@ -293,6 +298,19 @@ class EpochReader:
         # Past the end: a padded epoch's last batch (it took samples from
         # the start again): the epoch is done.
         self.start = self.consumed = min(int(c), self.samples)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Pickled (a DataLoader worker started by spawn or forkserver), the
+        # reader is made again in the other process from its arguments and
+        # the epochs manifest it loaded, at its resume point (what
+        # load_state_dict set; not where an iteration of it got to). Its
+        # open files do not travel; the epoch folder's pin does (once this
+        # reader has begun): the other one reads that version of the epoch
+        # or raises, and without a pin checks epochs.json as it starts.
+        if self._made is None:
+            raise TypeError("an EpochReader made by a clipshard.Loader (which shares its bucket's cache entry) cannot be "
+                            "pickled: pickle the Loader before it iterates, or make an EpochReader of your own")
+        return (_reader_again, (self._made, self.manifest, self._pin, self.start))
 
     # -- iteration --------------------------------------------------------
 
@@ -682,6 +700,12 @@ class EpochReader:
 PIECE = 256 << 10  # bytes asked of the kernel per posix_fadvise call
 PROBE_BACKOFF = 64  # ranges asked for without a probe after a probe found one not cached
 _DATA_AT = 4096  # where a shard file's data starts (docs/FORMAT.md; each file's header is checked when it is opened)
+
+
+def _reader_again(made: dict[str, Any], manifest: dict[str, Any], pin: Optional[tuple[int, int]], start: int) -> EpochReader:
+    r = EpochReader(**made, _manifest=manifest, _pin=pin)
+    r.start = r.consumed = start
+    return r
 
 
 def _node_ranks(rank: int, world_size: int) -> tuple[int, int]:
