@@ -23,6 +23,8 @@ package bucket
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -244,7 +246,8 @@ func (c *Client) ReadAll(ctx context.Context, u URL, rel string, limit int64) ([
 	for try := 0; ; try++ {
 		b, etag, err := c.readAll(ctx, u, rel, limit)
 		// Replaced between the response's first bytes and the rest (the
-		// client reads on with If-Match): read the new version.
+		// client reads on with If-Match), or bytes of another version than
+		// the head described (see readAll): read the new version.
 		if errors.Is(err, ErrPrecondition) && try < 8 {
 			time.Sleep(time.Duration(10*(try+1)) * time.Millisecond)
 			continue
@@ -266,8 +269,20 @@ func (c *Client) readAll(ctx context.Context, u URL, rel string, limit int64) ([
 	if err != nil {
 		return nil, "", wrap(err, u, rel)
 	}
+	// The bytes must be the version the response's head described (its
+	// size, and its sha256 where the writer recorded one), the version
+	// whose ETag is returned for a compare-and-swap: a server may check
+	// If-Match on one version and send the next (versitygw 1.8's posix
+	// backend looks up the ETag, then opens the file a concurrent PUT has
+	// replaced meanwhile). Not so: replaced while read, read again.
 	if int64(len(b)) != obj.Size {
-		return nil, "", fmt.Errorf("%s: read %d bytes, the object has %d", u.Name(rel), len(b), obj.Size)
+		return nil, "", fmt.Errorf("%s: read %d bytes, the object had %d as the read began (%w)", u.Name(rel), len(b), obj.Size, ErrPrecondition)
+	}
+	if obj.SHA256 != "" {
+		if h := sha256.Sum256(b); hex.EncodeToString(h[:]) != obj.SHA256 {
+			return nil, "", fmt.Errorf("%s: its bytes' sha256 is %x, not its x-amz-meta-sha256 %s (replaced while read, or the "+
+				"metadata is not of these bytes; %w)", u.Name(rel), h, obj.SHA256, ErrPrecondition)
+		}
 	}
 	return b, obj.ETag, nil
 }

@@ -4,10 +4,15 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
+	"io"
+	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -111,5 +116,87 @@ func TestAgainstVersitygw(t *testing.T) {
 	defer mu.Unlock()
 	if len(seen) > 0 || signed < 10 {
 		t.Fatalf("checksum headers sent: %v (of %d signed requests)", seen, signed)
+	}
+}
+
+// TestReadAllAnotherVersion: a server that checks If-Match on one version
+// of an object and sends the next (versitygw 1.8's posix backend when a
+// PUT replaces the file between its ETag lookup and its open; seen as a
+// push array task's "read 30635 bytes, the object has 23016"), simulated
+// by a proxy that swaps the GET's body: ReadAll reads again and returns
+// the bytes of the version whose ETag it returns; a body of the same size
+// is caught by the sha256 the writer recorded; a server that always does
+// so is an error naming the object, not a manifest of another version.
+func TestReadAllAnotherVersion(t *testing.T) {
+	s := s3test.Start(t, "bkt")
+	target, _ := url.Parse(s.Endpoint)
+	var mu sync.Mutex
+	swaps := 0 // GET bodies of m.json still to swap
+	other := []byte("")
+	proxy := httptest.NewServer(&httputil.ReverseProxy{
+		Rewrite: func(r *httputil.ProxyRequest) {
+			r.SetURL(target)
+			r.Out.Host = r.In.Host
+		},
+		ModifyResponse: func(r *http.Response) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if r.Request.Method != http.MethodGet || !strings.HasSuffix(r.Request.URL.Path, "/m.json") || swaps == 0 || r.StatusCode != 200 {
+				return nil
+			}
+			swaps--
+			r.Body.Close()
+			r.Body = io.NopCloser(bytes.NewReader(other))
+			r.ContentLength = int64(len(other))
+			r.Header.Set("Content-Length", strconv.Itoa(len(other)))
+			return nil
+		},
+	})
+	defer proxy.Close()
+	s.Setenv(t)
+	t.Setenv("AWS_ENDPOINT_URL", proxy.URL)
+	c, err := bucket.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	u, _ := bucket.Parse("s3://bkt/p")
+	want := []byte(`{"version": 1, "epochs": [0, 1]}`)
+	sum := sha256.Sum256(want)
+	etag, err := c.PutBytes(ctx, u, "m.json", want, hex.EncodeToString(sum[:]), bucket.CreateOnly)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c1 := range []struct {
+		name  string
+		body  string
+		swaps int
+	}{
+		{"a longer version, twice", `{"version": 1, "epochs": [0, 1, 2, 3]}`, 2},
+		{"a version of the same size", `{"version": 1, "epochs": [0, 7]}`, 3},
+	} {
+		if c1.swaps == 3 && len(c1.body) != len(want) {
+			t.Fatalf("%s: %d bytes, want %d", c1.name, len(c1.body), len(want))
+		}
+		mu.Lock()
+		other, swaps = []byte(c1.body), c1.swaps
+		mu.Unlock()
+		b, e, err := c.ReadAll(ctx, u, "m.json", 1000)
+		if err != nil || !bytes.Equal(b, want) || e != etag {
+			t.Fatalf("%s: ReadAll: %q %s %v, want %q %s", c1.name, b, e, err, want, etag)
+		}
+		mu.Lock()
+		left := swaps
+		mu.Unlock()
+		if left != 0 {
+			t.Fatalf("%s: %d swaps not made (the proxy saw no GET?)", c1.name, left)
+		}
+	}
+	mu.Lock()
+	other, swaps = []byte(`{"version": 1, "epochs": [0, 9]}`), 1000
+	mu.Unlock()
+	_, _, err = c.ReadAll(ctx, u, "m.json", 1000)
+	if !errors.Is(err, bucket.ErrPrecondition) || !strings.Contains(err.Error(), "s3://bkt/p/m.json") || !strings.Contains(err.Error(), "sha256") {
+		t.Fatalf("a server always sending another version: %v", err)
 	}
 }
