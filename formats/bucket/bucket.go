@@ -280,8 +280,13 @@ func (c *Client) readAll(ctx context.Context, u URL, rel string, limit int64) ([
 	}
 	if obj.SHA256 != "" {
 		if h := sha256.Sum256(b); hex.EncodeToString(h[:]) != obj.SHA256 {
-			return nil, "", fmt.Errorf("%s: its bytes' sha256 is %x, not its x-amz-meta-sha256 %s (replaced while read, or the "+
-				"metadata is not of these bytes; %w)", u.Name(rel), h, obj.SHA256, ErrPrecondition)
+			// Another version, or this one's bytes and metadata disagree
+			// (damaged where it is stored: the caller's checks of the
+			// bytes say so, as verify does): the ETag now tells which.
+			if now, err := c.Stat(ctx, u, rel); err != nil || now.ETag != obj.ETag || now.Size != obj.Size {
+				return nil, "", fmt.Errorf("%s: its bytes' sha256 is %x, not the %s its head recorded, and it is now another "+
+					"version (replaced while read: %w)", u.Name(rel), h, obj.SHA256, ErrPrecondition)
+			}
 		}
 	}
 	return b, obj.ETag, nil

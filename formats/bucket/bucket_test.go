@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -123,16 +124,33 @@ func TestAgainstVersitygw(t *testing.T) {
 // of an object and sends the next (versitygw 1.8's posix backend when a
 // PUT replaces the file between its ETag lookup and its open; seen as a
 // push array task's "read 30635 bytes, the object has 23016"), simulated
-// by a proxy that swaps the GET's body: ReadAll reads again and returns
-// the bytes of the version whose ETag it returns; a body of the same size
-// is caught by the sha256 the writer recorded; a server that always does
-// so is an error naming the object, not a manifest of another version.
+// by a proxy that, on a GET, writes the next version to the server and
+// sends its bytes: ReadAll reads again and returns bytes with the ETag of
+// their own version (a version of another size caught by its size, one of
+// the same size by the sha256 the writer recorded); a server that always
+// does so is an error naming the object. An object whose bytes and
+// recorded sha256 disagree for good (damaged where it is stored) is
+// returned, for the caller's checks to judge.
 func TestReadAllAnotherVersion(t *testing.T) {
 	s := s3test.Start(t, "bkt")
 	target, _ := url.Parse(s.Endpoint)
+	s.Setenv(t)
+	direct, err := bucket.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	u, _ := bucket.Parse("s3://bkt/p")
+	put := func(b []byte) string {
+		sum := sha256.Sum256(b)
+		etag, err := direct.PutBytes(ctx, u, "m.json", b, hex.EncodeToString(sum[:]), "")
+		if err != nil {
+			t.Error(err)
+		}
+		return etag
+	}
 	var mu sync.Mutex
-	swaps := 0 // GET bodies of m.json still to swap
-	other := []byte("")
+	var next []string // versions a GET of m.json writes and sends, one a GET
 	proxy := httptest.NewServer(&httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
 			r.SetURL(target)
@@ -141,62 +159,77 @@ func TestReadAllAnotherVersion(t *testing.T) {
 		ModifyResponse: func(r *http.Response) error {
 			mu.Lock()
 			defer mu.Unlock()
-			if r.Request.Method != http.MethodGet || !strings.HasSuffix(r.Request.URL.Path, "/m.json") || swaps == 0 || r.StatusCode != 200 {
+			if r.Request.Method != http.MethodGet || !strings.HasSuffix(r.Request.URL.Path, "/m.json") || len(next) == 0 || r.StatusCode != 200 {
 				return nil
 			}
-			swaps--
+			v := []byte(next[0])
+			next = next[1:]
+			put(v)
 			r.Body.Close()
-			r.Body = io.NopCloser(bytes.NewReader(other))
-			r.ContentLength = int64(len(other))
-			r.Header.Set("Content-Length", strconv.Itoa(len(other)))
+			r.Body = io.NopCloser(bytes.NewReader(v))
+			r.ContentLength = int64(len(v))
+			r.Header.Set("Content-Length", strconv.Itoa(len(v)))
 			return nil
 		},
 	})
 	defer proxy.Close()
-	s.Setenv(t)
 	t.Setenv("AWS_ENDPOINT_URL", proxy.URL)
 	c, err := bucket.New()
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	u, _ := bucket.Parse("s3://bkt/p")
-	want := []byte(`{"version": 1, "epochs": [0, 1]}`)
-	sum := sha256.Sum256(want)
-	etag, err := c.PutBytes(ctx, u, "m.json", want, hex.EncodeToString(sum[:]), bucket.CreateOnly)
-	if err != nil {
-		t.Fatal(err)
+	version := func(k int) string { return fmt.Sprintf(`{"version": 1, "epochs": [0, %d]}`, k) }
+	put([]byte(version(1)))
+	consistent := func(name string, b []byte, etag string) {
+		t.Helper()
+		now, err := c.Stat(ctx, u, "m.json")
+		sum := sha256.Sum256(b)
+		if err != nil || etag != now.ETag || hex.EncodeToString(sum[:]) != now.SHA256 {
+			t.Fatalf("%s: ReadAll gave %q with ETag %s; the object is now %+v (%v)", name, b, etag, now, err)
+		}
 	}
 	for _, c1 := range []struct {
-		name  string
-		body  string
-		swaps int
+		name     string
+		versions []string
+		want     string
 	}{
-		{"a longer version, twice", `{"version": 1, "epochs": [0, 1, 2, 3]}`, 2},
-		{"a version of the same size", `{"version": 1, "epochs": [0, 7]}`, 3},
+		{"a longer version", []string{`{"version": 1, "epochs": [0, 1, 2, 3]}`}, `{"version": 1, "epochs": [0, 1, 2, 3]}`},
+		{"versions of the same size, twice", []string{version(2), version(3)}, version(3)},
 	} {
-		if c1.swaps == 3 && len(c1.body) != len(want) {
-			t.Fatalf("%s: %d bytes, want %d", c1.name, len(c1.body), len(want))
-		}
 		mu.Lock()
-		other, swaps = []byte(c1.body), c1.swaps
+		next = c1.versions
 		mu.Unlock()
 		b, e, err := c.ReadAll(ctx, u, "m.json", 1000)
-		if err != nil || !bytes.Equal(b, want) || e != etag {
-			t.Fatalf("%s: ReadAll: %q %s %v, want %q %s", c1.name, b, e, err, want, etag)
+		if err != nil || string(b) != c1.want {
+			t.Fatalf("%s: ReadAll: %q %v, want %q", c1.name, b, err, c1.want)
 		}
+		consistent(c1.name, b, e)
 		mu.Lock()
-		left := swaps
+		left := len(next)
 		mu.Unlock()
 		if left != 0 {
-			t.Fatalf("%s: %d swaps not made (the proxy saw no GET?)", c1.name, left)
+			t.Fatalf("%s: %d versions not sent (the proxy saw no GET?)", c1.name, left)
 		}
 	}
 	mu.Lock()
-	other, swaps = []byte(`{"version": 1, "epochs": [0, 9]}`), 1000
+	next = nil
+	for k := range 100 {
+		next = append(next, version(k%10))
+	}
 	mu.Unlock()
 	_, _, err = c.ReadAll(ctx, u, "m.json", 1000)
-	if !errors.Is(err, bucket.ErrPrecondition) || !strings.Contains(err.Error(), "s3://bkt/p/m.json") || !strings.Contains(err.Error(), "sha256") {
+	if !errors.Is(err, bucket.ErrPrecondition) || !strings.Contains(err.Error(), "s3://bkt/p/m.json") || !strings.Contains(err.Error(), "replaced while read") {
 		t.Fatalf("a server always sending another version: %v", err)
+	}
+	mu.Lock()
+	next = nil
+	mu.Unlock()
+	damaged := []byte(version(4))
+	etag, err := direct.PutBytes(ctx, u, "m.json", damaged, strings.Repeat("ab", 32), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, e, err := c.ReadAll(ctx, u, "m.json", 1000); err != nil || !bytes.Equal(b, damaged) || e != etag {
+		t.Fatalf("bytes and recorded sha256 disagreeing for good: %q %s %v, want its bytes, ETag %s and no error", b, e, err, etag)
 	}
 }
