@@ -19,6 +19,7 @@ under 2 DataLoader workers) reading from the bucket:
 - a cache folder holding the user's files is refused and left as it was.
 Prints "ok: bucket ..." at the end.
 """
+import hashlib
 import json
 import os
 import re
@@ -140,6 +141,58 @@ for rank in range(3):
 got = np.concatenate([b for batches in zip(*rest) for b in batches])
 lo = st["consumed"]
 assert np.array_equal(got, order[lo: lo + len(got)]) and len(order) - lo - len(got) < 12, ("resume", lo, len(got), len(order))
+checks += 1
+
+# A server that checks If-Match on one version and sends the next (versitygw
+# 1.8 when a PUT replaces the object between its ETag lookup and its open):
+# each GET of race.json first writes the next version, and asks without
+# If-Match. read_all reads again until its bytes are of the version whose
+# ETag it returns; always so: a ValueError naming the object; bytes whose
+# recorded sha256 is wrong for good (damaged where stored): returned.
+rb = _remote.Bucket(url + "-race")
+real = rb._client.get()
+
+
+def put_version(v, sha=None):
+    real.put_object(Bucket=rb.bucket, Key=rb.key("race.json"), Body=v,
+                    Metadata={"sha256": sha or hashlib.sha256(v).hexdigest()})
+
+
+class Racing:
+    def __init__(self):
+        self.versions = []
+
+    def __getattr__(self, k):
+        return getattr(real, k)
+
+    def get_object(self, **kw):
+        if kw["Key"].endswith("race.json") and self.versions:
+            put_version(self.versions.pop(0))
+            kw.pop("IfMatch", None)
+        return real.get_object(**kw)
+
+
+racing = Racing()
+rb._client._c = racing
+version = lambda k: b'{"version": 1, "epochs": [0, %d]}' % k  # noqa: E731
+put_version(version(1))
+for name, versions, want in (("same size", [version(2), version(3)], version(3)),
+                             ("longer", [b'{"version": 1, "epochs": [0, 1, 2, 3]}'], b'{"version": 1, "epochs": [0, 1, 2, 3]}')):
+    racing.versions = list(versions)
+    got, etag = rb.read_all("race.json")
+    now = real.head_object(Bucket=rb.bucket, Key=rb.key("race.json"))
+    assert got == want and etag == now["ETag"].strip('"') and not racing.versions, (name, got, etag, now["ETag"])
+put_version(version(1))
+racing.versions = [version(k % 10) for k in range(40)]
+try:
+    rb.read_all("race.json")
+    raise AssertionError("read_all took bytes of another version than its ETag's, every time")
+except ValueError as err:
+    assert "race.json" in str(err) and "replaced while read" in str(err), err
+racing.versions = []
+put_version(version(4), sha="ab" * 32)
+got, etag = rb.read_all("race.json")
+assert got == version(4) and etag == real.head_object(Bucket=rb.bucket, Key=rb.key("race.json"))["ETag"].strip('"'), (got, etag)
 checks += 1
 
 try:

@@ -197,20 +197,39 @@ class Bucket:
             token = r.get("NextContinuationToken")
 
     def head(self, rel: str) -> tuple[int, str]:
+        size, etag, _ = self._head(rel)
+        return size, etag
+
+    def _head(self, rel: str) -> tuple[int, str, Optional[str]]:
+        """(size, ETag, the sha256 push recorded or None)."""
         try:
             r = self._client.get().head_object(Bucket=self.bucket, Key=self.key(rel))
         except Exception as e:
             if _code(e) in ("404", "NoSuchKey", "NotFound"):
                 raise FileNotFoundError("%s: no such object" % self.name(rel)) from None
             raise ValueError("%s: %s" % (self.name(rel), e)) from None
-        return int(r["ContentLength"]), str(r["ETag"]).strip('"')
+        sha = (r.get("Metadata") or {}).get("sha256")
+        return int(r["ContentLength"]), str(r["ETag"]).strip('"'), str(sha) if sha else None
 
     def read_all(self, rel: str, limit: int = MAX_MANIFEST) -> tuple[bytes, str]:
-        """A small object whole (a manifest), with its ETag."""
-        size, etag = self.head(rel)
-        if size > limit:
-            raise ValueError("%s: %d bytes, more than a manifest may have (%d)" % (self.name(rel), size, limit))
-        return self.range(rel, 0, size, etag), etag
+        """A small object whole (a manifest), with its ETag: the bytes of
+        that version. A server may check If-Match on one version and send
+        the next (versitygw 1.8 when a PUT replaces the object meanwhile):
+        bytes whose sha256 is not the one push recorded are read again if
+        the object is now another version; if it is not (damaged where it
+        is stored), they are returned for the caller's checks."""
+        for _ in range(8):
+            size, etag, sha = self._head(rel)
+            if size > limit:
+                raise ValueError("%s: %d bytes, more than a manifest may have (%d)" % (self.name(rel), size, limit))
+            b = self.range(rel, 0, size, etag)
+            if sha is None or hashlib.sha256(b).hexdigest() == sha:
+                return b, etag
+            now = self._head(rel)
+            if now[:2] == (size, etag):
+                return b, etag
+            time.sleep(0.01 + 0.05 * random.random())
+        raise ValueError("%s: replaced while read, 8 times (its bytes were of another version than its ETag's)" % self.name(rel))
 
     def range(self, rel: str, off: int, n: int, etag: str) -> bytes:
         """Bytes [off, off+n) of the version etag of rel (see stream)."""
