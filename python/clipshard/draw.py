@@ -569,6 +569,13 @@ class Drawn:
         return (_drawn_again, self._made + (self.identity,))
 
 
+def _drawn_reader_again(plan: Drawn, epoch: int, rank: int, world_size: int, batch_size: int, remainder: str, threads: int,
+                        remaining: list[tuple[int, int]], done: bool) -> "DrawnReader":
+    r = DrawnReader(plan, epoch, rank=rank, world_size=world_size, batch_size=batch_size, remainder=remainder, threads=threads)
+    r._resume(remaining, done)
+    return r
+
+
 def _drawn_again(dataset: Any, kw: dict[str, Any], identity: str) -> Drawn:
     d = Drawn(dataset, **kw)
     if d.identity != identity:
@@ -737,6 +744,14 @@ class DrawnReader:
 
     def batches_left(self) -> int:
         return self.nb
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Pickled (a DataLoader worker started by spawn or forkserver): made
+        # again in the other process at its resume point (what
+        # load_state_dict set, not where an iteration of it got to), on
+        # the Drawn, which opens and checks its sources again there.
+        return (_drawn_reader_again, (self.plan, self.epoch, self.rank, self.world_size, self.batch_size, self.remainder,
+                                      self.threads, self.remaining, self.done))
 
     def __len__(self) -> int:
         return self.nb

@@ -167,39 +167,11 @@ class EpochDataset(torch.utils.data.IterableDataset):
         return st
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self._load(state)
-        self.state = dict(state)
-
-    def _load(self, state: Mapping[str, Any]) -> None:
         if self.drawn is not None:
             self.reader.load_state_dict(state if "worker" not in state else state["resume"])
         else:
             self.reader.load_state_dict(state if "worker" not in state else dict(state, consumed=state["resume"]))
-
-    # DataLoader workers started by spawn or forkserver (macOS's default,
-    # Python 3.14's on Linux, multiprocessing_context=...) get the dataset
-    # pickled. The reader's open files, maps, locks and threads do not
-    # travel: what does is what makes it again (the arguments, the epochs
-    # manifest and the epoch folder's pin, or the Drawn, which opens and
-    # checks its sources again), and the loaded state. A worker's reader
-    # then refuses what a forked one would: an epoch rewritten, a dataset
-    # converted again since this process checked it.
-    def __getstate__(self) -> dict[str, Any]:
-        st = dict(self.__dict__)
-        st["reader"] = None
-        if self.drawn is None:
-            st["_made"] = (self.reader.manifest, self.reader._pin)
-        return st
-
-    def __setstate__(self, st: dict[str, Any]) -> None:
-        made = st.pop("_made", None)
-        self.__dict__.update(st)
-        if self.drawn is not None:
-            self.reader = DrawnReader(self.drawn, **self.args)
-        else:
-            self.reader = EpochReader(**self.args, _manifest=made[0], _pin=made[1])
-        if self.state is not None:
-            self._load(self.state)
+        self.state = dict(state)
 
 
 def _worker_info() -> tuple[int, int]:
