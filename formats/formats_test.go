@@ -198,6 +198,9 @@ func TestDirs(t *testing.T) {
 			t.Fatal(err)
 		}
 		os.Symlink("x.npy", filepath.Join(d, "link.npy"))
+		if err := syscall.Mkfifo(filepath.Join(d, "fifo.npy"), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	time.Sleep(formats.QuietWindow + 50*time.Millisecond)
 	for i := range 70 {
@@ -216,12 +219,13 @@ func TestDirs(t *testing.T) {
 			t.Fatalf("missing file: %v", err)
 		}
 		// Stat, from a kept folder or (past 64) by full path: os.Stat's
-		// answer (a symbolic link followed, a folder not regular)
+		// answer (a symbolic link followed, a folder or a FIFO not regular,
+		// and not opened: nothing waits for a writer)
 		for _, c := range []struct {
 			name    string
 			size    int64
 			regular bool
-		}{{"x.npy", int64(len(src)), true}, {"link.npy", int64(len(src)), true}, {".", -1, false}} {
+		}{{"x.npy", int64(len(src)), true}, {"link.npy", int64(len(src)), true}, {".", -1, false}, {"fifo.npy", -1, false}} {
 			size, regular, err := dirs.Stat(filepath.Join(d, c.name))
 			if err != nil || regular != c.regular || (c.size >= 0 && size != c.size) {
 				t.Fatalf("Stat %s: %d %v %v, want %d %v", c.name, size, regular, err, c.size, c.regular)

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -242,14 +243,21 @@ func TestBadInput(t *testing.T) {
 		{"motion/clip003.pkl", evil, nil, []string{"motion/clip003.pkl", `clip "clip003"`, "refused", "posix.system"}},
 		{"emotion/clip003.npy", filepath.Join("..", "..", "testdata", "formats", "npy", "lying_header.npy"), nil, []string{"emotion/clip003.npy", "declares"}},
 		{"emotion/clip003.npy", "", nil, []string{"emotion/clip003.npy", "no such file"}},
+		{"whisper/clip003.npy", "fifo", nil, []string{"whisper/clip003.npy", `clip "clip003"`, "not a regular file"}},
 	}
 	for _, c := range cases {
 		t.Run(filepath.Base(c.with)+"/"+c.replace, func(t *testing.T) {
 			src := copyDemo(t)
 			target := filepath.Join(src, c.replace)
-			if c.with == "" {
+			switch c.with {
+			case "":
 				os.Remove(target)
-			} else {
+			case "fifo": // (stat first, to choose streaming: never opened, nothing waits for a writer)
+				os.Remove(target)
+				if err := syscall.Mkfifo(target, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			default:
 				b, err := os.ReadFile(c.with)
 				if err != nil {
 					t.Fatal(err)
