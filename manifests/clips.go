@@ -4,6 +4,7 @@
 package manifests
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -183,7 +184,30 @@ type Column struct {
 
 // WriteTable writes a Parquet file atomically: required columns, one row
 // group, zstd, written with arrow-go's column writers.
-func WriteTable(path string, table []Column) (err error) {
+func WriteTable(path string, table []Column) error {
+	f, err := atomicfile.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Abort()
+	if err := encodeTable(f, path, table); err != nil {
+		return err
+	}
+	return f.Commit()
+}
+
+// TableBytes is the bytes of the Parquet file WriteTable writes, made in
+// memory (nothing written anywhere).
+func TableBytes(name string, table []Column) ([]byte, error) {
+	var b bytes.Buffer
+	if err := encodeTable(&b, name, table); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+// encodeTable writes table to w as a Parquet file (name: for errors).
+func encodeTable(w io.Writer, name string, table []Column) (err error) {
 	cols := make([]column, len(table))
 	for i, c := range table {
 		cols[i] = column{name: c.Name, kind: colInt64}
@@ -200,11 +224,6 @@ func WriteTable(path string, table []Column) (err error) {
 	if err != nil {
 		return err
 	}
-	f, err := atomicfile.Create(path)
-	if err != nil {
-		return err
-	}
-	defer f.Abort()
 	props := parquet.NewWriterProperties(
 		parquet.WithCompression(compress.Codecs.Zstd),
 		// Clip ids and paths are unique: a dictionary costs time and saves nothing.
@@ -212,16 +231,16 @@ func WriteTable(path string, table []Column) (err error) {
 		parquet.WithCreatedBy("clipshard"),
 		parquet.WithStats(true),
 	)
-	w, err := file.NewParquetWriterWithError(f, sc, file.WithWriterProps(props))
+	pw, err := file.NewParquetWriterWithError(w, sc, file.WithWriterProps(props))
 	if err != nil {
 		return err
 	}
 	defer func() {
 		if r := recover(); r != nil && err == nil {
-			err = fmt.Errorf("manifests: writing %s: %v", path, r)
+			err = fmt.Errorf("manifests: writing %s: %v", name, r)
 		}
 	}()
-	rg, err := w.AppendRowGroupChecked()
+	rg, err := pw.AppendRowGroupChecked()
 	if err != nil {
 		return err
 	}
@@ -251,10 +270,7 @@ func WriteTable(path string, table []Column) (err error) {
 	if err := rg.Close(); err != nil {
 		return err
 	}
-	if err := w.FlushWithFooter(); err != nil {
-		return err
-	}
-	return f.Commit()
+	return pw.FlushWithFooter()
 }
 
 // ReadClips reads clips.parquet and checks that it has the columns of the

@@ -6,7 +6,6 @@ package manifests
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"os"
 	"path/filepath"
 
 	"github.com/clipshard/clipshard/formats/atomicfile"
@@ -15,15 +14,7 @@ import (
 // ShardsTable is the bytes of the shards.parquet of man (as WriteEpochs
 // writes it).
 func ShardsTable(man *Epochs) ([]byte, error) {
-	tmp, err := os.MkdirTemp("", "clipshard-shards-")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(tmp)
-	if err := writeShardsTable(filepath.Join(tmp, ShardsFile), man); err != nil {
-		return nil, err
-	}
-	return os.ReadFile(filepath.Join(tmp, ShardsFile))
+	return TableBytes(ShardsFile, shardsColumns(man))
 }
 
 // WriteEpochs rewrites shards.parquet, SHA256SUMS (adding newSums to the
@@ -36,6 +27,12 @@ func WriteEpochs(out string, man *Epochs, newSums map[string]string) error {
 }
 
 func writeShardsTable(path string, man *Epochs) error {
+	return WriteTable(path, shardsColumns(man))
+}
+
+// shardsColumns is the table of shards.parquet: a row per shard of every
+// epoch.
+func shardsColumns(man *Epochs) []Column {
 	var cols struct {
 		epoch, shard, first, samples []int64
 		files                        map[string][]string
@@ -67,7 +64,7 @@ func writeShardsTable(path string, man *Epochs) error {
 		}
 		table = append(table, Column{Name: n + "_file", Strings: v})
 	}
-	return WriteTable(path, table)
+	return table
 }
 
 func writeSumsAndEpochs(out string, man *Epochs, newSums map[string]string) error {

@@ -234,3 +234,34 @@ func TestBlockSums(t *testing.T) {
 		}
 	}
 }
+
+// TestShardsTableInMemory: the shards.parquet push uploads is made in
+// memory, byte for byte the file WriteEpochs writes; nothing goes to the
+// temporary folder (a push killed there left a clipshard-shards-* folder
+// in /tmp for each run): with TMPDIR a folder that cannot be made, it
+// still works.
+func TestShardsTableInMemory(t *testing.T) {
+	man := &manifests.Epochs{
+		Modalities: []manifests.EpochModality{{Name: "motion", DType: "<f2", Rate: 1, FrameShape: []int{3}, WindowRows: 4}},
+		Epochs: []manifests.EpochEntry{{Epoch: 0, Dir: "epoch-0000", Samples: 5, Shards: []manifests.ShardEntry{
+			{Shard: 0, First: 0, Samples: 3, Files: map[string]string{"samples": "epoch-0000/samples-00000.npy", "motion": "epoch-0000/motion-00000.npy"}},
+			{Shard: 1, First: 3, Samples: 2, Files: map[string]string{"samples": "epoch-0000/samples-00001.npy", "motion": "epoch-0000/motion-00001.npy"}},
+		}}},
+	}
+	dir := t.TempDir()
+	if err := manifests.WriteEpochs(dir, man, map[string]string{}); err != nil {
+		t.Fatal(err)
+	}
+	want, err := os.ReadFile(filepath.Join(dir, manifests.ShardsFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("TMPDIR", filepath.Join(dir, "no", "such", "folder"))
+	got, err := manifests.ShardsTable(man)
+	if err != nil {
+		t.Fatalf("ShardsTable with no temporary folder: %v", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("ShardsTable: %d bytes, not the %d of the written shards.parquet", len(got), len(want))
+	}
+}

@@ -13,12 +13,15 @@
 - a per-clip modality's batch is [B, *frame_shape], each sample's clip row.
 Prints "ok: torch ..." or raises.
 """
+import atexit
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import torch
@@ -123,8 +126,8 @@ with open(log, "a") as f:
 want = np.concatenate([np.load(os.path.join(edir, s["files"]["samples"]))
                        for s in sorted(man["epochs"][0]["shards"], key=lambda s: s["shard"])])
 rng = np.random.default_rng(0)
-tmp = os.path.join(os.environ.get("TMPDIR", "/tmp"), "clipshard-torch-%d" % os.getpid())
-os.makedirs(tmp, exist_ok=True)
+tmp = tempfile.mkdtemp(prefix="clipshard-torch-")
+atexit.register(shutil.rmtree, tmp, True)
 RESUMES = (((2, 3), (3, 2)), ((1, 5), (4, 1)), ((2, 2), (2, 2)))
 for (R1, B1), (R2, B2) in RESUMES if os.environ.get("CLIPSHARD_EXHAUSTIVE") else RESUMES[:2]:  # (all three in CI)
     ckpt, log = os.path.join(tmp, "ckpt.pt"), os.path.join(tmp, "log.jsonl")

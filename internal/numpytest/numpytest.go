@@ -49,25 +49,34 @@ func Run(t testing.TB, args ...string) []byte {
 
 // RunEnv is Run with this process's environment changed by env (for
 // tests that run in parallel, which may not set their own): each "K=V"
-// sets K, each "K=" unsets it.
+// sets K, each "K=" unsets it. TMPDIR is the test's own temporary folder
+// unless env sets it: what the script and its processes leave there
+// (multiprocessing's pymp-* folders of DataLoader workers a check kills,
+// the scripts' own) goes with the test, not into the node's /tmp.
 func RunEnv(t testing.TB, env []string, args ...string) []byte {
 	t.Helper()
 	cmd := exec.Command(Python(t), args...)
-	if env != nil {
-		set := map[string]bool{}
-		for _, kv := range env {
-			k, _, _ := strings.Cut(kv, "=")
-			set[k] = true
+	env = append([]string{"TMPDIR=" + t.TempDir()}, env...)
+	set := map[string]bool{}
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		set[k] = true
+	}
+	for _, kv := range os.Environ() {
+		if k, _, _ := strings.Cut(kv, "="); !set[k] {
+			cmd.Env = append(cmd.Env, kv)
 		}
-		for _, kv := range os.Environ() {
-			if k, _, _ := strings.Cut(kv, "="); !set[k] {
-				cmd.Env = append(cmd.Env, kv)
-			}
-		}
-		for _, kv := range env {
-			if k, v, _ := strings.Cut(kv, "="); v != "" {
-				cmd.Env = append(cmd.Env, k+"="+v)
-			}
+	}
+	last := map[string]string{}
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		last[k] = v
+	}
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		if v, ok := last[k]; ok && v != "" {
+			cmd.Env = append(cmd.Env, k+"="+v)
+			delete(last, k)
 		}
 	}
 	out, err := cmd.CombinedOutput()

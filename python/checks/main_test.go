@@ -66,6 +66,17 @@ func TestPythonPackage(t *testing.T) {
 	venv := filepath.Join(t.TempDir(), "venv")
 	numpytest.Run(t, "-m", "venv", "--system-site-packages", venv)
 	py := filepath.Join(venv, "bin", "python")
+	// numpy where CLIPSHARD_PYTHON has it: a venv made from a venv sees the
+	// base interpreter's packages, not its maker's (a .pth of the maker's
+	// site-packages; harmless for a system python).
+	outer := numpytest.Run(t, "-c", `import site; print("\n".join(site.getsitepackages()))`)
+	inner, err := exec.Command(py, "-c", `import sysconfig; print(sysconfig.get_paths()["purelib"])`).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(strings.TrimSpace(string(inner)), "clipshard-test-outer.pth"), outer, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, editable := range []bool{false, true} {
 		args := []string{"-m", "pip", "install", "--quiet", "--no-index", "--disable-pip-version-check"}
 		if editable {
