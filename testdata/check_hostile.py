@@ -105,6 +105,20 @@ def save_npy(path, a):
         np.save(f, a)
 
 
+def header_only(path, dtype, shape):
+    """path replaced by a .npy file of its header alone, saying dtype and
+    shape (rows whose byte count overflows 64 bits, say: a parser
+    multiplying in int64 makes it 0, and the empty file fits)."""
+    f = io.BytesIO()
+    np.lib.format.write_array_header_1_0(f, {"descr": np.dtype(dtype).str, "fortran_order": False, "shape": tuple(shape)})
+    os.remove(path)
+    with open(path, "wb") as out:
+        out.write(f.getvalue())
+
+
+HUGE = [1 << 32, 1 << 32]  # (a frame of 2^64 float16 values: 2^65 bytes, 0 in int64)
+
+
 # -- the epochs folder ---------------------------------------------------
 
 def read_all(d, **kw):
@@ -190,6 +204,19 @@ def epochs_folder_cases():
         a[len(a) // 2, col] = bad
         save_npy(p, a)
         expect("a sample's %s" % words, lambda: read_all(d), [p, "sample %d: %s" % (len(a) // 2, words)])
+
+    # A modality whose frames overflow 64 bits, in epochs.json and in the
+    # shard's header alike (the shard then holds its header alone).
+    d = copy(edir)
+    rewrite_manifest(d, "epochs.json", lambda m: m["modalities"][0].__setitem__("frame_shape", HUGE))
+    p = shard_file(d)
+    header_only(p, man0["modalities"][0]["dtype"], [shard0["samples"], man0["modalities"][0]["window_rows"]] + HUGE)
+    expect("frames of 2^65 bytes", lambda: read_all(d), ["epochs.json", "more than any reader holds"])
+    # The shard alone saying so (numpy can write such a header: its data would be 2^65 bytes).
+    d = copy(edir)
+    p = shard_file(d)
+    header_only(p, man0["modalities"][0]["dtype"], [shard0["samples"], man0["modalities"][0]["window_rows"]] + HUGE)
+    expect("a shard header of frames of 2^65 bytes", lambda: read_all(d), [p, "its header"])
 
     if len(entry0["shards"]) > 1:
         d = copy(edir)
@@ -286,6 +313,11 @@ expect("mix_mem below two shards", lambda: EpochReader(edir, entry0["epoch"], mi
 expect("read=True with mixing", lambda: EpochReader(edir, entry0["epoch"], mix_shards=2, read=True), ["read=True"])
 expect("Loader: world_size without rank", lambda: Loader(edir, world_size=2), ["without rank"])
 expect("Loader: mix_mem below two shards", lambda: Loader(edir, [0, 99], replay_seed=1, mix_mem=1), ["mix_mem"])
+for bad in ("infGiB", "nanM", "-1GiB", "1e400", "GiB", True):  # (inf raised OverflowError; -1GiB was taken)
+    expect("mix_mem=%r" % (bad,), lambda: EpochReader(edir, entry0["epoch"], mix_mem=bad), [repr(bad), "want a size in bytes"])
+    expect("Loader(dataset=..., buffer=%r)" % (bad,), lambda: Loader(dataset=ds, epochs=[0], window=3, buffer=bad), [repr(bad), "want a size"])
+    expect("Loader(dataset=..., hold=%r)" % (bad,), lambda: Loader(dataset=ds, epochs=[0], window=3, hold=bad), [repr(bad), "want a size"])
+    expect("Loader(dataset=..., block=%r)" % (bad,), lambda: Loader(dataset=ds, epochs=[0], window=3, block=bad), [repr(bad), "want a size"])
 expect("Loader: an epoch not materialised, no replay_seed", lambda: Loader(edir, [99]), ["not materialised", "replay_seed"])
 expect("Loader: a state of another epochs folder",
        lambda: Loader(edir).load_state_dict(dict(Loader(edir).state_dict(), seed=-1)), ["seed"])
@@ -346,6 +378,13 @@ expect("a blob cut short", lambda: Dataset(d), [p])
 d = copy(ds)
 rewrite_manifest(d, "dataset.json", lambda m: m.__setitem__("clips", m["clips"] + 1))
 expect("dataset.json claims a clip more", lambda: Dataset(d), ["index.npy", "the manifest says"])
+
+d = copy(ds)
+rewrite_manifest(d, "dataset.json", lambda m: m["modalities"][0].__setitem__("frame_shape", HUGE))
+p = os.path.join(d, dman["modalities"][0]["file"])
+header_only(p, dman["modalities"][0]["dtype"], [np.load(os.path.join(ds, dman["modalities"][0]["file"]), mmap_mode="r").shape[0]] + HUGE)
+expect("a blob of frames of 2^65 bytes", lambda: Dataset(d), [p, "its header"])
+expect("a blob of frames of 2^65 bytes, drawn", lambda: list(Loader(dataset=d, epochs=[0], window=3)), [p, "its header"])
 
 for row, col, v in ((3, 0, -100), (5, 1, 10**15)):
     d = copy(ds)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import re
 import stat
@@ -18,6 +19,7 @@ import numpy as np
 
 MAX_MANIFEST = 256 << 20  # bytes of a JSON manifest read at most
 MAX_HEADER = 1 << 16  # bytes of a .npy header read at most
+MAX_SAMPLE = 1 << 40  # bytes of one sample of one modality at most (a manifest saying more lies)
 
 
 def confined(root: str, rel: Any, what: str = "path") -> str:
@@ -146,7 +148,7 @@ class Npy:
             if dtype.hasobject or dtype.fields is not None:
                 raise ValueError("%s: dtype %s: not a file clipshard wrote" % (path, dtype))
             self.offset, self.shape, self.dtype = offset, tuple(int(x) for x in shape), dtype
-            self.row = int(np.prod(self.shape[1:], dtype=np.int64)) * dtype.itemsize if self.shape else dtype.itemsize
+            self.row = math.prod(self.shape[1:]) * dtype.itemsize if self.shape else dtype.itemsize
             data = (self.shape[0] if self.shape else 1) * self.row
             if self.offset + data != self.size:
                 raise ValueError("%s: %d bytes, but its header (%s %s at offset %d) makes %d" % (

@@ -23,6 +23,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
+import math
 import mmap
 import os
 import stat
@@ -33,7 +34,7 @@ import numpy as np
 
 from . import _remote
 from ._remote import blocks as _disk_blocks
-from ._files import Npy, cached, confined, read_json
+from ._files import MAX_SAMPLE, Npy, cached, confined, read_json
 
 __all__ = ["EpochReader", "load_epochs", "source_names"]
 
@@ -841,7 +842,7 @@ def _row_checks(edir, man):
 
 
 def _row_bytes(dtype, shape):
-    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    return math.prod(int(x) for x in shape) * np.dtype(dtype).itemsize
 
 
 def _expected(edir, man):
@@ -861,6 +862,9 @@ def _expected(edir, man):
             raise ValueError("%s: epochs.json: modality %r: %s" % (edir, m, e)) from None
         if not isinstance(name, str) or name in out or name == "samples" or any(x < 0 for x in shape):
             raise ValueError("%s: epochs.json: modality %r" % (edir, m))
+        if _row_bytes(dtype, shape) > MAX_SAMPLE:
+            raise ValueError("%s: epochs.json: modality %r: a sample of %d bytes (%s %s): more than any reader holds" % (
+                edir, name, _row_bytes(dtype, shape), dtype, shape))
         out[name] = (dtype, shape)
     out["samples"] = ("<i8", [4 if man.get("version") == 3 else 3])
     return out
@@ -894,9 +898,28 @@ def _check_shards(edir, man, entry, names):
 
 
 def _size(s):
-    """Bytes of "2GiB", "512MiB", "1G" or a number."""
+    """Bytes of "2GiB", "512MiB", "1G" or a number (>= 0; anything else: a
+    ValueError saying so)."""
+    bad = ValueError("%r: want a size in bytes such as 536870912, '512MiB' or '2GiB'" % (s,))
+    if isinstance(s, (bool, np.bool_)):
+        raise bad
     if isinstance(s, (int, np.integer)):
-        return int(s)
+        v = int(s)
+    else:
+        units = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("TB", 10**12), ("GB", 10**9),
+                 ("MB", 10**6), ("KB", 10**3), ("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10), ("B", 1))
+        text, mult = str(s).strip(), 1
+        for suffix, m in units:
+            if text.endswith(suffix):
+                text, mult = text[: -len(suffix)], m
+                break
+        try:
+            v = int(float(text) * mult)
+        except (ValueError, OverflowError):  # ("abc", "nan", "inf")
+            raise bad from None
+    if v < 0:
+        raise bad
+    return v
     units = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("TB", 10**12), ("GB", 10**9),
              ("MB", 10**6), ("KB", 10**3), ("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10), ("B", 1))
     for suffix, mult in units:

@@ -8,6 +8,7 @@ number of epochs, materialised or replayed, in one object.
 """
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import queue
@@ -207,13 +208,13 @@ class Loader:
         # Each modality's arrays have buffers of their own: a batch's
         # "samples" kept by the user (say) holds on to its own few bytes,
         # not to the whole batch.
-        self._sizes = {n: int(np.prod(s, dtype=np.int64)) * d.itemsize for n, (d, s) in self._out.items()}
+        self._sizes = {n: math.prod(s) * d.itemsize for n, (d, s) in self._out.items()}
         self.batch_bytes = sum(self._sizes.values())  # bytes of one batch as handed out
         self._casting = [n for n in self.names if self._out[n][0] != self._src[n][0]]
         # (a drawn epoch's batch is cut whole into a scratch batch of the
         # shards' dtype, then cast; a materialised epoch's is cast a
         # SCRATCH at a time by each read thread)
-        raw = (sum(int(np.prod(self._src[n][1], dtype=np.int64)) * self._src[n][0].itemsize for n in self._casting)
+        raw = (sum(math.prod(self._src[n][1]) * self._src[n][0].itemsize for n in self._casting)
                if self._drawn is not None else SCRATCH * self.threads * bool(self._casting))
         self.host_bytes = (self.prefetch + 2) * self.batch_bytes + raw  # at most, held by the loader
         self._pool: dict[str, list[Any]] = {n: [] for n in self.names}  # per modality; free when nothing else refers to it
