@@ -586,20 +586,53 @@ def table(path):
                 lines.append("clipshard / %s %s %s" % (key[0], key[1], _fmt([x / y for x, y in zip(a, b)], "%.2f")))
         if lines:
             print("\n%s ratios at S=0 (median of the rounds, range): %s" % (mode, "; ".join(lines)))
+    def by_row(runs):
+        """(tool, config) -> its runs in the order they ran (the k-th of each
+        row is round k: every row runs once a round)."""
+        out = {}
+        for r in runs:
+            out.setdefault((r["tool"], r.get("config", "")), []).append(r)
+        return out
+
+    def loads(runs):
+        ls = [r["load"] for r in runs if "load" in r]
+        return " (load average %.2f–%.2f)" % (min(ls), max(ls)) if ls else ""
+
+    def vs_peers(groups, what):
+        """clipshard's rate over each peer's, round by round."""
+        ours = [r.get("samples_per_s") for r in groups.get(("clipshard", "threads2"), [])]
+        out = []
+        for key, rs in groups.items():
+            if key[0] in PEER:
+                xs = [a / r["samples_per_s"] for a, r in zip(ours, rs) if a and r.get("samples_per_s")]
+                if xs:
+                    out.append("%s %s %s" % (key[0], key[1], _fmt(xs, "%.2f")))
+        if out:
+            print("\n%s: clipshard (float32 torch) / each peer's best, round by round: %s" % (what, "; ".join(out)))
+
     net = [r for r in reads if r["mode"] == "sshfs, cold"]
     if net:
-        print("\n| sshfs, cold, S=0 | samples/s |\n|---|---|")
-        for r in net:
-            print("| %s %s | %.0f |" % (r["tool"], r["config"], r["samples_per_s"]))
+        print("\n| sshfs, cold, S=0%s | samples/s, median (range) | rounds |\n|---|---|---|" % loads(net))
+        groups = by_row(net)
+        for (tool, config), rs in groups.items():
+            print("| %s %s | %s | %d |" % (tool, config, _fmt([r["samples_per_s"] for r in rs]), len(rs)))
+        vs_peers(groups, "sshfs")
     capped = [r for r in rows if str(r.get("mode", "")).startswith("capped")]
     if capped:
         big = next((r["MB"] for r in rows if r.get("bytes") == "big epoch"), "?")
-        print("\n| %s (an epoch of %s MB), S=20 | samples/s | wait ms median / p99 |\n|---|---|---|" % (capped[0]["mode"], big))
-        for r in capped:
-            if r.get("killed"):
-                print("| %s %s | killed (out of memory) | |" % (r["tool"], r.get("config", "")))
-            else:
-                print("| %s %s | %.0f | %.2f / %.1f |" % (r["tool"], r.get("config", ""), r["samples_per_s"], r["wait_med_ms"], r["wait_p99_ms"]))
+        print("\n| %s (an epoch of %s MB), S=20%s | samples/s, median (range) | wait ms: median; p99 (medians of the rounds) | rounds |"
+              "\n|---|---|---|---|" % (capped[0]["mode"], big, loads(capped)))
+        groups = by_row(capped)
+        for (tool, config), rs in groups.items():
+            ok = [r for r in rs if not r.get("killed")]
+            killed = len(rs) - len(ok)
+            if not ok:
+                print("| %s %s | killed (out of memory) | | %d |" % (tool, config, len(rs)))
+                continue
+            print("| %s %s | %s%s | %.2f; %.1f | %d |" % (
+                tool, config, _fmt([r["samples_per_s"] for r in ok]), " (%d killed)" % killed if killed else "",
+                float(np.median([r["wait_med_ms"] for r in ok])), float(np.median([r["wait_p99_ms"] for r in ok])), len(rs)))
+        vs_peers(groups, "capped")
     res = [r for r in rows if "repeated" in r]
     if res:
         print("\n| resume (2 ranks killed at 40%, resumed on 1) | trained twice | never trained | of which the drop rule's tail |\n|---|---|---|---|")

@@ -111,7 +111,7 @@ if leg resume; then
   done
 fi
 # Over sshfs to a loopback sshd (root, sshfs, openssh-server), cold, S=0,
-# each row in its best configuration.
+# each row in its best configuration, every row once a round.
 if ! leg sshfs; then
   :
 elif command -v sshfs >/dev/null && [ -x /usr/sbin/sshd ] && [ "$(id -u)" = 0 ]; then
@@ -121,12 +121,14 @@ elif command -v sshfs >/dev/null && [ -x /usr/sbin/sshd ] && [ "$(id -u)" = 0 ];
   mkdir -p /run/sshd
   /usr/sbin/sshd -f "$N/sshd_config"
   trap 'fusermount -u "$N/mnt" 2>/dev/null || true; kill "$(cat "$N/sshd.pid")" 2>/dev/null || true' EXIT
-  for row in $BEST; do
-    t=${row%%:*}
-    fusermount -u "$N/mnt" 2>/dev/null || true
-    sshfs -p 2298 -o IdentityFile="$N/user",StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,LogLevel=ERROR root@127.0.0.1:"$P" "$N/mnt"
-    d=$(data "$t"); d="$N/mnt/${d#"$P"/}"
-    BENCH_EPOCHS=1 BENCH_DROP="$(data "$t")" read1 "$t" "${row#*:}" 0 "sshfs, cold" "$d"
+  for round in $(seq "$ROUNDS"); do
+    for row in $BEST; do
+      t=${row%%:*}
+      fusermount -u "$N/mnt" 2>/dev/null || true
+      sshfs -p 2298 -o IdentityFile="$N/user",StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,LogLevel=ERROR root@127.0.0.1:"$P" "$N/mnt"
+      d=$(data "$t"); d="$N/mnt/${d#"$P"/}"
+      BENCH_EPOCHS=1 BENCH_DROP="$(data "$t")" read1 "$t" "${row#*:}" 0 "sshfs, cold" "$d"
+    done
   done
   fusermount -u "$N/mnt"; kill "$(cat "$N/sshd.pid")"; trap - EXIT
 else
@@ -157,11 +159,13 @@ if [ -n "$cg" ]; then
     [ -e "$BP/$t.done" ] || { rm -rf "${BP:?}/$t"; "$PY" docs/bench_peers.py prepare "$t" "$BM" "$BP/ep" "$BP/$t" > /dev/null 2>&1 && touch "$BP/$t.done"; }
   done
   echo "{\"bytes\": \"big epoch\", \"MB\": $(( $(du -sb "$BP/ep" | cut -f1) / 1000000 ))}" >> "$OUT"
-  for row in $BEST; do
-    t=${row%%:*}; d="$BP/$t"
-    case $t in clipshard|clipshard-f16) d="$BP/ep" ;; clipshard-drawn) d="$BP/ds" ;; esac
-    BENCH_EPOCHS=1 sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$cg" "$PY" docs/bench_peers.py read "$t" "${row#*:}" 20 "capped $CAP, cold" "$d" >> "$OUT" 2>"$W/peers-err.txt" ||
-      echo "{\"tool\": \"$t\", \"config\": \"${row#*:}\", \"S\": 20, \"mode\": \"capped $CAP, cold\", \"killed\": true}" >> "$OUT"
+  for round in $(seq "$ROUNDS"); do
+    for row in $BEST; do
+      t=${row%%:*}; d="$BP/$t"
+      case $t in clipshard|clipshard-f16) d="$BP/ep" ;; clipshard-drawn) d="$BP/ds" ;; esac
+      BENCH_EPOCHS=1 sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$cg" "$PY" docs/bench_peers.py read "$t" "${row#*:}" 20 "capped $CAP, cold" "$d" >> "$OUT" 2>"$W/peers-err.txt" ||
+        echo "{\"tool\": \"$t\", \"config\": \"${row#*:}\", \"S\": 20, \"mode\": \"capped $CAP, cold\", \"killed\": true}" >> "$OUT"
+    done
   done
   rmdir "$cg" 2>/dev/null || true
 fi

@@ -320,11 +320,76 @@ for dirs, opts in (CASES[0], CASES[2], CASES[4], CASES[6], ([DEMO], dict(window=
         assert "contiguous" in str(e), str(e)
     for p in plans:
         p.close()
+for bad in ("yes", 1, 0, None):
+    try:
+        Drawn(DEMO, window=5, read=bad)
+        raise AssertionError("read=%r taken" % (bad,))
+    except ValueError as e:
+        assert "read" in str(e)
+
+# read="auto": the map where the streamed blobs fit in half the memory
+# the process may use, one pread a window where they do not (the same
+# batches either way); that memory from MemTotal and the cgroup's limits.
+import clipshard.draw  # noqa: E402
+from clipshard._files import memory_limit  # noqa: E402
+ref = Drawn(DEMO, window=5, seed=4, block=4096, group=2, hold=0, read=False)
+assert ref.read is False and ref.sources[0].maps
+want = list(DrawnReader(ref, 0, batch_size=4).batches(0, 1))
+real = clipshard.draw.memory_limit
+need = sum(s.streamed_bytes() for s in ref.sources)
 try:
-    Drawn(DEMO, window=5, read="yes")
-    raise AssertionError("read='yes' taken")
-except ValueError as e:
-    assert "read" in str(e)
+    for limit, mapped in ((need * 2, True), (need * 2 - 2, False), (None, True)):
+        clipshard.draw.memory_limit = lambda: limit
+        p = Drawn(DEMO, window=5, seed=4, block=4096, group=2, hold=0)
+        assert p.read is (not mapped) and bool(p.sources[0].maps) == mapped, (limit, need, p.read)
+        got = list(DrawnReader(p, 0, batch_size=4).batches(0, 1))
+        assert len(got) == len(want) and all(np.array_equal(a[k], b[k]) for a, b in zip(got, want) for k in b), limit
+        p.close()
+    # A buffer of more than half that memory, for a source that does not
+    # fit either, is warned of (the read-ahead would be evicted); not one
+    # that fits.
+    import warnings  # noqa: E402
+    for limit, buffer, warned in ((need, need, True), (need, need // 2, False), (need * 4, need, False)):
+        clipshard.draw.memory_limit = lambda: limit
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            Drawn(DEMO, window=5, seed=4, block=4096, hold=0, buffer=buffer).close()
+        said = [str(x.message) for x in w if "buffer" in str(x.message)]
+        assert bool(said) == warned, (limit, buffer, said)
+        assert not said or ("evicted" in said[0] and "%d bytes" % limit in said[0]), said
+finally:
+    clipshard.draw.memory_limit = real
+ref.close()
+assert Drawn(DEMO, window=5, hold=0).read is (memory_limit() is not None and need > memory_limit() // 2)
+assert Loader(dataset=DEMO, epochs=[0], window=5, hold=0).drawn.read is Drawn(DEMO, window=5, hold=0).read
+assert Loader(dataset=DEMO, epochs=[0], window=5, read=True).drawn.read is True
+fake = tempfile.mkdtemp()
+GiB = 1 << 30
+
+
+def fake_tree(files):
+    shutil.rmtree(fake)
+    for rel, text in files.items():
+        os.makedirs(os.path.dirname(os.path.join(fake, rel)), exist_ok=True)
+        with open(os.path.join(fake, rel), "w") as f:
+            f.write(text)
+    return memory_limit(os.path.join(fake, "proc"), os.path.join(fake, "cg"))
+
+
+meminfo = {"proc/meminfo": "MemTotal:       16777216 kB\nMemFree:  1 kB\n"}  # 16 GiB
+for files, want_limit in (
+        (dict(meminfo), 16 * GiB),  # no cgroup file
+        (dict(meminfo, **{"proc/self/cgroup": "0::/job/step\n", "cg/job/memory.max": "%d\n" % (4 * GiB),
+                          "cg/job/step/memory.max": "max\n"}), 4 * GiB),  # v2: a parent's limit
+        (dict(meminfo, **{"proc/self/cgroup": "0::/\n", "cg/memory.max": "%d\n" % (2 * GiB)}), 2 * GiB),  # v2, a container's namespace
+        (dict(meminfo, **{"proc/self/cgroup": "12:cpu,cpuacct:/x\n9:memory:/slurm/uid_0/job_7\n0::/y\n",
+                          "cg/memory/slurm/memory.limit_in_bytes": "9223372036854771712\n",
+                          "cg/memory/slurm/uid_0/job_7/memory.limit_in_bytes": "%d\n" % (3 * GiB)}), 3 * GiB),  # v1 (a Slurm job)
+        (dict(meminfo, **{"proc/self/cgroup": "garbage\n0::/z\n", "cg/z/memory.max": "lots\n"}), 16 * GiB),
+        ({"proc/self/cgroup": "0::/\n"}, None)):
+    got_limit = fake_tree(files)
+    assert got_limit == want_limit, (files, got_limit, want_limit)
+shutil.rmtree(fake)
 
 # The Loader: threads and prefetch change nothing; a cast is numpy's,
 # whole or a few rows at a time (cut_bytes: the rows a read thread cuts

@@ -1,12 +1,15 @@
 package checks_test
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/clipshard/clipshard/internal/numpytest"
 )
 
 // TestBenchPeersRuns (#35): docs/bench_peers.sh (just bench-peers) runs
@@ -102,5 +105,45 @@ echo not reached`
 	}
 	if !strings.HasPrefix(got, "load average at the start: ") {
 		t.Fatalf("no load average first:\n%s", got)
+	}
+}
+
+// TestBenchPeersTables: the sshfs and memory-capped legs' tables (legs
+// TestBenchPeersRuns leaves out: sshd, a cgroup and a 2.4 GB set) give
+// each row's median and range over the rounds, the load average, the
+// runs killed, and clipshard's ratio to each peer round by round.
+func TestBenchPeersTables(t *testing.T) {
+	lines := []string{}
+	for round, rate := range []float64{2000, 4000} {
+		for _, r := range []struct {
+			tool, config string
+			x            float64
+		}{{"clipshard", "threads2", 1}, {"litdata", "w0", 0.5}, {"mosaic", "w2p", 0.25}} {
+			lines = append(lines, fmt.Sprintf(`{"tool": %q, "config": %q, "S": 0, "mode": "sshfs, cold", "samples_per_s": %g, "wait_med_ms": 0, "wait_p99_ms": 0, "load": %g}`,
+				r.tool, r.config, rate*r.x, 1+float64(round)))
+			if r.tool == "mosaic" && round == 0 {
+				lines = append(lines, fmt.Sprintf(`{"tool": %q, "config": %q, "S": 20, "mode": "capped 1200M, cold", "killed": true}`, r.tool, r.config))
+				continue
+			}
+			lines = append(lines, fmt.Sprintf(`{"tool": %q, "config": %q, "S": 20, "mode": "capped 1200M, cold", "samples_per_s": %g, "wait_med_ms": %g, "wait_p99_ms": 9, "load": 1.5}`,
+				r.tool, r.config, rate*r.x, 0.1*float64(round+1)))
+		}
+	}
+	lines = append(lines, `{"bytes": "big epoch", "MB": 2315}`)
+	p := filepath.Join(t.TempDir(), "peers.jsonl")
+	if err := os.WriteFile(p, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got := string(numpytest.Run(t, filepath.Join("..", "..", "docs", "bench_peers.py"), "table", p))
+	for _, want := range []string{
+		"| sshfs, cold, S=0 (load average 1.00–2.00) |", "| clipshard threads2 | 3000 (2000–4000) | 2 |", "| litdata w0 | 1500 (1000–2000) | 2 |",
+		"sshfs: clipshard (float32 torch) / each peer's best, round by round: litdata w0 2.00 (2.00–2.00); mosaic w2p 4.00 (4.00–4.00)",
+		"| capped 1200M, cold (an epoch of 2315 MB), S=20 (load average 1.50–1.50) |",
+		"| clipshard threads2 | 3000 (2000–4000) | 0.15; 9.0 | 2 |", "| mosaic w2p | 1000 (1 killed) | 0.20; 9.0 | 2 |",
+		"capped: clipshard (float32 torch) / each peer's best, round by round: litdata w0 2.00",
+	} {
+		if !strings.Contains(got, want) {
+			t.Fatalf("bench_peers.py table: no %q in\n%s", want, got)
+		}
 	}
 }

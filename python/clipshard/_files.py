@@ -184,6 +184,52 @@ class Npy:
             self.fd = -1
 
 
+def memory_limit(proc: str = "/proc", cgroup: str = "/sys/fs/cgroup") -> Optional[int]:
+    """Bytes of memory this process, its page cache included, may use: the
+    least of the machine's (MemTotal) and its cgroup's limits (v2:
+    memory.max of its cgroup and each above it; v1: memory.limit_in_bytes,
+    likewise); None where none can be read (not Linux). (proc, cgroup:
+    where those are mounted.)"""
+    limits = []
+    try:
+        with open(os.path.join(proc, "meminfo")) as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    limits.append(int(line.split()[1]) * 1024)
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open(os.path.join(proc, "self", "cgroup")) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        hid, ctrls, path = parts
+        if hid == "0" and ctrls == "":
+            root, name = os.path.normpath(cgroup), "memory.max"
+        elif "memory" in ctrls.split(","):
+            root, name = os.path.join(os.path.normpath(cgroup), "memory"), "memory.limit_in_bytes"
+        else:
+            continue
+        d = os.path.normpath(root + "/" + path.lstrip("/"))
+        while d.startswith(root):
+            try:
+                with open(os.path.join(d, name)) as f:
+                    v = f.read().strip()
+                if v.isdigit():
+                    limits.append(int(v))
+            except OSError:
+                pass
+            if d == root:
+                break
+            d = os.path.dirname(d)
+    return min(limits) if limits else None
+
+
 _PROBE = bytearray(1)
 
 

@@ -33,6 +33,7 @@ import hashlib
 import json
 import os
 import threading
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from fractions import Fraction
 from typing import Any, Iterator, Mapping, Optional, Sequence, Union
@@ -40,7 +41,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from . import _remote
-from ._files import MAX_MANIFEST, Npy, cached as _cached, confined, open_regular, pread_all, read_json
+from ._files import MAX_MANIFEST, Npy, cached as _cached, confined, memory_limit, open_regular, pread_all, read_json
 from .epochs import _check_rank_args, _size, _worker
 
 __all__ = ["Drawn", "DrawnReader"]
@@ -257,9 +258,6 @@ class _Source:
                 if rec["held"]:
                     a = self._whole(f, rec["file"])
                     self.held[rec["name"]] = np.concatenate([a, np.zeros((1,) + a.shape[1:], dtype=a.dtype)])
-                elif not plan.read:
-                    # (through the fd checked: the file checked is the file mapped)
-                    self.maps[rec["name"]] = f.memmap().view(np.uint8).reshape(f.shape[0], f.row)
         except BaseException:
             self.close()
             raise
@@ -336,6 +334,18 @@ class _Source:
             raise ValueError("%s: sha256 %s, the dataset's SHA256SUMS says %s (changed since convert wrote it)" % (
                 f.path, hashlib.sha256(b).hexdigest(), want))
         return np.frombuffer(b, dtype=f.dtype, offset=f.offset).reshape(f.shape)
+
+    def streamed_bytes(self) -> int:
+        """Bytes of the blobs a drawn epoch reads (not held)."""
+        return sum(self.files[r["name"]].size for r in self.mods if not r["held"])
+
+    def map_streamed(self) -> None:
+        """The streamed blobs' rows mapped (read=False)."""
+        for rec in self.mods:
+            if not rec["held"] and rec["name"] not in self.maps:
+                f = self.files[rec["name"]]
+                # (through the fd checked: the file checked is the file mapped)
+                self.maps[rec["name"]] = f.memmap().view(np.uint8).reshape(f.shape[0], f.row)
 
     def signature(self) -> list[Any]:
         return [(r["name"], r["dtype"], list(r["frame"]), r["rate"], r["per_clip"]) for r in self.mods]
@@ -423,15 +433,22 @@ class Drawn:
     group: blocks per group instead of buffer // 2 // a block's bytes.
     hold: modalities with at most this many bytes of data ("64MiB") are
         read whole and held; per-clip modalities always are.
-    read: False (default): a batch's windows of a streamed modality are
-        copied out of a read-only memory map of its blob (one gather, at
-        ~2x the speed of a pread a window), the blob's size checked
-        (fstat) before each batch: a blob cut short raises, naming it. A
-        blob cut short in the microseconds between that check and the
-        copy, or an I/O error of a soft-mounted network file system while
-        a page is read through the map, is a SIGBUS (as for any memory
-        map: numpy.load(mmap_mode=...), EpochReader's default). True:
-        one pread a window (such errors raise OSError or ValueError).
+    read: "auto" (default): False where the streamed blobs of every
+        source fit in half the memory this process may use (the least of
+        MemTotal and its cgroup's memory limit: a Slurm job's, a
+        container's), True where they do not (their mapped pages would
+        crowd out the read-ahead of the next group: with the map, a 2.4
+        GB dataset read under a 1.2 GB cap gave 134 windows/s, with
+        preads 5-9k); the choice is in .read. False: a batch's windows
+        of a streamed modality are copied out of a read-only memory map
+        of its blob (one gather, at ~2x the speed of a pread a window),
+        the blob's size checked (fstat) before each batch: a blob cut
+        short raises, naming it. A blob cut short in the microseconds
+        between that check and the copy, or an I/O error of a
+        soft-mounted network file system while a page is read through
+        the map, is a SIGBUS (as for any memory map:
+        numpy.load(mmap_mode=...), EpochReader's default). True: one
+        pread a window (such errors raise OSError or ValueError).
     cache_dir, cache_limit: for s3:// sources, the node-local cache (it
         must hold the streamed modalities: blocks are not evicted while an
         epoch reads them).
@@ -440,7 +457,7 @@ class Drawn:
     def __init__(self, dataset: Union[str, Mapping[str, str]], window: int, seed: int = 0, sampling: str = "tile",
                  per_clip: int = 1, short: str = "pad", weights: Any = None, epoch_samples: int = 0,
                  block: Union[str, int] = "auto", buffer: Union[str, int] = BUFFER, group: Optional[int] = None,
-                 hold: Union[str, int] = HOLD, read: bool = False,
+                 hold: Union[str, int] = HOLD, read: Union[bool, str] = "auto",
                  cache_dir: Optional[str] = None, cache_limit: Union[str, int, None] = None) -> None:
         # (what makes these epochs again in another process: see __reduce__)
         self._made = (dict(dataset) if isinstance(dataset, Mapping) else dataset, dict(
@@ -470,10 +487,10 @@ class Drawn:
         if group is not None and (type(group) is not int or group < 1):
             raise ValueError("group %r: want blocks per group >= 1" % (group,))
         self.group = group
-        if type(read) is not bool:
-            raise ValueError("read %r: want False (windows copied from a memory map of each blob) or True (one pread "
-                             "a window)" % (read,))
-        self.read = read
+        if type(read) is not bool and read != "auto":
+            raise ValueError("read %r: want 'auto', False (windows copied from a memory map of each blob) or True (one "
+                             "pread a window)" % (read,))
+        self.read: Union[bool, str] = read  # (resolved once the sources are open: a bool)
         self.cache_dir, self.cache_limit = cache_dir, cache_limit
         if isinstance(dataset, Mapping):
             items = list(dataset.items())
@@ -505,6 +522,25 @@ class Drawn:
                     raise ValueError("dataset: source %s's modalities %s differ from %s's %s (names in order, dtypes, frame "
                                      "shapes, rates, per-clip must match to mix them)" % (s.name, s.signature(), first.name,
                                                                                           first.signature()))
+            limit = memory_limit()
+            if self.read == "auto":
+                # The map, unless what it maps would not stay in memory: its
+                # pages are the process's (mapped, resident) and are
+                # reclaimed last, so the read-ahead of the next group is
+                # evicted instead and every window is read 4 KiB a fault
+                # (a 2.4 GB dataset under a 1.2 GB cap: 134 windows/s,
+                # one pread a window 5-9k).
+                self.read = limit is not None and sum(s.streamed_bytes() for s in self.sources) > limit // 2
+            if limit is not None and self.buffer > limit // 2 and any(s.streamed_bytes() > limit // 2 for s in self.sources):
+                warnings.warn("buffer %d bytes: more than half the memory this process may use (%d bytes: the least of "
+                              "MemTotal and its cgroup's limit), and %s does not fit in it either: a group read ahead "
+                              "will be evicted before its windows are read (under a 1.2 GB cap, buffer 2 GiB read 5k "
+                              "windows/s, 256 MiB 9.5k); give a smaller buffer= (it changes the order)"
+                              % (self.buffer, limit, next(s.name for s in self.sources if s.streamed_bytes() > limit // 2)),
+                              stacklevel=2)
+            if self.read is False:
+                for s in self.sources:
+                    s.map_streamed()
         except BaseException:
             self.close()
             raise

@@ -290,6 +290,12 @@ class Loader:
         return got
 
     @property
+    def drawn(self) -> Optional[Drawn]:
+        """With dataset=: the Drawn the epochs are drawn by (its sources,
+        options, and .read, the read mode "auto" chose); else None."""
+        return self._drawn
+
+    @property
     def epoch(self) -> Optional[int]:
         """The epoch the next iteration reads (None after the last one)."""
         return self.epochs[self._pos] if self._pos < len(self.epochs) else None
