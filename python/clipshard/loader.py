@@ -79,8 +79,8 @@ class Loader:
         copies from the page cache at ~4.5 GB/s here, two at ~7.5 GB/s,
         what `cat` gets into a small buffer).
         Host memory held is at most (prefetch + 2) batches, plus when
-        casting 1 MiB a thread (a drawn epoch's: rows of at most 2 MiB,
-        one at least): loader.host_bytes gives the figure. For B=256,
+        casting 1 MiB a thread (a drawn epoch's: one batch of the
+        shards' dtype): loader.host_bytes gives the figure. For B=256,
         W=15, whisper 30x512 + w2v 15x1024 + motion 15x56 + emotion 15x8,
         all float16, a batch is 15.5 MiB and prefetch=4 holds 93 MiB;
         delivered as float32, 186 MiB.
@@ -211,16 +211,15 @@ class Loader:
         self._sizes = {n: math.prod(s) * d.itemsize for n, (d, s) in self._out.items()}
         self.batch_bytes = sum(self._sizes.values())  # bytes of one batch as handed out
         self._casting = [n for n in self.names if self._out[n][0] != self._src[n][0]]
-        # (a modality cast is read, or cut from a drawn epoch's blobs, a
-        # piece at a time into each read thread's scratch and cast from
-        # there: SCRATCH bytes of a materialised epoch's shards, rows of at
-        # most DRAWN_SCRATCH bytes of a drawn one's, at least one)
-        cast_row = sum(math.prod(self._src[n][1][1:]) * self._src[n][0].itemsize for n in self._casting)
-        self._cut_rows = max(1, DRAWN_SCRATCH // max(1, cast_row))
-        raw = (self._cut_rows * cast_row if self._drawn is not None else SCRATCH) * self.threads * bool(self._casting)
+        # (a drawn epoch's batch is cut whole into a scratch batch of the
+        # shards' dtype, then cast; a materialised epoch's is cast a
+        # SCRATCH at a time by each read thread)
+        raw = (sum(math.prod(self._src[n][1]) * self._src[n][0].itemsize for n in self._casting)
+               if self._drawn is not None else SCRATCH * self.threads * bool(self._casting))
         self.host_bytes = (self.prefetch + 2) * self.batch_bytes + raw  # at most, held by the loader
         self._pool: dict[str, list[Any]] = {n: [] for n in self.names}  # per modality; free when nothing else refers to it
         self._pool_refs: dict[str, list[int]] = {n: [] for n in self.names}
+        self._raw: dict[str, Any] = {}  # the thread's scratch of the shards' dtype, when casting
         for n in self.names if self.prefetch else ():  # (allocated now: not by the first epoch)
             for _ in range(self.prefetch + 2):
                 self._pool[n].append(self._alloc(self._sizes[n]))
@@ -484,6 +483,7 @@ class Loader:
         """Stop the thread and close every file (iterating again reopens)."""
         self._stop()
         self._pool, self._pool_refs = {n: [] for n in self.names}, {n: [] for n in self.names}
+        self._raw = {}
         if self._drawn is not None:
             self._drawn.close()  # (its datasets' files: opened and checked again by the next iteration)
 
@@ -567,62 +567,32 @@ class Loader:
     def _read_drawn(self, r: DrawnReader, g: int) -> dict[str, np.ndarray]:
         """Batch g of a drawn epoch: its groups' blocks read (or being read
         ahead), the windows cut from them into the batch's buffers by the
-        read threads (rows split among them); a modality cast is cut a
-        few rows at a time into the thread's scratch (DRAWN_SCRATCH bytes
-        of them in all) and cast from there while its bytes are in the
-        CPU's cache."""
+        read threads (rows split among them), then cast."""
         n = len(r.batch_positions(g))
         r.prepare(g)
-        out: dict[str, np.ndarray] = {}
+        out, dsts, casts = {}, {}, []
         for name in self.names:
             dtype, shape = self._out[name]
-            out[name] = np.frombuffer(self._buffer(name), dtype=np.uint8, count=self._sizes[name]).view(dtype).reshape(shape)[:n]
-        casting, per = self._casting, self._cut_rows
-
-        def rows(ij: tuple[int, int]) -> None:
-            i, j = ij
-            if not casting:
-                r.fill(g, out, i, j)
-                return
-            scratch = _drawn_scratch({c: (self._src[c][0], (per,) + tuple(self._src[c][1][1:])) for c in casting})
-            dsts: dict[str, Any] = dict(out)
-            for a in range(i, j, per):
-                b = min(j, a + per)
-                for c in casting:
-                    dsts[c] = _RowsAt(scratch[c], a)
-                r.fill(g, dsts, a, b)
-                for c in casting:
-                    self._cast(c, out[c][a:b], scratch[c][: b - a])
+            arr = np.frombuffer(self._buffer(name), dtype=np.uint8, count=self._sizes[name]).view(dtype).reshape(shape)[:n]
+            dst = arr
+            if name in self._casting:
+                src_dtype, src_shape = self._src[name]
+                raw = self._raw.get(name)
+                if raw is None:
+                    raw = self._raw[name] = np.empty(src_shape, dtype=src_dtype)
+                dst = raw[:n]
+                casts.append((name, arr, dst))
+            out[name], dsts[name] = arr, dst
         pool = self._threads
         if pool is None or self.threads < 2:
-            rows((0, n))
+            r.fill(g, dsts)
+            for name, arr, raw in casts:
+                self._cast(name, arr, raw)
         else:
-            list(pool.map(rows, _rows(n, self.threads)))
+            list(pool.map(lambda ij: r.fill(g, dsts, *ij), _rows(n, self.threads)))
+            parts = [(name, arr[i:j], raw[i:j]) for name, arr, raw in casts for i, j in _rows(len(arr), self.threads)]
+            list(pool.map(lambda c: self._cast(*c), parts))
         return out
-
-
-DRAWN_SCRATCH = 2 << 20  # bytes of a drawn batch's cast modalities a read thread cuts, then casts, at a time
-
-
-class _RowsAt:
-    """Rows at.. of a batch's array, held in arr from its row 0: what
-    DrawnReader.fill writes out[name][i:j] into."""
-
-    def __init__(self, arr: np.ndarray, at: int) -> None:
-        self.arr, self.at = arr, at
-
-    def __getitem__(self, s: slice) -> np.ndarray:
-        return self.arr[s.start - self.at: s.stop - self.at]
-
-
-def _drawn_scratch(want: dict[str, tuple[np.dtype, tuple[int, ...]]]) -> dict[str, np.ndarray]:
-    """This thread's scratch arrays of these dtypes and shapes (kept for the
-    next batch)."""
-    have = getattr(_scratch, "drawn", None)
-    key = tuple((c, d.str, s) for c, (d, s) in want.items())
-    if have is None or have[0] != key:
-        have = _scratch.drawn = (key, {c: np.empty(s, dtype=d) for c, (d, s) in want.items()})
-    return have[1]
 
 
 CHUNK = 4 << 20  # bytes read by one preadv call at most (a piece of a batch is split so)
