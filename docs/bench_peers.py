@@ -4,7 +4,7 @@ bench-peers; docs/BENCHMARKS.md): LitData, Mosaic Streaming, WebDataset.
 
     python3 docs/bench_peers.py prepare TOOL SRC WINDOWS OUT
     python3 docs/bench_peers.py read TOOL CONFIG S MODE DATA [B]
-    python3 docs/bench_peers.py floor warm|cold EPOCHS_DIR
+    python3 docs/bench_peers.py floor warm|cold|"sshfs, cold" EPOCHS_DIR
     python3 docs/bench_peers.py resume TOOL DATA LOG SAMPLES
     python3 docs/bench_peers.py best RESULTS.jsonl [--best-only]
     python3 docs/bench_peers.py table RESULTS.jsonl
@@ -250,7 +250,8 @@ def read(tool, config, S, mode, data, B=256, epochs=None):
     """EPOCHS (BENCH_EPOCHS, 3) epochs of one tool in one configuration in
     this process; one JSON line: the first epoch (start-up included) and the
     steady state (the median epoch after it: samples/s, CPU ms per batch of
-    the process and its workers, the waits of its steps)."""
+    the process and its workers, the waits of its steps; with one epoch,
+    that epoch, its first batch's wait left out)."""
     epochs = epochs or int(os.environ.get("BENCH_EPOCHS", "3"))
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
@@ -266,6 +267,8 @@ def read(tool, config, S, mode, data, B=256, epochs=None):
                         samples_per_s=len(o) / wall if wall else 0))
         if e:
             waits += w
+        elif epochs == 1:
+            waits += w[1:]  # (one epoch a process: its steps after the first batch; none would read as 0 ms)
         if order is None:
             order = o
     steady = per[1:] or per
@@ -301,7 +304,10 @@ def floor(mode, edir, reps=3):
     results = []
     # cold: O_DIRECT (no page cache), and buffered reads after the cache is
     # dropped (the kernel's readahead)
-    for direct in ((False,) if mode == "warm" else (True, False)):
+    # (over a network file system, "sshfs, cold": buffered reads of a fresh
+    # mount, each pass's page cache dropped)
+    net = mode.startswith("sshfs")
+    for direct in ((False,) if mode == "warm" or net else (True, False)):
         for threads in (1, 2, 4):
             for buf in ((128 << 10, 1 << 20, 4 << 20) if mode == "warm" else (1 << 20, 4 << 20)):
                 ts = [floor_pass(files, flags | (os.O_DIRECT if direct else 0), threads, buf, cold=mode != "warm") for _ in range(reps)]
@@ -334,7 +340,7 @@ def floor_pass(files, flags, threads, buf, ring=0, f32=False, cold=False):
     import threading
     pieces = [(i, off) for i, f in enumerate(files) for off in range(0, os.path.getsize(f), buf)]
     if flags & os.O_DIRECT or cold:
-        drop(files)
+        drop(files + [p for p in os.environ.get("BENCH_DROP", "").split(":") if p])  # (over a mount: the server's files too)
     fds = [os.open(f, flags) for f in files]
     nxt, lock = [0], threading.Lock()
     R = None
@@ -613,10 +619,19 @@ def table(path):
     net = [r for r in reads if r["mode"] == "sshfs, cold"]
     if net:
         print("\n| sshfs, cold, S=0%s | samples/s, median (range) | rounds |\n|---|---|---|" % loads(net))
+        fl = [r for r in floors if r["mode"] == "sshfs, cold"]
+        if fl:
+            print("| floor: %s | %s | %d |" % (", ".join(sorted(set(r["config"] for r in fl))), _fmt([r["samples_per_s"] for r in fl]), len(fl)))
         groups = by_row(net)
         for (tool, config), rs in groups.items():
             print("| %s %s | %s | %d |" % (tool, config, _fmt([r["samples_per_s"] for r in rs]), len(rs)))
         vs_peers(groups, "sshfs")
+        if fl:
+            out = []
+            for (tool, config), rs in groups.items():
+                if tool.startswith("clipshard"):
+                    out.append("%s %s %s" % (tool, config, _fmt([r["samples_per_s"] / f["samples_per_s"] for r, f in zip(rs, fl)], "%.2f")))
+            print("\nsshfs: clipshard / the floor, round by round: %s" % "; ".join(out))
     capped = [r for r in rows if str(r.get("mode", "")).startswith("capped")]
     if capped:
         big = next((r["MB"] for r in rows if r.get("bytes") == "big epoch"), "?")

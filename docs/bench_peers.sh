@@ -122,6 +122,10 @@ elif command -v sshfs >/dev/null && [ -x /usr/sbin/sshd ] && [ "$(id -u)" = 0 ];
   /usr/sbin/sshd -f "$N/sshd_config"
   trap 'fusermount -u "$N/mnt" 2>/dev/null || true; kill "$(cat "$N/sshd.pid")" 2>/dev/null || true' EXIT
   for round in $(seq "$ROUNDS"); do
+    # the floor: the epoch's shard files read whole over a fresh mount
+    fusermount -u "$N/mnt" 2>/dev/null || true
+    sshfs -p 2298 -o IdentityFile="$N/user",StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,LogLevel=ERROR root@127.0.0.1:"$P" "$N/mnt"
+    BENCH_DROP="$P/ep" "$PY" docs/bench_peers.py floor "sshfs, cold" "$N/mnt/ep" >> "$OUT"
     for row in $BEST; do
       t=${row%%:*}
       fusermount -u "$N/mnt" 2>/dev/null || true

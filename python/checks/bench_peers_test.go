@@ -111,10 +111,12 @@ echo not reached`
 // TestBenchPeersTables: the sshfs and memory-capped legs' tables (legs
 // TestBenchPeersRuns leaves out: sshd, a cgroup and a 2.4 GB set) give
 // each row's median and range over the rounds, the load average, the
-// runs killed, and clipshard's ratio to each peer round by round.
+// runs killed, the floor over the mount, and clipshard's ratio to each
+// peer and to the floor round by round.
 func TestBenchPeersTables(t *testing.T) {
 	lines := []string{}
 	for round, rate := range []float64{2000, 4000} {
+		lines = append(lines, fmt.Sprintf(`{"tool": "floor", "config": "2 threads, 1024 KiB", "mode": "sshfs, cold", "S": 0, "samples_per_s": %g, "load": 1}`, 4*rate))
 		for _, r := range []struct {
 			tool, config string
 			x            float64
@@ -137,6 +139,7 @@ func TestBenchPeersTables(t *testing.T) {
 	got := string(numpytest.Run(t, filepath.Join("..", "..", "docs", "bench_peers.py"), "table", p))
 	for _, want := range []string{
 		"| sshfs, cold, S=0 (load average 1.00–2.00) |", "| clipshard threads2 | 3000 (2000–4000) | 2 |", "| litdata w0 | 1500 (1000–2000) | 2 |",
+		"| floor: 2 threads, 1024 KiB | 12000 (8000–16000) | 2 |", "sshfs: clipshard / the floor, round by round: clipshard threads2 0.25 (0.25–0.25)",
 		"sshfs: clipshard (float32 torch) / each peer's best, round by round: litdata w0 2.00 (2.00–2.00); mosaic w2p 4.00 (4.00–4.00)",
 		"| capped 1200M, cold (an epoch of 2315 MB), S=20 (load average 1.50–1.50) |",
 		"| clipshard threads2 | 3000 (2000–4000) | 0.15; 9.0 | 2 |", "| mosaic w2p | 1000 (1 killed) | 0.20; 9.0 | 2 |",
