@@ -357,6 +357,30 @@ try:
         said = [str(x.message) for x in w if "buffer" in str(x.message)]
         assert bool(said) == warned, (limit, buffer, said)
         assert not said or ("evicted" in said[0] and "%d bytes" % limit in said[0]), said
+    # A file system that cannot map the blobs (some FUSE and network
+    # mounts: ENODEV): auto reads them a pread a window, the same batches;
+    # read=False refuses, naming the blob.
+    clipshard.draw.memory_limit = real
+    import errno  # noqa: E402
+    from clipshard import _files  # noqa: E402
+    real_map = _files.np.memmap
+
+    def no_map(*a, **k):
+        raise OSError(errno.ENODEV, "No such device")
+    _files.np.memmap = no_map
+    try:
+        p = Drawn(DEMO, window=5, seed=4, block=4096, group=2, hold=0)
+        assert not p.sources[0].maps
+        got = list(DrawnReader(p, 0, batch_size=4).batches(0, 1))
+        assert len(got) == len(want) and all(np.array_equal(a[k], b[k]) for a, b in zip(got, want) for k in b)
+        p.close()
+        try:
+            Drawn(DEMO, window=5, seed=4, block=4096, group=2, hold=0, read=False)
+            raise AssertionError("read=False on a file system that cannot map: taken")
+        except ValueError as e:
+            assert "cannot be memory-mapped" in str(e) and DEMO in str(e) and ".npy" in str(e) and "read=True" in str(e), str(e)
+    finally:
+        _files.np.memmap = real_map
 finally:
     clipshard.draw.memory_limit = real
 ref.close()

@@ -169,7 +169,11 @@ class Npy:
         if self.size == self.offset:
             return np.empty(self.shape, dtype=self.dtype)
         with os.fdopen(os.dup(self.fd), "rb") as f:
-            return np.memmap(f, dtype=self.dtype, mode="r", offset=self.offset, shape=self.shape)
+            try:
+                return np.memmap(f, dtype=self.dtype, mode="r", offset=self.offset, shape=self.shape)
+            except OSError as e:  # (a file system that cannot map: some FUSE and network mounts, ENODEV)
+                raise OSError(e.errno, "%s: cannot be memory-mapped here: %s (read=True reads it instead)"
+                              % (self.path, e.strerror or e)) from None
 
     def read(self) -> np.ndarray:
         """The whole array, read."""

@@ -339,13 +339,22 @@ class _Source:
         """Bytes of the blobs a drawn epoch reads (not held)."""
         return sum(self.files[r["name"]].size for r in self.mods if not r["held"])
 
-    def map_streamed(self) -> None:
-        """The streamed blobs' rows mapped (read=False)."""
+    def map_streamed(self, strict: bool) -> None:
+        """The streamed blobs' rows mapped (read=False). A blob the file
+        system cannot map (some FUSE and network mounts: ENODEV) is read a
+        pread a window instead, or with strict (read=False given) raises,
+        naming it."""
         for rec in self.mods:
             if not rec["held"] and rec["name"] not in self.maps:
                 f = self.files[rec["name"]]
-                # (through the fd checked: the file checked is the file mapped)
-                self.maps[rec["name"]] = f.memmap().view(np.uint8).reshape(f.shape[0], f.row)
+                try:
+                    # (through the fd checked: the file checked is the file mapped)
+                    m = f.memmap()
+                except OSError as e:  # (named: Npy.memmap)
+                    if strict:
+                        raise ValueError("%s; read=False was given" % e.strerror) from None
+                    continue
+                self.maps[rec["name"]] = m.view(np.uint8).reshape(f.shape[0], f.row)
 
     def signature(self) -> list[Any]:
         return [(r["name"], r["dtype"], list(r["frame"]), r["rate"], r["per_clip"]) for r in self.mods]
@@ -523,6 +532,7 @@ class Drawn:
                                      "shapes, rates, per-clip must match to mix them)" % (s.name, s.signature(), first.name,
                                                                                           first.signature()))
             limit = memory_limit()
+            strict = self.read is False
             if self.read == "auto":
                 # The map, unless what it maps would not stay in memory: its
                 # pages are the process's (mapped, resident) and are
@@ -540,7 +550,7 @@ class Drawn:
                               stacklevel=2)
             if self.read is False:
                 for s in self.sources:
-                    s.map_streamed()
+                    s.map_streamed(strict)
         except BaseException:
             self.close()
             raise
