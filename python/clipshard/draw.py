@@ -448,7 +448,9 @@ class Drawn:
         container's), True where they do not (their mapped pages would
         crowd out the read-ahead of the next group: with the map, a 2.4
         GB dataset read under a 1.2 GB cap gave 134 windows/s, with
-        preads 5-9k); the choice is in .read. False: a batch's windows
+        preads 5-9k), and a blob the file system cannot map (some FUSE
+        and network mounts) read as with True; the choice is in .read
+        (False when it maps what it can). False: a batch's windows
         of a streamed modality are copied out of a read-only memory map
         of its blob (one gather, at ~2x the speed of a pread a window),
         the blob's size checked (fstat) before each batch: a blob cut
