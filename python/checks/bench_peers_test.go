@@ -55,11 +55,13 @@ func TestBenchPeersRuns(t *testing.T) {
 
 // benchScript runs docs/NAME (a bash script) with work folder w and env
 // added to this process's environment, failing the test if it fails;
-// its output.
+// its output. TMPDIR is a folder of the test's own: what the script's
+// processes leave there (the peers' file locks and caches, the pymp-*
+// folders of DataLoader workers) goes with the test, not into /tmp.
 func benchScript(t *testing.T, name, w string, env ...string) string {
 	t.Helper()
 	cmd := exec.Command("bash", filepath.Join("..", "..", "docs", name), w)
-	cmd.Env = append(os.Environ(), env...)
+	cmd.Env = append(append(os.Environ(), "TMPDIR="+t.TempDir()), env...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("%s: %v\n%s", name, err, out)
