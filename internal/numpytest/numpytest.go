@@ -56,27 +56,22 @@ func Run(t testing.TB, args ...string) []byte {
 func RunEnv(t testing.TB, env []string, args ...string) []byte {
 	t.Helper()
 	cmd := exec.Command(Python(t), args...)
-	env = append([]string{"TMPDIR=" + t.TempDir()}, env...)
 	set := map[string]bool{}
 	for _, kv := range env {
 		k, _, _ := strings.Cut(kv, "=")
 		set[k] = true
+	}
+	if !set["TMPDIR"] {
+		env, set["TMPDIR"] = append(env, "TMPDIR="+t.TempDir()), true
 	}
 	for _, kv := range os.Environ() {
 		if k, _, _ := strings.Cut(kv, "="); !set[k] {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
-	last := map[string]string{}
 	for _, kv := range env {
-		k, v, _ := strings.Cut(kv, "=")
-		last[k] = v
-	}
-	for _, kv := range env {
-		k, _, _ := strings.Cut(kv, "=")
-		if v, ok := last[k]; ok && v != "" {
-			cmd.Env = append(cmd.Env, k+"="+v)
-			delete(last, k)
+		if _, v, _ := strings.Cut(kv, "="); v != "" {
+			cmd.Env = append(cmd.Env, kv)
 		}
 	}
 	out, err := cmd.CombinedOutput()

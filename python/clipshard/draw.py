@@ -534,6 +534,8 @@ class Drawn:
                                      "shapes, rates, per-clip must match to mix them)" % (s.name, s.signature(), first.name,
                                                                                           first.signature()))
             limit = memory_limit()
+            half = limit // 2 if limit is not None else None  # (of the bytes the process may use, what its maps may take)
+            streamed = {s.name: s.streamed_bytes() for s in self.sources}
             strict = self.read is False
             if self.read == "auto":
                 # The map, unless what it maps would not stay in memory: its
@@ -542,14 +544,14 @@ class Drawn:
                 # evicted instead and every window is read 4 KiB a fault
                 # (a 2.4 GB dataset under a 1.2 GB cap: 134 windows/s,
                 # one pread a window 5-9k).
-                self.read = limit is not None and sum(s.streamed_bytes() for s in self.sources) > limit // 2
-            if limit is not None and self.buffer > limit // 2 and any(s.streamed_bytes() > limit // 2 for s in self.sources):
+                self.read = half is not None and sum(streamed.values()) > half
+            big = [n for n, b in streamed.items() if half is not None and b > half]
+            if big and limit is not None and self.buffer > limit // 2:
                 warnings.warn("buffer %d bytes: more than half the memory this process may use (%d bytes: the least of "
                               "MemTotal and its cgroup's limit), and %s does not fit in it either: a group read ahead "
                               "will be evicted before its windows are read (under a 1.2 GB cap, buffer 2 GiB read 5k "
                               "windows/s, 256 MiB 9.5k); give a smaller buffer= (it changes the order)"
-                              % (self.buffer, limit, next(s.name for s in self.sources if s.streamed_bytes() > limit // 2)),
-                              stacklevel=2)
+                              % (self.buffer, limit, big[0]), stacklevel=2)
             if self.read is False:
                 for s in self.sources:
                     s.map_streamed(strict)
