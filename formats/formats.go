@@ -63,18 +63,41 @@ func LoadInto(path, keys string, buf *[]byte) (*array.Array, fs.FileInfo, error)
 // LoadIntoDirs is LoadInto opening path relative to a directory kept open
 // in dirs (see Dirs), if dirs is not nil.
 func LoadIntoDirs(dirs *Dirs, path, keys string, buf *[]byte) (*array.Array, fs.FileInfo, error) {
+	var bufFor func(int64) *[]byte
+	if f, _ := FormatOf(path); buf != nil && f == NPY {
+		bufFor = func(int64) *[]byte { return buf }
+	}
+	a, info, _, err := LoadOrRows(dirs, path, keys, bufFor, -1)
+	return a, info, err
+}
+
+// LoadOrRows is LoadIntoDirs with its buffers taken from bufFor (if not
+// nil; each grown if it is too small) once their sizes are known: the
+// whole .npy file, or a pickle of up to 16 MiB and the array concatenated
+// from several of its keys. The array may alias any of them: the caller
+// keeps them until it is done with the array. A .npy file larger than
+// above bytes (above >= 0) is not read: it comes back open as NPYRows
+// (only its header read, as OpenNPYRows does), with a nil array and
+// FileInfo. One open and stat of the file decide and read (a stat by path
+// first cost a convert of many small clips a syscall a source).
+func LoadOrRows(dirs *Dirs, path, keys string, bufFor func(size int64) *[]byte, above int64) (*array.Array, fs.FileInfo, *NPYRows, error) {
 	format, err := FormatOf(path)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if format == NPY && keys != "" {
-		return nil, nil, fmt.Errorf("%s: keys %q given for a .npy file, which holds one array", path, keys)
+		return nil, nil, nil, fmt.Errorf("%s: keys %q given for a .npy file, which holds one array", path, keys)
+	}
+	if format != NPY {
+		above = -1
 	}
 	for try := 1; ; try++ {
-		a, info, after, err := loadOnce(dirs, path, format, keys, buf)
+		a, info, after, rows, err := loadOnce(dirs, path, format, keys, bufFor, above)
 		switch {
+		case rows != nil:
+			return nil, nil, rows, nil
 		case after == nil:
-			return nil, nil, err // not opened, or not a regular file, or never settled
+			return nil, nil, nil, err // not opened, or not a regular file, or never settled
 		case !Changed(info, after) && err == nil && recent(info):
 			// Changed shortly before the read: a writer may be paused in
 			// the middle of a version (its timestamps are set as a write
@@ -82,21 +105,21 @@ func LoadIntoDirs(dirs *Dirs, path, keys string, buf *[]byte) (*array.Array, fs.
 			// quiet for QuietWindow: one version reads the same twice.
 			if again(dirs, path, format, keys, a, info) {
 				after.(*rawInfo).began = info.(*rawInfo).began
-				return a, after, nil
+				return a, after, nil, nil
 			}
 			if try == stableTries {
-				return nil, nil, fmt.Errorf("%w: %s: %d reads, each read again %v later, saw it change (its bytes, size, mtime, ctime or inode); run again once it is written",
+				return nil, nil, nil, fmt.Errorf("%w: %s: %d reads, each read again %v later, saw it change (its bytes, size, mtime, ctime or inode); run again once it is written",
 					ErrChanged, path, stableTries, QuietWindow)
 			}
 			time.Sleep(StableWait)
 			continue
 		case !Changed(info, after) && err == nil:
 			after.(*rawInfo).began = info.(*rawInfo).began
-			return a, after, nil
+			return a, after, nil, nil
 		case !Changed(info, after):
-			return nil, nil, err // bad input, as read whole
+			return nil, nil, nil, err // bad input, as read whole
 		case try == stableTries:
-			return nil, nil, fmt.Errorf("%w: %s: %d reads %v apart each saw it change (size, mtime, ctime or inode) while it was read; run again once it is written",
+			return nil, nil, nil, fmt.Errorf("%w: %s: %d reads %v apart each saw it change (size, mtime, ctime or inode) while it was read; run again once it is written",
 				ErrChanged, path, stableTries, StableWait)
 		}
 		time.Sleep(StableWait)
@@ -157,7 +180,7 @@ func again(dirs *Dirs, path string, format Format, keys string, a *array.Array, 
 	if wait := time.Until(time.Unix(0, ri.st.Ctim.Nano()).Add(w)); wait > 0 {
 		time.Sleep(min(wait, w))
 	}
-	b, info2, after2, err := loadOnce(dirs, path, format, keys, nil)
+	b, info2, after2, _, err := loadOnce(dirs, path, format, keys, nil, -1)
 	if after2 == nil || err != nil || Changed(info, info2) || Changed(info, after2) {
 		return false
 	}
@@ -171,29 +194,58 @@ func Changed(a, b fs.FileInfo) bool {
 	return x.Size != y.Size || x.Mtim != y.Mtim || x.Ctim != y.Ctim || x.Ino != y.Ino || x.Dev != y.Dev
 }
 
+// pickleInBuf is the size up to which LoadOrRows reads a pickle into a
+// buffer of bufFor.
+const pickleInBuf = 16 << 20
+
+// sized returns a buffer of bufFor of n bytes, grown if it is smaller.
+func sized(bufFor func(int64) *[]byte, n int64) []byte {
+	b := bufFor(n)
+	if int64(cap(*b)) < n {
+		*b = make([]byte, n)
+	}
+	return (*b)[:n]
+}
+
 // loadOnce opens path (openSettled), reads its array, and stats the open
-// file again after the read (after is nil when it was not opened).
-func loadOnce(dirs *Dirs, path string, format Format, keys string, buf *[]byte) (a *array.Array, info, after fs.FileInfo, err error) {
+// file again after the read (after is nil when it was not opened); a .npy
+// file larger than above (>= 0) is returned open as rows instead.
+func loadOnce(dirs *Dirs, path string, format Format, keys string, bufFor func(int64) *[]byte, above int64) (a *array.Array, info, after fs.FileInfo, rows *NPYRows, err error) {
 	f, info, err := openSettled(dirs, path)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
+	}
+	if above >= 0 && info.Size() > above {
+		rows, err := npyRows(f, info, path)
+		if err != nil {
+			return nil, nil, nil, nil, err
+		}
+		return nil, nil, nil, rows, nil
 	}
 	defer f.Close()
 	switch format {
 	case NPY:
 		var b []byte
-		if buf != nil {
-			if int64(cap(*buf)) < info.Size() {
-				*buf = make([]byte, info.Size())
-			}
-			b = *buf
+		if bufFor != nil {
+			b = sized(bufFor, info.Size())
 		}
 		a, err = npy.ReadBuffer(f, info.Size(), b)
 	default:
 		var obj any
-		obj, err = pickle.Decode(f, info.Size())
+		if bufFor == nil || info.Size() > pickleInBuf {
+			// (A larger one is scanned before anything is allocated: a
+			// sparse file of a terabyte is refused, not allocated.)
+			obj, err = pickle.Decode(f, info.Size())
+		} else {
+			// Read into a buffer of bufFor, which the arrays alias.
+			obj, err = pickle.DecodeIn(f, info.Size(), sized(bufFor, info.Size()))
+		}
 		if err == nil {
-			a, err = pickle.Select(obj, keys)
+			var alloc func(int) []byte
+			if bufFor != nil {
+				alloc = func(n int) []byte { return sized(bufFor, int64(n)) }
+			}
+			a, err = pickle.SelectIn(obj, keys, alloc)
 		}
 	}
 	if err != nil {
@@ -201,7 +253,7 @@ func loadOnce(dirs *Dirs, path string, format Format, keys string, buf *[]byte) 
 	}
 	after, serr := f.stat()
 	if serr != nil {
-		return nil, nil, nil, serr
+		return nil, nil, nil, nil, serr
 	}
-	return a, info, after, err
+	return a, info, after, nil, err
 }

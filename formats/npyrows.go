@@ -32,6 +32,12 @@ func OpenNPYRows(dirs *Dirs, path string) (*NPYRows, error) {
 	if err != nil {
 		return nil, err
 	}
+	return npyRows(f, info, path)
+}
+
+// npyRows reads the header of f, open at path, and returns it as NPYRows
+// (f closed on error).
+func npyRows(f *rawFile, info fs.FileInfo, path string) (*NPYRows, error) {
 	h, err := npy.ReadHeader(f, info.Size())
 	if err != nil {
 		f.Close()

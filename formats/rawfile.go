@@ -83,24 +83,6 @@ func (d *Dirs) at(path string) (int, string) {
 	return unix.AT_FDCWD, path
 }
 
-// Stat is os.Stat's size and whether it is a regular file (symbolic
-// links followed), resolved from a kept folder: one component walked, not
-// the whole path (convert stats every .npy source before opening it).
-func (d *Dirs) Stat(path string) (size int64, regular bool, err error) {
-	at, name := d.at(path)
-	var st unix.Stat_t
-	for {
-		err = unix.Fstatat(at, name, &st, 0)
-		if err != unix.EINTR {
-			break
-		}
-	}
-	if err != nil {
-		return 0, false, &fs.PathError{Op: "stat", Path: path, Err: err}
-	}
-	return st.Size, st.Mode&unix.S_IFMT == unix.S_IFREG, nil
-}
-
 func openRaw(dirs *Dirs, path string) (*rawFile, fs.FileInfo, error) {
 	var fd int
 	var err error

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"unsafe"
 
 	"github.com/apache/arrow-go/v18/parquet"
 	"github.com/apache/arrow-go/v18/parquet/compress"
@@ -225,7 +226,11 @@ func encodeTable(w io.Writer, name string, table []Column) (err error) {
 		return err
 	}
 	props := parquet.NewWriterProperties(
+		// zstd's fastest level: a clips.parquet is written at the end of
+		// every convert, and the default level cost a 5000-clip convert
+		// ~10 % of its time for 1 % less size.
 		parquet.WithCompression(compress.Codecs.Zstd),
+		parquet.WithCompressionLevel(1),
 		// Clip ids and paths are unique: a dictionary costs time and saves nothing.
 		parquet.WithDictionaryDefault(false),
 		parquet.WithCreatedBy("clipshard"),
@@ -252,7 +257,7 @@ func encodeTable(w io.Writer, name string, table []Column) (err error) {
 		if cols[i].kind == colString {
 			vals := make([]parquet.ByteArray, len(c.Strings))
 			for k, v := range c.Strings {
-				vals[k] = parquet.ByteArray(v)
+				vals[k] = parquet.ByteArray(unsafe.Slice(unsafe.StringData(v), len(v))) // read only
 			}
 			_, err = cw.(*file.ByteArrayColumnChunkWriter).WriteBatch(vals, nil, nil)
 		} else if cols[i].kind == colDouble {

@@ -196,6 +196,12 @@ func FortranToC(dst, src []byte, shape []int, size int) {
 // different widths are widened exactly to the widest, as numpy promotes;
 // other dtype mixtures are an error.
 func ConcatLastAxis(parts []*Array) (*Array, error) {
+	return ConcatLastAxisIn(parts, nil)
+}
+
+// ConcatLastAxisIn is ConcatLastAxis writing the result into alloc(n) (n
+// bytes; nil alloc: a new slice).
+func ConcatLastAxisIn(parts []*Array, alloc func(n int) []byte) (*Array, error) {
 	if len(parts) == 0 {
 		return nil, fmt.Errorf("%w: nothing to concatenate", ErrShape)
 	}
@@ -234,7 +240,12 @@ func ConcatLastAxis(parts []*Array) (*Array, error) {
 		last += p.Shape[nd-1]
 		widened[i] = WidenFloat(p.Data, p.DType.Size, dt.Size)
 	}
-	out := make([]byte, outer*last*dt.Size)
+	var out []byte
+	if n := outer * last * dt.Size; alloc != nil {
+		out = alloc(n)[:n]
+	} else {
+		out = make([]byte, n)
+	}
 	pos := 0
 	for o := 0; o < outer; o++ {
 		for i, p := range parts {

@@ -44,6 +44,27 @@ var (
 // after the read. Errors carry the byte offset at which decoding stopped;
 // Decode never panics on bad input.
 func Decode(r io.ReaderAt, size int64) (obj any, err error) {
+	return DecodeIn(r, size, nil)
+}
+
+// DecodeIn is Decode reading the whole pickle into buf (when it holds at
+// least size bytes, else as Decode does); what is decoded then may alias
+// buf (array payloads are not copied out of it): the caller keeps buf, and
+// leaves it as it is, while it uses them.
+func DecodeIn(r io.ReaderAt, size int64, buf []byte) (obj any, err error) {
+	if int64(len(buf)) >= size {
+		mem := buf[:size]
+		if n, err := r.ReadAt(mem, 0); int64(n) != size {
+			return nil, fmt.Errorf("%w: reading %d bytes: %w", ErrTruncated, size, err)
+		}
+		if err := scan(bytes.NewReader(mem), size, mem); err != nil {
+			return nil, err
+		}
+		if obj, ok := fastDecodeSafe(mem, true); ok {
+			return obj, nil
+		}
+		return slowDecode(bytes.NewReader(mem), size, mem)
+	}
 	var mem []byte
 	if size <= smallFile {
 		// One read for small files; scanning and decoding then work on
@@ -61,7 +82,7 @@ func Decode(r io.ReaderAt, size int64) (obj any, err error) {
 		return nil, err
 	}
 	if mem != nil {
-		if obj, ok := fastDecodeSafe(mem); ok {
+		if obj, ok := fastDecodeSafe(mem, false); ok {
 			return obj, nil
 		}
 	}
@@ -69,13 +90,13 @@ func Decode(r io.ReaderAt, size int64) (obj any, err error) {
 }
 
 // fastDecodeSafe is fastDecode, giving up on a panic too.
-func fastDecodeSafe(data []byte) (obj any, ok bool) {
+func fastDecodeSafe(data []byte, alias bool) (obj any, ok bool) {
 	defer func() {
 		if recover() != nil {
 			obj, ok = nil, false
 		}
 	}()
-	return fastDecode(data)
+	return fastDecode(data, alias)
 }
 
 // slowDecode decodes with gopickle (after scan).

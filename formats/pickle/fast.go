@@ -27,14 +27,15 @@ import (
 // passed scan, which bounds every length by the bytes left; the bounds are
 // checked again here all the same. TestFastMatchesGopickle and FuzzFast
 // compare the two on every fixture and on fuzzed input.
-func fastDecode(data []byte) (obj any, ok bool) {
-	d := &fastDecoder{data: data}
+func fastDecode(data []byte, alias bool) (obj any, ok bool) {
+	d := &fastDecoder{data: data, alias: alias}
 	d.stack, d.memo, d.marks = d.stackBuf[:0], d.memoBuf[:0], d.markBuf[:0]
 	return d.run()
 }
 
 type fastDecoder struct {
 	data     []byte
+	alias    bool // byte strings may alias data (else they are copies: data is recycled)
 	pos      int
 	frameEnd int // end of the current frame, or -1 if outside any
 	stack    []any
@@ -275,7 +276,11 @@ func (d *fastDecoder) run() (any, bool) {
 			if !ok {
 				return nil, false
 			}
-			b = bytes.Clone(b) // data is a recycled buffer; never nil, as gopickle's
+			if !d.alias {
+				b = bytes.Clone(b) // data is a recycled buffer
+			} else if b == nil {
+				b = []byte{} // never nil, as gopickle's
+			}
 			if op == 0x96 {
 				d.push(types.NewByteArrayFromSlice(b))
 			} else {

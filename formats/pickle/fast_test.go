@@ -38,9 +38,13 @@ func sameAsGopickle(t *testing.T, name string, data []byte) bool {
 	if scan(bytes.NewReader(data), int64(len(data)), data) != nil {
 		return false
 	}
-	fast, ok := fastDecode(data)
+	fast, ok := fastDecode(data, false)
 	if !ok {
 		return false
+	}
+	// Aliasing data (DecodeIn) builds the same objects.
+	if aliased, ok := fastDecode(bytes.Clone(data), true); !ok || !sameObject(fast, aliased) {
+		t.Fatalf("%s: the fast path aliasing its buffer built otherwise (ok %v)", name, ok)
 	}
 	slow, err := slowDecode(bytes.NewReader(data), int64(len(data)), nil)
 	if err != nil {

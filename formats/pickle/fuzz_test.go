@@ -39,5 +39,22 @@ func FuzzDecode(f *testing.F) {
 		if got := totalAlloc() - before; got > allocBound(len(data)) {
 			t.Fatalf("allocated %d bytes for a %d-byte pickle", got, len(data))
 		}
+		// Decoded in a buffer of the caller's (arrays aliasing it), the
+		// pickle gives what Decode gives.
+		buf := append(bytes.Clone(data), "spare"...)
+		obj2, err2 := pickle.DecodeIn(bytes.NewReader(data), int64(len(data)), buf)
+		if (err == nil) != (err2 == nil) {
+			t.Fatalf("Decode: %v; DecodeIn: %v", err, err2)
+		}
+		if err != nil {
+			return
+		}
+		for _, k := range []string{keys, ""} {
+			a, aerr := pickle.Select(obj, k)
+			b, berr := pickle.SelectIn(obj2, k, func(n int) []byte { return make([]byte, n+3) })
+			if (aerr == nil) != (berr == nil) || aerr == nil && (a.String() != b.String() || !bytes.Equal(a.Data, b.Data)) {
+				t.Fatalf("keys %q: Select %v, %v; SelectIn %v, %v", k, a, aerr, b, berr)
+			}
+		}
 	})
 }

@@ -25,6 +25,12 @@ import (
 //
 // Errors wrap ErrKey, name the missing key and list the keys that exist.
 func Select(root any, keys string) (*array.Array, error) {
+	return SelectIn(root, keys, nil)
+}
+
+// SelectIn is Select with the array concatenated from several paths made
+// in a buffer of alloc (nil: a new slice), as array.ConcatLastAxisIn.
+func SelectIn(root any, keys string, alloc func(n int) []byte) (*array.Array, error) {
 	if keys == "" {
 		return asArray(root, "")
 	}
@@ -39,7 +45,7 @@ func Select(root any, keys string) (*array.Array, error) {
 	if len(parts) == 1 {
 		return parts[0], nil
 	}
-	a, err := array.ConcatLastAxis(parts)
+	a, err := array.ConcatLastAxisIn(parts, alloc)
 	if err != nil {
 		return nil, fmt.Errorf("key %q: %w", keys, err)
 	}

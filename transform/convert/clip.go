@@ -33,8 +33,8 @@ type clipOut struct {
 
 // modOut is one modality of a clipOut.
 type modOut struct {
-	data        []byte // converted rows, C order little-endian
-	buf         *[]byte
+	data        []byte    // converted rows, C order little-endian
+	bufs        []*[]byte // data's buffers (of getBuf; data may alias the source's)
 	rows        int64
 	dtype       array.DType // of data
 	frameShape  []int
@@ -49,8 +49,10 @@ type modOut struct {
 
 func (c *clipOut) release() {
 	for i := range c.mods {
-		putBuf(c.mods[i].buf)
-		c.mods[i].buf, c.mods[i].data = nil, nil
+		for _, b := range c.mods[i].bufs {
+			putBuf(b)
+		}
+		c.mods[i].bufs, c.mods[i].data = nil, nil
 	}
 }
 
@@ -80,11 +82,13 @@ func (j *job) convertClip(ctx context.Context, i int, plan *reusePlan) *clipOut 
 	reused := func(k int) bool { return plan != nil && plan.use[k] }
 	rowsOf := make([]int64, len(j.opts.Modalities)) // source rows, per modality
 	arrays := make([]*array.Array, len(j.opts.Modalities))
-	srcBufs := make([]*[]byte, len(j.opts.Modalities))
+	srcBufs := make([][]*[]byte, len(j.opts.Modalities)) // of getBuf, per modality
 	streams := make([]*formats.NPYRows, len(j.opts.Modalities))
 	defer func() {
-		for _, b := range srcBufs {
-			putBuf(b)
+		for _, bs := range srcBufs {
+			for _, b := range bs {
+				putBuf(b)
+			}
 		}
 		for _, s := range streams {
 			if s != nil {
@@ -116,18 +120,20 @@ func (j *job) convertClip(ctx context.Context, i int, plan *reusePlan) *clipOut 
 		var a *array.Array
 		var info fs.FileInfo
 		var err error
-		stream, size := j.streamed(m, path)
-		if stream {
-			if streams[k], err = formats.OpenNPYRows(&j.dirs, path); err != nil {
-				return fail(m, "", err)
-			}
+		above := int64(-1) // a .npy source larger than this is streamed
+		if m.Keys == "" && !m.PerClip {
+			above = j.streamMin
+		}
+		bufFor := func(size int64) *[]byte {
+			b := getBuf(int(size))
+			srcBufs[k] = append(srcBufs[k], b)
+			return b
+		}
+		if a, info, streams[k], err = formats.LoadOrRows(&j.dirs, path, m.Keys, bufFor, above); err != nil {
+			return fail(m, "", err)
+		}
+		if streams[k] != nil {
 			a, info = streams[k].Array(), streams[k].Info
-		} else {
-			b := getBuf(int(size)) // a .npy file's size; 0 for a pickle
-			srcBufs[k] = b
-			if a, info, err = formats.LoadIntoDirs(&j.dirs, path, m.Keys, b); err != nil {
-				return fail(m, "", err)
-			}
 		}
 		out.bytesIn += info.Size()
 		switch {
@@ -246,11 +252,12 @@ func (j *job) convertClip(ctx context.Context, i int, plan *reusePlan) *clipOut 
 			// float16 to float16 is a checked copy: the rows are written
 			// from the source's own buffer, which the clip now holds.
 			c = audit16(src, frameElems)
-			mo.data, mo.buf, srcBufs[k] = src, srcBufs[k], nil
+			mo.data, mo.bufs, srcBufs[k] = src, srcBufs[k], nil
 		} else {
-			mo.buf = getBuf(int(rows) * frameElems * mo.dtype.Size)
-			c, err = convertPiece(*mo.buf, src, a.DType, m.KeepDType, frameElems, 0)
-			mo.data = *mo.buf
+			b := getBuf(int(rows) * frameElems * mo.dtype.Size)
+			mo.bufs = []*[]byte{b}
+			c, err = convertPiece(*b, src, a.DType, m.KeepDType, frameElems, 0)
+			mo.data = *b
 		}
 		if err != nil {
 			return fail(m, mo.src.Path, err)

@@ -220,8 +220,9 @@ func (j *job) reuseMod(ctx context.Context, plan *reusePlan, k int, rows int64, 
 		return false, nil
 	}
 	if mo.size <= j.streamMin {
-		mo.buf = getBuf(int(mo.size))
-		mo.data = *mo.buf
+		b := getBuf(int(mo.size))
+		mo.bufs = []*[]byte{b}
+		mo.data = *b
 		if _, err := p.blobs[k].ReadAt(mo.data, off); err != nil || xxhash.Sum64(mo.data) != s.XXH64 {
 			return false, nil
 		}

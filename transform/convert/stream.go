@@ -49,20 +49,6 @@ func convertPiece(dst, src []byte, dt array.DType, keep bool, frameElems int, ro
 	return c, nil
 }
 
-// streamed reports whether the source of modality m at path is converted
-// a piece at a time: a .npy file larger than j.streamMin; and the size of
-// a .npy file (0 for a pickle or on error), for its read buffer.
-func (j *job) streamed(m Modality, path string) (bool, int64) {
-	if f, _ := formats.FormatOf(path); f != formats.NPY || m.Keys != "" {
-		return false, 0
-	}
-	size, regular, err := j.dirs.Stat(path)
-	if err != nil || !regular {
-		return false, 0
-	}
-	return size > j.streamMin && !m.PerClip, size
-}
-
 // pieceBytes is about how much of a source convertStream reads at a time.
 var pieceBytes int64 = 4 << 20
 
