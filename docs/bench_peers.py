@@ -515,6 +515,12 @@ def _fmt(xs, f="%.0f"):
     return (f + " (" + f + "–" + f + ")") % (np.median(xs), min(xs), max(xs))
 
 
+def _ratio(a, b):
+    """a / b round by round (the k-th run of every row is round k; a run
+    without a rate left out): median (range)."""
+    return _fmt([x / y for x, y in zip(a, b) if x and y], "%.2f")
+
+
 def table(path):
     rows = _runs(path)
     print("\n| prepare | wall s | peak RSS MB | MB on disk |\n|---|---|---|---|")
@@ -575,9 +581,7 @@ def table(path):
         for ours, name in (("clipshard-f16", "float16 (numpy)"), ("clipshard", "float32 torch"), ("clipshard-drawn", "drawn, float32 torch")):
             a = per_round(ours, "threads2")
             if a and fl:
-                f = [r["samples_per_s"] for r in fl]
-                rs = [x / y for x, y in zip(a, f)]
-                lines.append("%s / floor %s" % (name, _fmt(rs, "%.2f")))
+                lines.append("%s / floor %s" % (name, _ratio(a, [r["samples_per_s"] for r in fl])))
             kind = "float16 into batches" if ours == "clipshard-f16" else "float32 into batches"
             dv = [r["deliver"][kind] for r in fl if kind in r.get("deliver", {})]
             if a and dv:
@@ -589,7 +593,7 @@ def table(path):
         for key in sorted(k for k in (tuple(x.split(":")) for x in top) if k[0] in PEER):
             b = per_round(*key)
             if a and b:
-                lines.append("clipshard / %s %s %s" % (key[0], key[1], _fmt([x / y for x, y in zip(a, b)], "%.2f")))
+                lines.append("clipshard / %s %s %s" % (key[0], key[1], _ratio(a, b)))
         if lines:
             print("\n%s ratios at S=0 (median of the rounds, range): %s" % (mode, "; ".join(lines)))
     def by_row(runs):
@@ -609,10 +613,9 @@ def table(path):
         ours = [r.get("samples_per_s") for r in groups.get(("clipshard", "threads2"), [])]
         out = []
         for key, rs in groups.items():
-            if key[0] in PEER:
-                xs = [a / r["samples_per_s"] for a, r in zip(ours, rs) if a and r.get("samples_per_s")]
-                if xs:
-                    out.append("%s %s %s" % (key[0], key[1], _fmt(xs, "%.2f")))
+            theirs = [r.get("samples_per_s") for r in rs]
+            if key[0] in PEER and any(a and b for a, b in zip(ours, theirs)):
+                out.append("%s %s %s" % (key[0], key[1], _ratio(ours, theirs)))
         if out:
             print("\n%s: clipshard (float32 torch) / each peer's best, round by round: %s" % (what, "; ".join(out)))
 
@@ -630,7 +633,7 @@ def table(path):
             out = []
             for (tool, config), rs in groups.items():
                 if tool.startswith("clipshard"):
-                    out.append("%s %s %s" % (tool, config, _fmt([r["samples_per_s"] / f["samples_per_s"] for r, f in zip(rs, fl)], "%.2f")))
+                    out.append("%s %s %s" % (tool, config, _ratio([r["samples_per_s"] for r in rs], [f["samples_per_s"] for f in fl])))
             print("\nsshfs: clipshard / the floor, round by round: %s" % "; ".join(out))
     capped = [r for r in rows if str(r.get("mode", "")).startswith("capped")]
     if capped:

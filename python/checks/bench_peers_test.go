@@ -1,6 +1,7 @@
 package checks_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -31,7 +32,8 @@ func TestBenchPeersRuns(t *testing.T) {
 	if out, err := exec.Command(py, "-c", "import torch, litdata, streaming, webdataset").CombinedOutput(); err != nil {
 		t.Fatalf("CLIPSHARD_PEERS_PYTHON=%s cannot import the peers: %v\n%s", py, err, out)
 	}
-	got := benchScript(t, "bench_peers.sh", t.TempDir(), "BENCH_PEERS_PYTHON="+py, "BENCH_CLIPS=48", "BENCH_ROUNDS=1",
+	w := t.TempDir()
+	got := benchScript(t, "bench_peers.sh", w, "BENCH_PEERS_PYTHON="+py, "BENCH_CLIPS=48", "BENCH_ROUNDS=1",
 		"BENCH_EPOCHS=2", "BENCH_S=0", "BENCH_SWEEP=w0 w2p", "BENCH_LEGS=prepare sweep main resume")
 	for _, want := range []string{
 		"| webdataset-1 |", "| mosaic w2p |", "| litdata w0 |", // prepare, the sweep
@@ -49,6 +51,24 @@ func TestBenchPeersRuns(t *testing.T) {
 	for _, mode := range []string{"| warm (load average", "| cold (load average"} {
 		if !strings.Contains(got, mode) {
 			t.Fatalf("bench_peers.sh: no %q table\n%s", mode, got)
+		}
+	}
+	// One epoch a process (the sshfs and capped legs): the waits are that
+	// epoch's steps after its first batch (they once all read 0 ms: no
+	// steady epoch to take them from).
+	p := filepath.Join(w, "peers-huge-48")
+	for _, c := range []struct{ tool, config, data string }{{"clipshard", "threads2", "ep"}, {"litdata", "w0", "litdata"}} {
+		cmd := exec.Command(py, filepath.Join("..", "..", "docs", "bench_peers.py"), "read", c.tool, c.config, "0", "warm", filepath.Join(p, c.data))
+		cmd.Env = append(os.Environ(), "TMPDIR="+t.TempDir(), "BENCH_EPOCHS=1")
+		out, err := cmd.Output()
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		var r struct {
+			Epochs []any   `json:"epochs"`
+			Wait   float64 `json:"wait_med_ms"`
+			P99    float64 `json:"wait_p99_ms"`
+		}
+		if err != nil || json.Unmarshal([]byte(lines[len(lines)-1]), &r) != nil || len(r.Epochs) != 1 || !(r.Wait > 0 && r.P99 >= r.Wait) {
+			t.Fatalf("bench_peers.py read %s %s, one epoch: %v %+v\n%s", c.tool, c.config, err, r, out)
 		}
 	}
 }
