@@ -17,6 +17,7 @@ import (
 	"sync"
 
 	"github.com/clipshard/clipshard/formats/bucket"
+	"github.com/clipshard/clipshard/internal/faults"
 )
 
 // Mirror is a bucket folder's local mirror: Dir holds every object under
@@ -25,6 +26,8 @@ import (
 // HeaderBytes read; Objects and Data say which is which.
 type Mirror struct {
 	Dir     string
+	root    string   // the temporary folder Dir is in (mirrorDir)
+	lock    *os.File // held while the mirror lives
 	URL     bucket.URL
 	Kind    string // "dataset" or "epochs"
 	Objects map[string]bucket.Object
@@ -36,17 +39,22 @@ type Mirror struct {
 const HeaderBytes = 64 << 10
 
 // Close removes the mirror's folder.
-func (m *Mirror) Close() error { return os.RemoveAll(m.Dir) }
+func (m *Mirror) Close() error {
+	err := os.RemoveAll(m.root)
+	m.lock.Close()
+	return err
+}
 
 // MirrorBucket mirrors the folder at u (see Mirror) into a new temporary
-// folder; Close it.
+// folder (one left by a killed process is removed by the next: see
+// mirrorDir); Close it.
 func MirrorBucket(ctx context.Context, c *bucket.Client, u bucket.URL) (*Mirror, error) {
 	objs, err := c.List(ctx, u)
 	if err != nil {
 		return nil, err
 	}
 	m := &Mirror{URL: u, Objects: objs, Data: map[string]bool{}}
-	if m.Dir, err = os.MkdirTemp("", "clipshard-mirror-"); err != nil {
+	if m.root, m.Dir, m.lock, err = mirrorDir(); err != nil {
 		return nil, err
 	}
 	fail := func(err error) (*Mirror, error) {
@@ -103,6 +111,7 @@ func MirrorBucket(ctx context.Context, c *bucket.Client, u bucket.URL) (*Mirror,
 	}
 	sort.Strings(names)
 	for _, rel := range names {
+		faults.Point("mirror.object")
 		if rel == DatasetFile || rel == EpochsFile {
 			continue
 		}
@@ -221,6 +230,7 @@ func hashObjects(ctx context.Context, c *bucket.Client, m *Mirror, sums map[stri
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
+			faults.Point("verify.object")
 			want, blocked := r.blocks[rel]
 			var bh *BlockHasher
 			if blocked {

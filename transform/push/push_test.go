@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -728,5 +729,87 @@ echo "ns $LINK_NS $LINK_HOST"
 	}
 	if exec.Command("ip", "link", "show", host).Run() == nil {
 		t.Fatalf("interface %s left behind", host)
+	}
+}
+
+// TestBucketMirrorKilled: verify s3://... killed (SIGKILL) at each object
+// it mirrors or hashes leaves its mirror's folder in $TMPDIR; the next
+// verify (or inspect) removes it, and an empty one (a process killed
+// before it marked its folder), and says ok. A live mirror's folder (its
+// lock held) and a folder of the user's of the same prefix are left as
+// they are.
+func TestBucketMirrorKilled(t *testing.T) {
+	s := s3test.Start(t, "bkt")
+	ds, _ := demo(t)
+	if r := pushRun(t, s, nil, ds, "s3://bkt/ds"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	tmp := t.TempDir()
+	env := append(s.Env(), "TMPDIR="+tmp)
+	run := func(extra []string, args ...string) clitest.Result {
+		return clitest.Run(t, bin, append(append([]string{}, env...), extra...), args...)
+	}
+	mine := filepath.Join(tmp, "clipshard-bucket-mine")
+	os.Mkdir(mine, 0o755)
+	os.WriteFile(filepath.Join(mine, "notes.txt"), []byte("the user's"), 0o644)
+	left := func() []string {
+		var out []string
+		ents, _ := os.ReadDir(tmp)
+		for _, e := range ents {
+			if e.Name() != filepath.Base(mine) {
+				out = append(out, e.Name())
+			}
+		}
+		return out
+	}
+	log := filepath.Join(t.TempDir(), "points")
+	if r := run([]string{"CLIPSHARD_FAULT_LOG=" + log}, "verify", "s3://bkt/ds"); r.Code != 0 {
+		t.Fatal(r.Stdout, r.Stderr)
+	}
+	b, _ := os.ReadFile(log)
+	names := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(names) < 8 || len(left()) != 0 {
+		t.Fatalf("a verify: %d points (%v), left %v", len(names), names, left())
+	}
+	var live *os.File
+	os.Mkdir(filepath.Join(tmp, "clipshard-bucket-empty"), 0o755)
+	for at := 1; at <= len(names); at++ {
+		r := run([]string{fmt.Sprintf("CLIPSHARD_KILL_POINT=%d", at)}, "verify", "s3://bkt/ds")
+		if r.Code != -1 {
+			t.Fatalf("point %d (%s): not killed: %d %s", at, names[at-1], r.Code, r.Stderr)
+		}
+		killed := slices.DeleteFunc(left(), func(n string) bool { return n == "clipshard-bucket-empty" || n == "clipshard-bucket-live" })
+		if len(killed) != 1 || !strings.HasPrefix(killed[0], "clipshard-bucket-") {
+			t.Fatalf("killed at point %d (%s): %v in $TMPDIR", at, names[at-1], killed)
+		}
+		if live == nil {
+			// A live mirror's folder: a copy of the one left, locked.
+			p := filepath.Join(tmp, "clipshard-bucket-live")
+			if err := os.CopyFS(p, os.DirFS(filepath.Join(tmp, killed[0]))); err != nil {
+				t.Fatal(err)
+			}
+			var err error
+			if live, err = os.Open(p); err != nil || syscall.Flock(int(live.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+				t.Fatal(err)
+			}
+			defer live.Close()
+		}
+		args := []string{"verify", "s3://bkt/ds"}
+		if at%2 == 0 {
+			args = []string{"inspect", "s3://bkt/ds"}
+		}
+		if r := run(nil, args...); r.Code != 0 {
+			t.Fatalf("%v after a kill at point %d: %d %s %s", args, at, r.Code, r.Stdout, r.Stderr)
+		}
+		if got := left(); len(got) != 1 || got[0] != "clipshard-bucket-live" {
+			t.Fatalf("%v after a kill at point %d: %v left in $TMPDIR", args, at, got)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(mine, "notes.txt")); err != nil || string(b) != "the user's" {
+		t.Fatalf("the user's folder: %q %v", b, err)
+	}
+	live.Close()
+	if r := run(nil, "verify", "s3://bkt/ds"); r.Code != 0 || len(left()) != 0 {
+		t.Fatalf("a verify once the live one's process is gone: %d %s; %v left", r.Code, r.Stderr, left())
 	}
 }
