@@ -225,6 +225,9 @@ func loadOnce(dirs *Dirs, path string, format Format, keys string, bufFor func(i
 	defer f.Close()
 	switch format {
 	case NPY:
+		if err = checkWhole(info.Size()); err != nil {
+			break
+		}
 		var b []byte
 		if bufFor != nil {
 			b = sized(bufFor, info.Size())

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/clipshard/clipshard/formats/npy"
 	"github.com/clipshard/clipshard/internal/clitest"
 	"github.com/clipshard/clipshard/internal/numpytest"
 	"github.com/clipshard/clipshard/manifests"
@@ -112,5 +113,65 @@ pickle.dump(d, open(p, "wb"), protocol=4)`, filepath.Join(src, "motion", "clip00
 	r = runConvert(t, nil, demoArgs(src, filepath.Join(t.TempDir(), "ds"))...)
 	if r.Code != 1 || !strings.Contains(r.Stderr, `clip "clip005": modality "shape": frame shape [99] differs from [100] of clip "clip000"`) {
 		t.Fatalf("differing per-clip shapes: exit %d: %s", r.Code, r.Stderr)
+	}
+}
+
+// TestPerClipTooLarge: a per-clip .npy value is read whole; one larger
+// than the machine's memory (here a sparse file of 128 GiB whose header
+// declares it all: a valid .npy) is refused in one line naming the file,
+// the clip and its size, before anything is allocated (the Go runtime
+// ended the process with "fatal error: runtime: out of memory" and a
+// stack dump), and nothing is left under --out; verify --sources says the
+// same of such a source instead of dying.
+func TestPerClipTooLarge(t *testing.T) {
+	buildTools(t) // verify
+	src := copyDemo(t)
+	clips := filepath.Join(src, "clips.txt")
+	os.Mkdir(filepath.Join(src, "emb"), 0o755)
+	b, _ := os.ReadFile(clips)
+	var ids []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "#") {
+			ids = append(ids, l)
+		}
+	}
+	write := func(id string, n int) {
+		h, err := npy.EncodeHeader("<f4", false, []int{n}, 128)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.Create(filepath.Join(src, "emb", id+".npy"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		f.Write(h)
+		if err := f.Truncate(int64(len(h)) + 4*int64(n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range ids {
+		write(id, 16)
+	}
+	out := filepath.Join(t.TempDir(), "ds")
+	args := demoArgs(src, out, "-m", "emb@clip=emb/{clip}.npy")
+	if r := runConvert(t, nil, args...); r.Code != 0 {
+		t.Fatalf("exit %d: %s", r.Code, r.Stderr)
+	}
+	write(ids[3], 32<<30) // 128 GiB, sparse
+	bad := filepath.Join(src, "emb", ids[3]+".npy")
+	out2 := filepath.Join(t.TempDir(), "ds")
+	r := runConvert(t, nil, demoArgs(src, out2, "-m", "emb@clip=emb/{clip}.npy")...)
+	for _, want := range []string{bad, `clip "` + ids[3] + `"`, `modality "emb"`, "137438953600 bytes (128.0 GiB) to read whole", "is it a time series"} {
+		if r.Code != 1 || !strings.Contains(r.Stderr, want) || strings.Count(strings.TrimSpace(r.Stderr), "\n") != 0 {
+			t.Fatalf("exit %d, want 1 and one line with %q:\n%s", r.Code, want, r.Stderr)
+		}
+	}
+	if _, err := os.Stat(out2); !os.IsNotExist(err) {
+		t.Fatalf("--out after a refused run: %v", err)
+	}
+	v := clitest.Run(t, filepath.Join(filepath.Dir(bin), "verify"), nil, "--sources", out)
+	if all := v.Stdout + v.Stderr; v.Code != 1 || !strings.Contains(all, bad) || !strings.Contains(all, "128.0 GiB) to read whole") || strings.Contains(all, "goroutine") {
+		t.Fatalf("verify --sources with a 128 GiB per-clip source: %d %s %s", v.Code, v.Stdout, v.Stderr)
 	}
 }
