@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/clipshard/clipshard/formats/atomicfile"
+	"github.com/clipshard/clipshard/formats/regfile"
 )
 
 const (
@@ -107,7 +108,9 @@ func sweepMirrors(tmp string) {
 		if err != nil {
 			continue // a live mirror's
 		}
-		if mark, err := os.ReadFile(filepath.Join(p, mirrorMark)); err == nil && string(mark) == string(mirrorMarkText) {
+		// (A regular file of the marker's size at most: not a FIFO or a
+		// link to /dev/zero, which would block or never end.)
+		if mark, err := regfile.ReadFile(filepath.Join(p, mirrorMark), int64(len(mirrorMarkText))); err == nil && string(mark) == string(mirrorMarkText) {
 			os.RemoveAll(p)
 		} else if errors.Is(err, os.ErrNotExist) {
 			os.Remove(p) // only if empty

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"syscall"
 	"testing"
 )
 
@@ -35,6 +36,17 @@ func TestSweepMirrors(t *testing.T) {
 	}
 	mk(mirrorPrefix+"othermark", map[string]string{mirrorMark: "mine\n"})
 	mk(mirrorPrefix+"files", map[string]string{"notes.txt": "the user's"})
+	mk(mirrorPrefix+"bigmark", map[string]string{mirrorMark: string(mirrorMarkText) + "x"})
+	// A marker that is a link to /dev/zero, or a FIFO: read, either would
+	// never end or block the sweep.
+	zero := mk(mirrorPrefix+"zero", nil)
+	if err := os.Symlink("/dev/zero", filepath.Join(zero, mirrorMark)); err != nil {
+		t.Fatal(err)
+	}
+	fifo := mk(mirrorPrefix+"fifo", nil)
+	if err := syscall.Mkfifo(filepath.Join(fifo, mirrorMark), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.WriteFile(filepath.Join(tmp, mirrorPrefix+"file"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +56,7 @@ func TestSweepMirrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lock.Close()
-	want := []string{"elsewhere", mirrorPrefix + "file", mirrorPrefix + "files", mirrorPrefix + "link", mirrorPrefix + "live", mirrorPrefix + "othermark"}
+	want := []string{"elsewhere", mirrorPrefix + "bigmark", mirrorPrefix + "fifo", mirrorPrefix + "file", mirrorPrefix + "files", mirrorPrefix + "link", mirrorPrefix + "live", mirrorPrefix + "othermark", mirrorPrefix + "zero"}
 	if os.Geteuid() == 0 {
 		// As root: a marked folder another user owns is theirs to sweep.
 		p := mk(mirrorPrefix+"nobody", marked)
