@@ -10,6 +10,8 @@ import (
 	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/clipshard/clipshard/internal/units"
 )
 
 // WholeLimit is the largest .npy source read whole (a per-clip value, or
@@ -73,17 +75,7 @@ func cgroupLimit(root, procCgroup string, mem int64) int64 {
 func checkWhole(size int64) error {
 	if lim := WholeLimit(); size > lim {
 		return fmt.Errorf("%d bytes (%s) to read whole, more than the memory of this machine (or its memory cgroup): %s; a value of one clip (NAME@clip=) is read whole: is it a time series (NAME=TEMPLATE, converted a piece at a time)? Else its header or size is wrong (a sparse file)",
-			size, byteSize(size), byteSize(lim))
+			size, units.Bytes(size), units.Bytes(lim))
 	}
 	return nil
-}
-
-func byteSize(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	}
-	return fmt.Sprintf("%d KiB", n>>10)
 }

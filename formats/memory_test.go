@@ -66,7 +66,7 @@ func TestWholeLimit(t *testing.T) {
 	}
 	WholeLimit = func() int64 { return 255 }
 	_, err := Load(p, "")
-	if err == nil || !strings.Contains(err.Error(), p+": 256 bytes (0 KiB) to read whole") || !strings.Contains(err.Error(), ": 0 KiB;") {
+	if err == nil || !strings.Contains(err.Error(), p+": 256 bytes (256B) to read whole") || !strings.Contains(err.Error(), ": 255B;") {
 		t.Fatalf("over the limit: %v", err)
 	}
 }

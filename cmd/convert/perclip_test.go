@@ -162,7 +162,7 @@ func TestPerClipTooLarge(t *testing.T) {
 	bad := filepath.Join(src, "emb", ids[3]+".npy")
 	out2 := filepath.Join(t.TempDir(), "ds")
 	r := runConvert(t, nil, demoArgs(src, out2, "-m", "emb@clip=emb/{clip}.npy")...)
-	for _, want := range []string{bad, `clip "` + ids[3] + `"`, `modality "emb"`, "137438953600 bytes (128.0 GiB) to read whole", "is it a time series"} {
+	for _, want := range []string{bad, `clip "` + ids[3] + `"`, `modality "emb"`, "137438953600 bytes (128.0GiB) to read whole", "is it a time series"} {
 		if r.Code != 1 || !strings.Contains(r.Stderr, want) || strings.Count(strings.TrimSpace(r.Stderr), "\n") != 0 {
 			t.Fatalf("exit %d, want 1 and one line with %q:\n%s", r.Code, want, r.Stderr)
 		}
@@ -171,7 +171,7 @@ func TestPerClipTooLarge(t *testing.T) {
 		t.Fatalf("--out after a refused run: %v", err)
 	}
 	v := clitest.Run(t, filepath.Join(filepath.Dir(bin), "verify"), nil, "--sources", out)
-	if all := v.Stdout + v.Stderr; v.Code != 1 || !strings.Contains(all, bad) || !strings.Contains(all, "128.0 GiB) to read whole") || strings.Contains(all, "goroutine") {
+	if all := v.Stdout + v.Stderr; v.Code != 1 || !strings.Contains(all, bad) || !strings.Contains(all, "128.0GiB) to read whole") || strings.Contains(all, "goroutine") {
 		t.Fatalf("verify --sources with a 128 GiB per-clip source: %d %s %s", v.Code, v.Stdout, v.Stderr)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/clipshard/clipshard/internal/faults"
+	"github.com/clipshard/clipshard/internal/units"
 	"github.com/clipshard/clipshard/manifests"
 )
 
@@ -117,7 +118,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		// and part of the 64 MiB beyond it that the budget allows.
 		if meta := j.epochMeta(n); meta > metaBudget+metaSlack {
 			return nil, fmt.Errorf("%w: epoch %d has %d samples: planning it takes %s (%d bytes a sample, and the shards' entries), more than a quarter of --mem %s and %s; give --mem %s or more, or cut fewer samples (a larger --window, a smaller --per-clip)",
-				ErrUsage, e, n, sizeString(meta), sampleMeta, sizeString(j.o.Mem), sizeString(metaSlack), sizeString(satMul(4, meta-metaSlack)))
+				ErrUsage, e, n, units.Bytes(meta), sampleMeta, units.Bytes(j.o.Mem), units.Bytes(metaSlack), units.Bytes(satMul(4, meta-metaSlack)))
 		}
 		counts = append(counts, epochCount{e, int(n)})
 		res.Planned = satAdd(res.Planned, j.epochBytes(n))

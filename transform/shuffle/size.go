@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/clipshard/clipshard/formats/npy"
+	"github.com/clipshard/clipshard/internal/units"
 )
 
 // MaxEpochSamples bounds an epoch's samples (2^40: its plan alone would
@@ -51,19 +52,6 @@ const shardMeta = 512
 // epoch's list and, on the external path, its position in the per-clip
 // index.
 const sampleMeta = 32
-
-// sizeString words a byte count for a person: 2.5GiB.
-func sizeString(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1fGiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1fMiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1fKiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%dB", n)
-}
 
 // epochFiles is the number of shard files (modalities and samples) of an
 // epoch of n samples.
@@ -104,7 +92,7 @@ func checkSpace(out string, need int64) error {
 	}
 	free := int64(st.Bavail) * int64(st.Bsize)
 	if free < need {
-		return fmt.Errorf("%w: %s needs %s (%d bytes) for the shards and manifests, the filesystem has %s (%d bytes) free", ErrUsage, out, sizeString(need), need, sizeString(free), free)
+		return fmt.Errorf("%w: %s needs %s (%d bytes) for the shards and manifests, the filesystem has %s (%d bytes) free", ErrUsage, out, units.Bytes(need), need, units.Bytes(free), free)
 	}
 	return nil
 }
