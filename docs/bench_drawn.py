@@ -169,9 +169,10 @@ def speed(row_name, mode, S, ds, edir, epochs="6"):
         L = clipshard.Loader(dataset=ds, epochs=ep, window=W, seed=3, batch_size=B, block=parts[1], **kw)
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
-    waits, n = [], 0
+    waits, n, per_epoch = [], 0, []
     for e in L.epochs:
         it = iter(L)
+        a0, n0 = time.perf_counter(), n
         while True:
             a = time.perf_counter()
             try:
@@ -182,12 +183,16 @@ def speed(row_name, mode, S, ds, edir, epochs="6"):
             n += len(b["samples"])
             if S:
                 time.sleep(S / 1000)
+        per_epoch.append((n - n0) / (time.perf_counter() - a0))
     t = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     L.close()
     w = np.array(waits[1:]) * 1000 if len(waits) > 1 else np.zeros(1)
     print(json.dumps({"row": row_name, "mode": mode, "S": S, "samples": n, "seconds": t, "samples_s": n / t,
+                      # (the first epoch of the process apart: the later ones' median; the first pays the start-up)
+                      "first_epoch_samples_s": per_epoch[0] if per_epoch else 0,
+                      "steady_samples_s": float(np.median(per_epoch[1:])) if len(per_epoch) > 1 else None,
                       "wait_median_ms": float(np.median(w)), "wait_p90_ms": float(np.percentile(w, 90)),
                       "first_ms": waits[0] * 1000 if waits else 0, "cpu_ms_batch": cpu * 1000 / max(1, len(waits)),
                       "peak_rss_mib": r1.ru_maxrss / 1024, "load": os.getloadavg()[0]}))
@@ -201,17 +206,24 @@ def table(path):
         if k not in keys:
             keys.append(k)
     # (the k-th line of a row is its k-th round: the script runs every row once a round)
-    print("| mode | step S | row | samples/s (median, range) | × materialised, round by round: median (range) | wait per step, ms (median; p90) | first batch, ms | CPU ms / batch | peak RSS MiB | load avg |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| mode | step S | row | samples/s (median, range) | × materialised, round by round: median (range) "
+          "| × materialised: the first epoch; the later epochs' median | wait per step, ms (median; p90) | first batch, ms "
+          "| CPU ms / batch | peak RSS MiB | load avg |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+
+    def ratios(rs, base, f):
+        v = sorted(a[f] / b[f] for a, b in zip(rs, base) if a.get(f) and b.get(f))
+        return "%.2f (%.2f–%.2f)" % (np.median(v), v[0], v[-1]) if v else "-"
     for k in keys:
         rs = [r for r in rows if (r["mode"], r["S"], r["row"]) == k]
         base = [r for r in rows if (r["mode"], r["S"], r["row"]) == (k[0], k[1], "materialised")]
         v = sorted(r["samples_s"] for r in rs)
-        ratio = sorted(a["samples_s"] / b["samples_s"] for a, b in zip(rs, base)) if k[2] != "materialised" and base else []
+        mat = k[2] == "materialised"
         med = lambda f: float(np.median([r[f] for r in rs]))  # noqa: E731
-        print("| %s | %g ms | %s | %.0f (%.0f–%.0f) | %s | %.2f; %.2f | %.0f | %.1f | %.0f | %.2f–%.2f |" % (
+        print("| %s | %g ms | %s | %.0f (%.0f–%.0f) | %s | %s | %.2f; %.2f | %.0f | %.1f | %.0f | %.2f–%.2f |" % (
             k[0], k[1], k[2], np.median(v), v[0], v[-1],
-            "%.2f (%.2f–%.2f)" % (np.median(ratio), ratio[0], ratio[-1]) if ratio else "1" if k[2] == "materialised" else "",
+            "1" if mat else ratios(rs, base, "samples_s") if base else "",
+            "1; 1" if mat else "%s; %s" % (ratios(rs, base, "first_epoch_samples_s"), ratios(rs, base, "steady_samples_s")) if base else "",
             med("wait_median_ms"), med("wait_p90_ms"), med("first_ms"),
             med("cpu_ms_batch"), med("peak_rss_mib"), min(r["load"] for r in rs), max(r["load"] for r in rs)))
 

@@ -23,20 +23,26 @@ DS="$W/mixed-huge-ds"
 EP="$W/drawn-ep"
 [ -f "$EP/epochs.json" ] || "$W/shuffle" --quiet --dataset "$DS" --out "$EP" --window 15 --epochs 6 --seed 3 >/dev/null
 echo "$("$PY" -c 'import numpy, sys; print("python", sys.version.split()[0], "numpy", numpy.__version__)'); $(nproc) cores; dataset $(du -sh --apparent-size "$DS" | cut -f1), 6 materialised epochs $(du -sh --apparent-size "$EP" | cut -f1); load average $(cut -d' ' -f1-3 /proc/loadavg)"
-# A bigger set too: 4000 clips (2.4 GB converted), 3 materialised epochs.
-M4="$W/mixed-4000"
-[ -f "$M4/clips.txt" ] || "$PY" docs/bench_gen_mixed.py "$M4" 4000 20
-DS4="$W/mixed-4000-ds"
-[ -f "$DS4/dataset.json" ] || "$W/convert" --quiet --clips "$M4/clips.txt" --out "$DS4" "${mods[@]}" >/dev/null
-EP4="$W/drawn-4000-ep"
-[ -f "$EP4/epochs.json" ] || "$W/shuffle" --quiet --dataset "$DS4" --out "$EP4" --window 15 --epochs 3 --seed 3 >/dev/null
+# A bigger set too: 4000 clips (2.4 GB converted), 3 materialised epochs
+# (BENCH_SETS=400: the bench set alone).
+SETS="${BENCH_SETS:-400 4000}"
+sets=("400 $DS $EP 6")
+if [[ " $SETS " == *" 4000 "* ]]; then
+  M4="$W/mixed-4000"
+  [ -f "$M4/clips.txt" ] || "$PY" docs/bench_gen_mixed.py "$M4" 4000 20
+  DS4="$W/mixed-4000-ds"
+  [ -f "$DS4/dataset.json" ] || "$W/convert" --quiet --clips "$M4/clips.txt" --out "$DS4" "${mods[@]}" >/dev/null
+  EP4="$W/drawn-4000-ep"
+  [ -f "$EP4/epochs.json" ] || "$W/shuffle" --quiet --dataset "$DS4" --out "$EP4" --window 15 --epochs 3 --seed 3 >/dev/null
+  sets+=("4000 $DS4 $EP4 3")
+fi
 OUT="$W/drawn.jsonl"
 : > "$OUT"
 cold=""
 if [ "$(id -u)" = 0 ] && [ -w /proc/sys/vm/drop_caches ]; then cold=1; else echo "(not root: no cold rows)"; fi
 ROWS="materialised drawn-auto drawn-8MiB drawn-auto-read"
 for round in $(seq "${ROUNDS:-3}"); do
-  for set in "400 $DS $EP 6" "4000 $DS4 $EP4 3"; do
+  for set in "${sets[@]}"; do
     read -r n ds ep epochs <<< "$set"
     for S in 0 20; do
       [ "$S" = 20 ] && [ "$n" = 4000 ] && continue  # (the step bounds every row: the small set shows it)
