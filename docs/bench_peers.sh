@@ -13,6 +13,7 @@
 # capped"), BENCH_ROUNDS (3), BENCH_EPOCHS (epochs a process, 3),
 # BENCH_S ("0 5 20"), BENCH_MODES ("warm cold"), BENCH_SWEEP (the sweep's
 # configurations, e.g. "w0 w2p": only those), BENCH_CLIPS (400),
+# BENCH_BIG_CLIPS (the capped leg's set, 4000),
 # BENCH_PEERS_PYTHON (a Python that has the peers and torch: no venv made).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -155,8 +156,10 @@ else
   echo "memory-capped leg skipped: needs root and a cgroup memory controller"
 fi
 if [ -n "$cg" ]; then
-  BM="$W/mixed-big-huge"; BP="$W/peers-big-huge"; mkdir -p "$BP"
-  [ -f "$BM/clips.txt" ] || "$PY" docs/bench_gen_mixed.py "$BM" 4000 20
+  NB=${BENCH_BIG_CLIPS:-4000}
+  BM="$W/mixed-big-huge"; BP="$W/peers-big-huge"; [ "$NB" = 4000 ] || { BM="$BM-$NB"; BP="$BP-$NB"; }
+  mkdir -p "$BP"
+  [ -f "$BM/clips.txt" ] || "$PY" docs/bench_gen_mixed.py "$BM" "$NB" 20
   [ -f "$BP/ds/dataset.json" ] || "$W/clipshard" convert --quiet --workers 2 --clips "$BM/clips.txt" --out "$BP/ds" "${mods[@]}"
   [ -f "$BP/ep/epochs.json" ] || "$W/clipshard" shuffle --quiet --workers 2 --dataset "$BP/ds" --out "$BP/ep" --window 15 --epochs 1 --seed 3
   for t in $PEERS; do

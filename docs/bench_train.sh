@@ -12,8 +12,9 @@
 # median and range of the rounds and the load average over them.
 #   docs/bench_train.sh [WORKDIR]      (CLIPSHARD_PYTHON: a Python with numpy and torch)
 # BENCH_LEGS (warm cold capped sshfs), BENCH_ROUNDS (3), BENCH_S (0 5 20),
-# BENCH_ROWS (the warm and cold rows), BENCH_CLIPS (400): fewer, for a
-# quick run (TestBenchTrainRuns runs it on 24 clips).
+# BENCH_ROWS (the warm and cold rows), BENCH_CAP_ROWS, BENCH_NET_ROWS (the
+# capped and sshfs legs' rows), BENCH_CLIPS (400): fewer, for a quick run
+# (TestBenchTrainRuns and TestBenchTrainLegsRun run it on 40 clips).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . docs/bench_lib.sh
@@ -70,7 +71,7 @@ fi
 if [ -n "$cg" ]; then
   for round in $(seq "$ROUNDS"); do
     for S in 0 20; do
-      for row in loader-f16 loader-np reader-mmap reader-read preload naive-np; do
+      for row in ${BENCH_CAP_ROWS:-loader-f16 loader-np reader-mmap reader-read preload naive-np}; do
         n=all; [ "$row" = naive-np ] && n=6
         BENCH_ROUND=$round BENCH_PREFETCH=1 sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$cg" "$PY" docs/bench_train.py one "$row" "$S" "cold, memory capped at $CAP" "$M" "$W/mixed-huge-ds" "$W/train-huge-ep" "$n" >> "$OUT" 2>"$W/train.err" ||
           echo "{\"row\": \"$row\", \"S\": $S, \"mode\": \"cold, memory capped at $CAP\", \"round\": $round, \"killed\": \"out of memory\"}" >> "$OUT"
@@ -109,12 +110,11 @@ CFG
   }
   for round in $(seq "$ROUNDS"); do
     for S in 0 20; do
-      for row in cat loader-f16 loader reader-mmap reader-read epochds-w2; do
+      for row in ${BENCH_NET_ROWS:-cat loader-f16 loader reader-mmap reader-read epochds-w2 naive-w2}; do
+        n=all; [ "$row" = naive-w2 ] && n=6
         mount_net
-        BENCH_DROP="$W/train-huge-ep:$M:$W/mixed-huge-ds" one "$row" "$S" "sshfs, cold" all "$N/mnt/mixed-huge" "$N/mnt/mixed-huge-ds" "$N/mnt/train-huge-ep"
+        BENCH_DROP="$W/train-huge-ep:$M:$W/mixed-huge-ds" one "$row" "$S" "sshfs, cold" $n "$N/mnt/mixed-huge" "$N/mnt/mixed-huge-ds" "$N/mnt/train-huge-ep"
       done
-      mount_net
-      BENCH_DROP="$W/train-huge-ep:$M:$W/mixed-huge-ds" one naive-w2 "$S" "sshfs, cold" 6 "$N/mnt/mixed-huge" "$N/mnt/mixed-huge-ds" "$N/mnt/train-huge-ep"
     done
   done
   fusermount -u "$N/mnt"

@@ -33,8 +33,32 @@ func TestBenchPeersRuns(t *testing.T) {
 		t.Fatalf("CLIPSHARD_PEERS_PYTHON=%s cannot import the peers: %v\n%s", py, err, out)
 	}
 	w := t.TempDir()
+	// The sshfs and memory-capped legs too where the machine allows them
+	// (in CI it must: .ci/run installs sshfs and openssh-server).
+	legs := "prepare sweep main resume"
+	if why := legsMissing(); why == "" {
+		legs += " sshfs capped"
+	} else if os.Getenv("CI") != "" {
+		t.Fatalf("bench_peers.sh's sshfs and capped legs cannot run in CI: no %s", why)
+	} else {
+		t.Logf("not running bench_peers.sh's sshfs and capped legs: they need %s", why)
+	}
 	got := benchScript(t, "bench_peers.sh", w, "BENCH_PEERS_PYTHON="+py, "BENCH_CLIPS=48", "BENCH_ROUNDS=1",
-		"BENCH_EPOCHS=2", "BENCH_S=0", "BENCH_SWEEP=w0 w2p", "BENCH_LEGS=prepare sweep main resume")
+		"BENCH_EPOCHS=2", "BENCH_S=0", "BENCH_SWEEP=w0 w2p", "BENCH_LEGS="+legs, "BENCH_BIG_CLIPS=48")
+	if strings.Contains(legs, "sshfs") {
+		for _, want := range []string{
+			"| sshfs, cold, S=0 (load average", "| floor: ", "sshfs: clipshard (float32 torch) / each peer's best, round by round: litdata ",
+			"| capped 1200M, cold (an epoch of ", "capped: clipshard (float32 torch) / each peer's best, round by round: litdata ",
+		} {
+			if !strings.Contains(got, want) {
+				t.Fatalf("bench_peers.sh: no %q in\n%s", want, got)
+			}
+		}
+		if strings.Contains(got, "skipped") || strings.Contains(got, `"killed"`) {
+			t.Fatalf("bench_peers.sh: a leg skipped or a capped run killed\n%s", got)
+		}
+		leftBehind(t, w, "clipshard-bench-peers", "peers-net")
+	}
 	for _, want := range []string{
 		"| webdataset-1 |", "| mosaic w2p |", "| litdata w0 |", // prepare, the sweep
 		"| floor: ", "| clipshard-f16 threads2 |", "(best)", "(default)", // the main rows

@@ -90,3 +90,93 @@ BENCH_ROUNDS=3 "$PY" docs/bench_read.py "$W/src" "$W/ds" "$W/ep" warm`
 		t.Fatalf("bench_read.py: not 3 ratios to (a) in\n%s", got)
 	}
 }
+
+// TestBenchTrainLegsRun (#35): bench_train.sh's memory-capped and sshfs
+// legs run end to end on 40 clips, one round, a few rows each, so that
+// they cannot rot any more than the warm leg can: each leg's table with
+// a figure for every row (none killed), and nothing they made is left
+// after: the cgroup, the mount, the loopback sshd. Needs root, a cgroup
+// memory controller, /dev/fuse, sshfs and openssh-server (.ci/run
+// installs the packages; outside CI a missing one skips, naming it).
+func TestBenchTrainLegsRun(t *testing.T) {
+	py := numpytest.Python(t)
+	numpytest.Module(t, "torch", "python3-torch")
+	if why := legsMissing(); why != "" {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("the capped and sshfs legs cannot run in CI: no %s", why)
+		}
+		t.Skipf("the capped and sshfs legs need %s", why)
+	}
+	w := t.TempDir()
+	got := benchScript(t, "bench_train.sh", w, "CLIPSHARD_PYTHON="+py, "BENCH_CLIPS=40", "BENCH_ROUNDS=1", "BENCH_PASSES=2",
+		"BENCH_LEGS=capped sshfs", "BENCH_CAP_ROWS=loader-f16 loader-np reader-read", "BENCH_NET_ROWS=cat loader-f16 reader-mmap reader-read")
+	if strings.Contains(got, "killed") || strings.Contains(got, "Traceback") || strings.Contains(got, "skipped") {
+		t.Fatalf("bench_train.sh: a leg or a run failed\n%s", got)
+	}
+	cell := `[\d.]+ / [\d.]+, \d+`
+	for leg, rows := range map[string][]string{
+		"cold, memory capped at 160M: 1 round(s), load average ": {"loader-f16", "loader-np", "reader-read"},
+		"sshfs, cold: 1 round(s), load average ":                 {"loader-f16", "reader-mmap", "reader-read"},
+	} {
+		i := strings.Index(got, leg)
+		if i < 0 {
+			t.Fatalf("bench_train.sh: no table %q in\n%s", leg, got)
+		}
+		for _, row := range rows {
+			if !regexp.MustCompile(`\| ` + row + ` \| ` + cell + ` \| ` + cell + ` \|`).MatchString(got[i:]) {
+				t.Fatalf("bench_train.sh: no row %s at S=0 and 20 after %q:\n%s", row, leg, got)
+			}
+		}
+	}
+	if !regexp.MustCompile(`\| cat \| -, \d+ \| -, \d+ \|`).MatchString(got) || !strings.Contains(got, "sshfs: ") {
+		t.Fatalf("bench_train.sh: no cat row or sshfs version in the sshfs leg:\n%s", got)
+	}
+	leftBehind(t, w, "clipshard-bench-train", "net")
+}
+
+// legsMissing says what the bench scripts' sshfs and memory-capped legs
+// need that this machine lacks ("" if nothing): root (they make a cgroup,
+// start an sshd on 127.0.0.1 and mount), a cgroup memory controller (v1
+// or v2), /dev/fuse, sshfs and sshd.
+func legsMissing() string {
+	var no []string
+	if os.Geteuid() != 0 {
+		no = append(no, "root")
+	}
+	v2, _ := os.ReadFile("/sys/fs/cgroup/cgroup.controllers")
+	if _, v1 := os.Stat("/sys/fs/cgroup/memory"); !strings.Contains(string(v2), "memory") && v1 != nil {
+		no = append(no, "cgroup memory controller")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		no = append(no, "/dev/fuse")
+	}
+	if _, err := exec.LookPath("sshfs"); err != nil {
+		no = append(no, "sshfs (apt-get install sshfs)")
+	}
+	if _, err := os.Stat("/usr/sbin/sshd"); err != nil {
+		no = append(no, "sshd (apt-get install openssh-server)")
+	}
+	return strings.Join(no, ", ")
+}
+
+// leftBehind fails the test if a bench script run in w left its cgroup
+// (named cg, v1 or v2), its sshfs mount or its sshd (in the folder net of
+// w) behind.
+func leftBehind(t *testing.T, w, cg, net string) {
+	t.Helper()
+	for _, p := range []string{filepath.Join("/sys/fs/cgroup", cg), filepath.Join("/sys/fs/cgroup/memory", cg)} {
+		if _, err := os.Stat(p); err == nil {
+			t.Errorf("the capped leg left its cgroup %s", p)
+		}
+	}
+	mounts, _ := os.ReadFile("/proc/mounts")
+	if strings.Contains(string(mounts), filepath.Join(w, net)) {
+		t.Errorf("the sshfs leg left its mount under %s", filepath.Join(w, net))
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		if b, _ := os.ReadFile(p); strings.Contains(string(b), filepath.Join(w, net, "sshd_config")) {
+			t.Errorf("the sshfs leg left its sshd running: %s %q", p, b)
+		}
+	}
+}
