@@ -9,8 +9,11 @@ loop that sleeps S ms per step after each batch (a simulated accelerator
 step: the CPU idles as it does while a GPU computes), and prints one JSON
 line of the epochs after the first: the time each step waited for its
 batch (median, p99), the median epoch wall time, samples and bytes
-delivered (the first epoch's wall time apart). MODE is only a label (the caller makes the
-cache cold, caps the memory or mounts the files over sshfs).
+delivered (the first epoch's wall time apart). Each pass reads an epoch
+of its own where EPOCHS holds BENCH_PASSES of them (bench_train.sh makes
+them), else replays of the first. MODE "warm" reads every file of SRC,
+DATASET and EPOCHS first; any other MODE drops their page cache before
+each pass (the caller caps the memory or mounts the files over sshfs).
 
 Rows:
   cat               the epoch's shard files read whole (S ignored): the disk's rate
@@ -48,9 +51,9 @@ B = 256
 PASSES = int(os.environ.get("BENCH_PASSES", "5"))  # epochs per run: the first, then the reported ones
 
 
-def epoch_files(edir):
+def epoch_files(edir, k=0):
     man = clipshard.load_epochs(edir)
-    e = man["epochs"][0]
+    e = man["epochs"][k]
     return man, e, [os.path.join(edir, f) for s in e["shards"] for f in s["files"].values()]
 
 
@@ -130,15 +133,36 @@ def drop(paths):
                 os.close(fd)
 
 
+def warm(paths):
+    """Every file of paths (folders walked) read once: in the page cache."""
+    buf = bytearray(1 << 20)
+    for top in paths:
+        for d, _, names in os.walk(top):
+            for nm in names:
+                with open(os.path.join(d, nm), "rb", buffering=0) as f:
+                    while f.readinto(buf):
+                        pass
+
+
 def passes(row, S, src, ds_dir, edir, limit):
     """A function running one pass of row over the epoch, and extras."""
     man, entry, files = epoch_files(edir)
     epoch, window = entry["epoch"], man["window"]
-    extra = {}
+    # Each pass its own epoch where the folder has PASSES of them (the
+    # script makes them): a pass never reads the bytes the pass before it
+    # left in the page cache (cold: the loader reads the next epoch's first
+    # batches ahead as the one before ends, after that pass's drop; a
+    # replay of the same epoch would find them cached). Else replays.
+    eps = [e["epoch"] for e in man["epochs"]]
+    distinct = len(eps) >= PASSES
+    extra = {"distinct_epochs": distinct}
+    npass = [0]
     if row == "cat":
         def one():
             t0, total, buf = time.perf_counter(), 0, bytearray(128 << 10)  # cat's buffer
-            for p in files:
+            mine = epoch_files(edir, npass[0] % len(eps))[2] if distinct else files
+            npass[0] += 1
+            for p in mine:
                 fd = os.open(p, os.O_RDONLY)
                 while True:
                     k = os.readv(fd, [buf])
@@ -150,17 +174,18 @@ def passes(row, S, src, ds_dir, edir, limit):
         return one, extra
     if row in ("loader-f16", "loader", "loader-np"):
         pf = int(os.environ.get("BENCH_PREFETCH", "4"))
+        which = dict(epochs=eps[:PASSES]) if distinct else dict(epochs=list(range(epoch, epoch + PASSES)), replay_seed=1)
         if row == "loader-np":
-            ld = clipshard.Loader(edir, list(range(epoch, epoch + PASSES)), replay_seed=1, batch_size=B, dtype=np.float32, prefetch=pf)
+            ld = clipshard.Loader(edir, batch_size=B, dtype=np.float32, prefetch=pf, **which)
         elif row == "loader":
             import torch
             from clipshard.torch import Loader
-            ld = Loader(edir, list(range(epoch, epoch + PASSES)), replay_seed=1, batch_size=B, dtype=torch.float32, prefetch=pf)
+            ld = Loader(edir, batch_size=B, dtype=torch.float32, prefetch=pf, **which)
         else:
-            ld = clipshard.Loader(edir, list(range(epoch, epoch + PASSES)), replay_seed=1, batch_size=B, prefetch=pf)
+            ld = clipshard.Loader(edir, batch_size=B, prefetch=pf, **which)
         extra["host_MiB"], extra["prefetch"] = ld.host_bytes / 2**20, pf
-        # Each pass after the first is the next epoch (a replay of this
-        # one), which the thread reads ahead into as the one before ends.
+        # Each pass after the first is the next epoch, which the thread
+        # reads ahead into as the one before ends.
         return lambda: loop(ld, S, limit), extra
     if row.startswith("epochds"):
         import torch
@@ -169,15 +194,22 @@ def passes(row, S, src, ds_dir, edir, limit):
         f32 = lambda b: {k: (v.float() if v.is_floating_point() else v) for k, v in b.items()}  # noqa: E731
         n = [0]
 
-        def one():  # the passes after the first: the next epochs, replays of this one (as for the loader)
-            ds = EpochDataset(edir, epoch, batch_size=B, **({} if not n[0] else dict(replay_seed=1, virtual_epoch=epoch + n[0])))
+        def one():  # the passes after the first: the next epochs (replays of this one if there are too few, as for the loader)
+            if distinct:
+                ds = EpochDataset(edir, eps[n[0] % len(eps)], batch_size=B)
+            else:
+                ds = EpochDataset(edir, epoch, batch_size=B, **({} if not n[0] else dict(replay_seed=1, virtual_epoch=epoch + n[0])))
             n[0] += 1
             return loop(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=w), S, limit, f32)
         return one, extra
     if row.startswith("reader"):
         # a copy of each batch (what a consumer does to keep it: pinning, torch.from_numpy of a copy)
         cp = lambda b: {k: np.array(v) for k, v in b.items()}  # noqa: E731
-        return lambda: loop(clipshard.EpochReader(edir, epoch, batch_size=B, read=row.endswith("read")), S, limit, cp), extra
+        def one():
+            e = eps[npass[0] % len(eps)] if distinct else epoch
+            npass[0] += 1
+            return loop(clipshard.EpochReader(edir, e, batch_size=B, read=row.endswith("read")), S, limit, cp)
+        return one, extra
     samples = np.concatenate([np.load(os.path.join(edir, s["files"]["samples"])) for s in
                               sorted(entry["shards"], key=lambda s: s["shard"])])
     if row == "naive-np":  # without torch: the same __getitem__, np.stack as the collate
@@ -236,6 +268,8 @@ def main():
     # of many epochs, which is reported: the median epoch wall time of the
     # others and the waits of all their steps. Cold: caches dropped before
     # each epoch.
+    if not cold:
+        warm([src, ds_dir, edir])  # (every epoch a run reads, and what the other rows read)
     load0 = float(open("/proc/loadavg").read().split()[0])
     walls, waits, n, nbytes, wall1 = [], [], 0, 0, 0.0
     for p in range(PASSES):

@@ -25,12 +25,16 @@ M="$W/mixed-huge"
 [ -f "$M/clips.txt" ] || "$PY" docs/bench_gen_mixed.py "$M" "${BENCH_CLIPS:-400}" 20
 mods=(-m 'motion=motion/{clip}.pkl:exp+pose' -m 'whisper@2=whisper/{clip}.npy' -m 'w2v=w2v/{clip}.npy' -m 'emotion=emotion/{clip}.npy')
 [ -f "$W/mixed-huge-ds/dataset.json" ] || "$W/convert" --quiet --clips "$M/clips.txt" --out "$W/mixed-huge-ds" "${mods[@]}" >/dev/null
-[ -f "$W/train-huge-ep/epochs.json" ] || "$W/shuffle" --dataset "$W/mixed-huge-ds" --out "$W/train-huge-ep" --window 15 --epochs 1 --seed 3 >/dev/null
+# As many epochs as a run reads (BENCH_PASSES, 5): each pass reads an
+# epoch of its own, never bytes the pass before left in the page cache.
+PASSES=${BENCH_PASSES:-5}
+EP="$W/train-huge-ep-$PASSES"
+[ -f "$EP/epochs.json" ] || "$W/shuffle" --dataset "$W/mixed-huge-ds" --out "$EP" --window 15 --epochs "$PASSES" --seed 3 >/dev/null
 OUT="$W/train.jsonl"
 [ -n "${BENCH_KEEP:-}" ] || : > "$OUT"
-echo "$("$PY" -c 'import numpy, torch, sys; print("python", sys.version.split()[0], "numpy", numpy.__version__, "torch", torch.__version__)'); $(nproc) cores; epoch $(du -sh --apparent-size "$W/train-huge-ep/epoch-0000" | cut -f1), dataset $(du -sh --apparent-size "$W/mixed-huge-ds" | cut -f1), sources $(du -sh --apparent-size "$M" | cut -f1)"
+echo "$("$PY" -c 'import numpy, torch, sys; print("python", sys.version.split()[0], "numpy", numpy.__version__, "torch", torch.__version__)'); $(nproc) cores; epoch $(du -sh --apparent-size "$EP/epoch-0000" | cut -f1) ($PASSES of them), dataset $(du -sh --apparent-size "$W/mixed-huge-ds" | cut -f1), sources $(du -sh --apparent-size "$M" | cut -f1)"
 one() {  # ROW S MODE [BATCHES] [SRC DS EP]
-  local src=${5:-$M} ds=${6:-$W/mixed-huge-ds} ep=${7:-$W/train-huge-ep}
+  local src=${5:-$M} ds=${6:-$W/mixed-huge-ds} ep=${7:-$EP}
   local rc=0
   BENCH_ROUND=$round "$PY" docs/bench_train.py one "$1" "$2" "$3" "$src" "$ds" "$ep" "${4:-all}" >> "$OUT" 2>"$W/train.err" || rc=$?
   if [ "$rc" != 0 ]; then
@@ -73,7 +77,7 @@ if [ -n "$cg" ]; then
     for S in 0 20; do
       for row in ${BENCH_CAP_ROWS:-loader-f16 loader-np reader-mmap reader-read preload naive-np}; do
         n=all; [ "$row" = naive-np ] && n=6
-        BENCH_ROUND=$round BENCH_PREFETCH=1 sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$cg" "$PY" docs/bench_train.py one "$row" "$S" "cold, memory capped at $CAP" "$M" "$W/mixed-huge-ds" "$W/train-huge-ep" "$n" >> "$OUT" 2>"$W/train.err" ||
+        BENCH_ROUND=$round BENCH_PREFETCH=1 sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$cg" "$PY" docs/bench_train.py one "$row" "$S" "cold, memory capped at $CAP" "$M" "$W/mixed-huge-ds" "$EP" "$n" >> "$OUT" 2>"$W/train.err" ||
           echo "{\"row\": \"$row\", \"S\": $S, \"mode\": \"cold, memory capped at $CAP\", \"round\": $round, \"killed\": \"out of memory\"}" >> "$OUT"
       done
     done
@@ -113,7 +117,7 @@ CFG
       for row in ${BENCH_NET_ROWS:-cat loader-f16 loader reader-mmap reader-read epochds-w2 naive-w2}; do
         n=all; [ "$row" = naive-w2 ] && n=6
         mount_net
-        BENCH_DROP="$W/train-huge-ep:$M:$W/mixed-huge-ds" one "$row" "$S" "sshfs, cold" $n "$N/mnt/mixed-huge" "$N/mnt/mixed-huge-ds" "$N/mnt/train-huge-ep"
+        BENCH_DROP="$EP:$M:$W/mixed-huge-ds" one "$row" "$S" "sshfs, cold" $n "$N/mnt/mixed-huge" "$N/mnt/mixed-huge-ds" "$N/mnt/${EP##*/}"
       done
     done
   done

@@ -55,6 +55,11 @@ func TestBenchTrainRuns(t *testing.T) {
 	if strings.Join(order, "") != strings.Repeat("1", 6)+strings.Repeat("2", 6) {
 		t.Fatalf("bench_train.sh: rows not run in rounds: %v", order)
 	}
+	// each pass an epoch of its own (the script made BENCH_PASSES of
+	// them): no pass reads what the one before left in the page cache
+	if n := strings.Count(string(lines), `"distinct_epochs": true`); n != 12 {
+		t.Fatalf("bench_train.sh: %d of 12 runs read an epoch a pass:\n%s", n, lines)
+	}
 }
 
 // TestBenchReadRuns (#35): docs/bench_read.py (the training-read
