@@ -164,11 +164,15 @@ def batches(tool, config, data, B, epochs):
     f32 = lambda b: {k: (v.float() if v.is_floating_point() else v) for k, v in b.items()}  # noqa: E731
     workers, persistent = _knobs(config)
     dl = dict(num_workers=workers, persistent_workers=persistent and workers > 0)
-    if tool == "clipshard":  # float32 torch tensors, cast in the read threads
-        from clipshard.torch import Loader
-        return Loader(data, list(range(epochs)), replay_seed=1, batch_size=B, dtype=torch.float32), None
-    if tool == "clipshard-f16":  # the shards' float16 as numpy arrays (for the floor: the same bytes)
-        return clipshard.Loader(data, list(range(epochs)), replay_seed=1, batch_size=B), None
+    if tool in ("clipshard", "clipshard-f16"):
+        # an epoch of its own each pass where the folder has enough (the
+        # cold rows': bench_peers.sh makes them), else replays of the first
+        eps = [e["epoch"] for e in clipshard.load_epochs(data)["epochs"]]
+        which = dict(epochs=eps[:epochs]) if len(eps) >= epochs else dict(epochs=list(range(epochs)), replay_seed=1)
+        if tool == "clipshard":  # float32 torch tensors, cast in the read threads
+            from clipshard.torch import Loader
+            return Loader(data, batch_size=B, dtype=torch.float32, **which), None
+        return clipshard.Loader(data, batch_size=B, **which), None  # the shards' float16 as numpy arrays (for the floor: the same bytes)
     if tool == "clipshard-drawn":  # epochs drawn at read time from the dataset (no shuffle run, no epoch files)
         from clipshard.torch import Loader
         return Loader(dataset=data, epochs=list(range(epochs)), window=15, seed=3, batch_size=B, dtype=torch.float32), None
@@ -275,7 +279,7 @@ def read(tool, config, S, mode, data, B=256, epochs=None):
     w = np.array(waits or [0.0]) * 1e3
     q = clipshard.quality.measure(order, B) if len(order) else {}
     med = lambda k: float(np.median([p[k] for p in steady]))  # noqa: E731
-    print(json.dumps(dict(tool=tool, config=config, S=S, mode=mode, samples=per[0]["samples"], setup_s=setup,
+    print(json.dumps(dict(tool=tool, config=config, S=S, mode=mode, data=data, samples=per[0]["samples"], setup_s=setup,
                           first_samples_per_s=per[0]["samples_per_s"], samples_per_s=med("samples_per_s"),
                           cpu_ms_per_batch=med("cpu_ms_per_batch"), wait_med_ms=float(np.median(w)),
                           wait_p99_ms=float(np.percentile(w, 99)), epochs=per, load=load,

@@ -50,19 +50,31 @@ timed() {  # LABEL TOOL COMMAND...: wall and peak RSS (of the command and its ch
   t1=$(date +%s%N)
   echo "{\"prepare\": \"$label\", \"tool\": \"$tool\", \"wall_s\": $(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.2f", (b-a)/1e9}'), \"rss_MB\": $(( $(cat "$W/peers-time.txt") / 1024 ))}" >> "$OUT"
 }
-data() { case $1 in clipshard|clipshard-f16) echo "$P/ep" ;; clipshard-drawn) echo "$P/ds" ;; *) echo "$P/${1%%:*}" ;; esac; }
+# TOOL's data; with MODE cold, clipshard's epochs folder of BENCH_EPOCHS
+# epochs: each epoch a process reads is one of its own (a replay of one
+# epoch would have the Loader read the next epoch's first batches ahead
+# from the cache the epoch before filled, before that epoch's drop; the
+# peers re-read their own shards after each drop, all cold).
+E=${BENCH_EPOCHS:-3}
+data() {  # TOOL [MODE]
+  case $1 in
+    clipshard|clipshard-f16) if [ "${2:-}" = cold ]; then echo "$P/ep-cold-$E"; else echo "$P/ep"; fi ;;
+    clipshard-drawn) echo "$P/ds" ;;
+    *) echo "$P/${1%%:*}" ;;
+  esac
+}
 PEERS="litdata mosaic webdataset webdataset-1"
 SS=${BENCH_S:-0 5 20}
 ROUNDS=${BENCH_ROUNDS:-3}
 read1() {  # TOOL CONFIG S MODE [DATA]: one read, its JSON line appended to $OUT
-  "$PY" docs/bench_peers.py read "$1" "$2" "$3" "$4" "${5:-$(data "$1")}" >> "$OUT" 2>"$W/peers-err.txt" ||
+  "$PY" docs/bench_peers.py read "$1" "$2" "$3" "$4" "${5:-$(data "$1" "$4")}" >> "$OUT" 2>"$W/peers-err.txt" ||
     { tail -3 "$W/peers-err.txt"; echo "{\"tool\": \"$1\", \"config\": \"$2\", \"S\": $3, \"mode\": \"$4\", \"failed\": true}" >> "$OUT"; }
 }
 if leg prepare; then
   : > "$OUT"
   # clipshard's convert + shuffle (one epoch, W=15), then each peer's
   # writer over the same windows.
-  rm -rf "$P/ds" "$P/ep"
+  rm -rf "$P/ds" "$P/ep" "$P"/ep-cold-*
   timed convert clipshard "$W/clipshard" convert --quiet --workers 2 --clips "$M/clips.txt" --out "$P/ds" "${mods[@]}"
   timed shuffle clipshard "$W/clipshard" shuffle --quiet --workers 2 --dataset "$P/ds" --out "$P/ep" --window 15 --epochs 1 --seed 3
   for t in $PEERS; do
@@ -72,6 +84,11 @@ if leg prepare; then
   for t in ep ds $PEERS; do
     echo "{\"bytes\": \"$t\", \"MB\": $(( $(du -sb "$P/$t" | cut -f1) / 1000000 ))}" >> "$OUT"
   done
+fi
+# (untimed: the cold rows' epochs, one a pass; not part of the prepare
+# figures, which time the one epoch every tool writes)
+if leg main && [ ! -f "$P/ep-cold-$E/epochs.json" ] && [ -f "$P/ds/dataset.json" ]; then
+  "$W/clipshard" shuffle --quiet --workers 2 --dataset "$P/ds" --out "$P/ep-cold-$E" --window 15 --epochs "$E" --seed 3
 fi
 if leg sweep; then
   # Every peer's documented knobs (CONFIGS in bench_peers.py: workers

@@ -72,6 +72,27 @@ func TestBenchPeersRuns(t *testing.T) {
 	if strings.Contains(got, "failed runs:") || strings.Contains(got, "Traceback") {
 		t.Fatalf("bench_peers.sh: a run failed\n%s", got)
 	}
+	// the cold rows of clipshard's materialised epochs read an epoch of
+	// their own each pass (BENCH_EPOCHS=2 of them), the warm rows replays
+	lines, _ := os.ReadFile(filepath.Join(w, "peers.jsonl"))
+	var cold, warm int
+	for _, l := range strings.Split(string(lines), "\n") {
+		var r struct{ Tool, Mode, Data string }
+		if json.Unmarshal([]byte(l), &r) != nil || (r.Tool != "clipshard" && r.Tool != "clipshard-f16") {
+			continue
+		}
+		switch {
+		case r.Mode == "cold" && strings.HasSuffix(r.Data, "ep-cold-2"):
+			cold++
+		case r.Mode == "warm" && strings.HasSuffix(r.Data, "/ep"):
+			warm++
+		case r.Mode == "cold" || r.Mode == "warm":
+			t.Fatalf("bench_peers.sh: a %s row of %s read %s", r.Mode, r.Tool, r.Data)
+		}
+	}
+	if cold == 0 || warm == 0 {
+		t.Fatalf("bench_peers.sh: %d cold and %d warm rows of clipshard's epochs in\n%s", cold, warm, lines)
+	}
 	for _, mode := range []string{"| warm (load average", "| cold (load average"} {
 		if !strings.Contains(got, mode) {
 			t.Fatalf("bench_peers.sh: no %q table\n%s", mode, got)
