@@ -205,6 +205,7 @@ def passes(row, S, src, ds_dir, edir, limit):
     if row.startswith("reader"):
         # a copy of each batch (what a consumer does to keep it: pinning, torch.from_numpy of a copy)
         cp = lambda b: {k: np.array(v) for k, v in b.items()}  # noqa: E731
+
         def one():
             e = eps[npass[0] % len(eps)] if distinct else epoch
             npass[0] += 1
