@@ -49,7 +49,7 @@ here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(here, "..", "python"))
 sys.path.insert(0, here)
 import clipshard  # noqa: E402
-from bench_train import drop  # noqa: E402  (the page cache of files and folders dropped)
+from bench_train import drop, which_epochs  # noqa: E402  (the page cache of files and folders dropped; the epochs a Loader reads)
 
 MODS = ("whisper", "w2v", "emotion", "motion")
 RATE = {"whisper": 2, "w2v": 1, "emotion": 1, "motion": 1}
@@ -165,10 +165,7 @@ def batches(tool, config, data, B, epochs):
     workers, persistent = _knobs(config)
     dl = dict(num_workers=workers, persistent_workers=persistent and workers > 0)
     if tool in ("clipshard", "clipshard-f16"):
-        # an epoch of its own each pass where the folder has enough (the
-        # cold rows': bench_peers.sh makes them), else replays of the first
-        eps = [e["epoch"] for e in clipshard.load_epochs(data)["epochs"]]
-        which = dict(epochs=eps[:epochs]) if len(eps) >= epochs else dict(epochs=list(range(epochs)), replay_seed=1)
+        which = which_epochs(data, epochs)  # (the cold rows': an epoch of their own a pass, bench_peers.sh makes them)
         if tool == "clipshard":  # float32 torch tensors, cast in the read threads
             from clipshard.torch import Loader
             return Loader(data, batch_size=B, dtype=torch.float32, **which), None

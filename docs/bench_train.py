@@ -36,6 +36,7 @@ import glob
 import json
 import os
 import pickle
+import stat
 import sys
 import time
 
@@ -117,50 +118,72 @@ def naive_dataset(src, ds_dir, samples, window):
     return Naive()
 
 
+def regular_files(paths):
+    """The regular files of paths (files, or folders walked), not through
+    a symbolic link: a FIFO or a device in a work folder is left alone (an
+    open of a FIFO would block)."""
+    for top in paths:
+        walk = [(os.path.dirname(top), [], [os.path.basename(top)])] if not os.path.isdir(top) else os.walk(top)
+        for d, _, names in walk:
+            for nm in names:
+                p = os.path.join(d, nm)
+                try:
+                    if stat.S_ISREG(os.lstat(p).st_mode):
+                        yield p
+                except OSError:
+                    continue
+
+
 def drop(paths):
     """The page cache of paths (files, or folders walked) dropped."""
     os.sync()
-    for top in paths:
-        walk = [(top, [], [""])] if os.path.isfile(top) else os.walk(top)
-        for d, _, names in walk:
-            for nm in names:
-                p = os.path.join(d, nm) if nm else d
-                try:
-                    fd = os.open(p, os.O_RDONLY)
-                except OSError:
-                    continue
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                os.close(fd)
+    for p in regular_files(paths):
+        try:
+            fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
 
 
 def warm(paths):
     """Every file of paths (folders walked) read once: in the page cache."""
     buf = bytearray(1 << 20)
-    for top in paths:
-        for d, _, names in os.walk(top):
-            for nm in names:
-                with open(os.path.join(d, nm), "rb", buffering=0) as f:
-                    while f.readinto(buf):
-                        pass
+    for p in regular_files(paths):
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            while os.readv(fd, [buf]):
+                pass
+        finally:
+            os.close(fd)
+
+
+def which_epochs(edir, n):
+    """The Loader's epochs argument for n passes over edir: an epoch of its
+    own each pass where the folder has n of them (the bench scripts make
+    them), else replays of the first. A pass then never reads the bytes
+    the pass before left in the page cache (cold: a Loader reads the next
+    epoch's first batches ahead as the one before ends, before that
+    epoch's drop; a replay would find them cached)."""
+    eps = [e["epoch"] for e in clipshard.load_epochs(edir)["epochs"]]
+    return dict(epochs=eps[:n]) if len(eps) >= n else dict(epochs=list(range(eps[0], eps[0] + n)), replay_seed=1)
 
 
 def passes(row, S, src, ds_dir, edir, limit):
     """A function running one pass of row over the epoch, and extras."""
     man, entry, files = epoch_files(edir)
     epoch, window = entry["epoch"], man["window"]
-    # Each pass its own epoch where the folder has PASSES of them (the
-    # script makes them): a pass never reads the bytes the pass before it
-    # left in the page cache (cold: the loader reads the next epoch's first
-    # batches ahead as the one before ends, after that pass's drop; a
-    # replay of the same epoch would find them cached). Else replays.
-    eps = [e["epoch"] for e in man["epochs"]]
-    distinct = len(eps) >= PASSES
+    which = which_epochs(edir, PASSES)  # (each pass its own epoch, where there are enough)
+    eps = which["epochs"]
+    distinct = "replay_seed" not in which
     extra = {"distinct_epochs": distinct}
     npass = [0]
     if row == "cat":
+        per_pass = [epoch_files(edir, k)[2] for k in range(len(eps))] if distinct else [files]
+
         def one():
             t0, total, buf = time.perf_counter(), 0, bytearray(128 << 10)  # cat's buffer
-            mine = epoch_files(edir, npass[0] % len(eps))[2] if distinct else files
+            mine = per_pass[npass[0] % len(per_pass)]
             npass[0] += 1
             for p in mine:
                 fd = os.open(p, os.O_RDONLY)
@@ -174,7 +197,6 @@ def passes(row, S, src, ds_dir, edir, limit):
         return one, extra
     if row in ("loader-f16", "loader", "loader-np"):
         pf = int(os.environ.get("BENCH_PREFETCH", "4"))
-        which = dict(epochs=eps[:PASSES]) if distinct else dict(epochs=list(range(epoch, epoch + PASSES)), replay_seed=1)
         if row == "loader-np":
             ld = clipshard.Loader(edir, batch_size=B, dtype=np.float32, prefetch=pf, **which)
         elif row == "loader":
@@ -196,7 +218,7 @@ def passes(row, S, src, ds_dir, edir, limit):
 
         def one():  # the passes after the first: the next epochs (replays of this one if there are too few, as for the loader)
             if distinct:
-                ds = EpochDataset(edir, eps[n[0] % len(eps)], batch_size=B)
+                ds = EpochDataset(edir, eps[n[0]], batch_size=B)
             else:
                 ds = EpochDataset(edir, epoch, batch_size=B, **({} if not n[0] else dict(replay_seed=1, virtual_epoch=epoch + n[0])))
             n[0] += 1
@@ -207,7 +229,7 @@ def passes(row, S, src, ds_dir, edir, limit):
         cp = lambda b: {k: np.array(v) for k, v in b.items()}  # noqa: E731
 
         def one():
-            e = eps[npass[0] % len(eps)] if distinct else epoch
+            e = eps[npass[0]] if distinct else epoch
             npass[0] += 1
             return loop(clipshard.EpochReader(edir, e, batch_size=B, read=row.endswith("read")), S, limit, cp)
         return one, extra

@@ -185,3 +185,25 @@ func leftBehind(t *testing.T, w, cg, net string) {
 		}
 	}
 }
+
+// TestBenchDropLeavesFifos: the bench scripts' page cache drop and warm-up
+// (bench_train.py's drop and warm, which bench_peers.py shares) touch only
+// the regular files of a work folder: a FIFO or a link to /dev/zero in it
+// is left alone (the drop's open of a FIFO blocked forever before).
+func TestBenchDropLeavesFifos(t *testing.T) {
+	py := numpytest.Python(t)
+	d := t.TempDir()
+	if err := exec.Command("mkfifo", filepath.Join(d, "fifo")).Run(); err != nil {
+		t.Fatal(err)
+	}
+	os.Symlink("/dev/zero", filepath.Join(d, "zero"))
+	os.WriteFile(filepath.Join(d, "data"), []byte("x"), 0o644)
+	script := `import sys; sys.path[:0] = ["docs", "python"]; import bench_train as b
+print(sorted(b.regular_files([sys.argv[1]]))); b.drop([sys.argv[1]]); b.warm([sys.argv[1]]); print("done")`
+	cmd := exec.Command("timeout", "20", py, "-c", script, d)
+	cmd.Dir = filepath.Join("..", "..")
+	out, err := cmd.CombinedOutput()
+	if want := "['" + filepath.Join(d, "data") + "']\ndone\n"; err != nil || string(out) != want {
+		t.Fatalf("drop and warm over a folder with a FIFO and a link to /dev/zero: %v\n%s", err, out)
+	}
+}
