@@ -23,21 +23,29 @@ func TestMain(m *testing.M) { clitest.MainOf(m, "shuffle", "../cmd/shuffle", &bi
 // ranks with another batch size, trains every sample of every epoch once,
 // in the epoch's order (testdata/check_ddp.py): on a mixed folder (its
 // samples have 4 columns) of 2 epochs; with CLIPSHARD_EXHAUSTIVE=1 (CI) on
-// a plain folder of 3 epochs too.
+// a plain folder of 3 epochs too, where the resumed run is made to crash
+// (SIGABRT in a rank) and is resumed again.
 func TestTrainDDP(t *testing.T) {
 	numpytest.Module(t, "torch", "python3-torch")
 	ds := demodata.Dataset(t, filepath.Dir(bin))
-	run := func(out string, args ...string) {
+	run := func(out string, env []string, args ...string) string {
 		t.Helper()
 		if r := clitest.Run(t, bin, nil, append(append([]string{"--quiet"}, args...), "--out", out, "--window", "5", "--shard-samples", "8")...); r.Code != 0 {
 			t.Fatal(r.Stderr)
 		}
-		if got := numpytest.Run(t, filepath.Join("..", "testdata", "check_ddp.py"), out); !strings.Contains(string(got), "ok: ddp") {
+		got := string(numpytest.RunEnv(t, env, filepath.Join("..", "testdata", "check_ddp.py"), out))
+		if !strings.Contains(got, "ok: ddp") {
 			t.Fatalf("check_ddp on %v: %s", args, got)
 		}
+		return got
 	}
-	run(filepath.Join(t.TempDir(), "mixed"), "--source", "a="+ds, "--source", "b="+ds, "--weights", "a=1,b=2", "--epochs", "2")
+	run(filepath.Join(t.TempDir(), "mixed"), nil, "--source", "a="+ds, "--source", "b="+ds, "--weights", "a=1,b=2", "--epochs", "2")
 	if clitest.Long() {
-		run(filepath.Join(t.TempDir(), "ep"), "--dataset", ds, "--epochs", "3", "--seed", "7")
+		// The resumed run crashes too (a rank ends by SIGABRT after 8 steps,
+		// as a rank torch aborts does) and is resumed again on 3 ranks.
+		got := run(filepath.Join(t.TempDir(), "ep"), []string{"CLIPSHARD_DDP_ABORT=8"}, "--dataset", ds, "--epochs", "3", "--seed", "7")
+		if !strings.Contains(got, "resumed again after step") {
+			t.Fatalf("check_ddp: the resumed run was not made to crash: %s", got)
+		}
 	}
 }

@@ -10,6 +10,10 @@ killed run after its last checkpoint are trained again by the resumed one
 and do not count), must be the epoch's order from its start, each sample
 once, leaving out only what is less than one global batch at the end
 (remainder "drop"). Prints "ok: ddp ..." or raises.
+
+A resumed run a rank of which ends by SIGABRT is resumed again from its
+checkpoint (at most twice; see below); CLIPSHARD_DDP_ABORT=N makes the
+first resumed run crash so, after N steps (the tests do, in CI).
 """
 import json
 import os
@@ -68,13 +72,84 @@ for r in range(2):
 for r in range(2):
     os.remove(os.path.join(logs, "rank-%d.jsonl" % r))
 
-subprocess.run([sys.executable, example, src, "--ranks", "3", "--batch-size", "3", "--every", "5",
-                "--ckpt", ckpt, "--log", logs] + cache, check=True, stdout=subprocess.DEVNULL, timeout=300)
-for r in range(3):
-    for line in open(os.path.join(logs, "rank-%d.jsonl" % r)):
-        step, epoch, samples = json.loads(line)
-        assert step > killed_at, (step, killed_at)
-        trained.append((step, r, epoch, samples))
+
+def ranks_of(pid):
+    """The rank processes that mp.spawn started (not its resource tracker)."""
+    kids = []
+    for d in os.listdir("/proc"):
+        try:
+            with open("/proc/%s/stat" % d) as f:
+                if d.isdigit() and int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    kids.append(int(d))
+        except (OSError, IndexError, ValueError):
+            pass
+    out = []
+    for k in kids:
+        try:
+            with open("/proc/%d/cmdline" % k, "rb") as f:
+                if b"spawn_main" in f.read():
+                    out.append(k)
+        except OSError:
+            pass
+    return out
+
+
+# The resumed run, on 3 ranks x 3. A rank of it that ends by SIGABRT (torch's
+# own C++ std::terminate, "terminate called without an active exception",
+# was seen once in CI in a rank of torch 2.15's gloo run; clipshard's reader
+# is pure Python) is a crash like the kill above: the run is resumed again
+# from its checkpoint, at most twice, and the steps after that checkpoint do
+# not count. Any other failure fails the check. With CLIPSHARD_DDP_ABORT=N
+# (the tests, CI) the first resumed run is made to crash so: a rank is sent
+# SIGABRT once rank 0 has logged N steps.
+abort_at = int(os.environ.get("CLIPSHARD_DDP_ABORT", "0"))
+after, crashes = killed_at, []
+for attempt in range(3):
+    inject = abort_at if attempt == 0 else 0
+    with open(os.path.join(tmp, "stderr-%d" % attempt), "w+") as err:
+        p = subprocess.Popen([sys.executable, example, src, "--ranks", "3", "--batch-size", "3", "--every", "5",
+                              "--ckpt", ckpt, "--log", logs] + (["--step-ms", "20"] if inject else []) + cache,
+                             stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+                             env=dict(os.environ, PYTHONFAULTHANDLER="1"))
+        deadline = time.monotonic() + 300
+        while inject and p.poll() is None:
+            f = os.path.join(logs, "rank-0.jsonl")
+            if os.path.exists(f):
+                with open(f) as lf:
+                    n = sum(1 for _ in lf)
+                kids = ranks_of(p.pid) if n >= inject else []
+                if kids:
+                    os.kill(kids[-1], signal.SIGABRT)
+                    inject = 0
+            if time.monotonic() > deadline:
+                os.killpg(p.pid, signal.SIGKILL)
+                raise AssertionError("the resumed run is too slow")
+            time.sleep(0.005)
+        assert not inject, "the resumed run ended before its rank 0 logged %d steps" % abort_at
+        try:
+            rc = p.wait(timeout=max(1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            raise
+        err.seek(0)
+        stderr = err.read()
+    sys.stderr.write(stderr)
+    at = torch.load(ckpt)["step"] if rc else None
+    for rank in range(3):
+        f = os.path.join(logs, "rank-%d.jsonl" % rank)
+        for line in open(f) if os.path.exists(f) else []:
+            step, epoch, samples = json.loads(line)
+            assert step > after, (step, after)
+            if at is None or step <= at:
+                trained.append((step, rank, epoch, samples))
+        if os.path.exists(f):
+            os.remove(f)
+    if rc == 0:
+        break
+    if attempt == 2 or "terminated with signal SIGABRT" not in stderr:
+        raise subprocess.CalledProcessError(rc, p.args, stderr=stderr)
+    crashes.append(at)
+    after = at
 trained.sort(key=lambda t: (t[0], t[1]))
 
 resumed_in = ck["data"]["epoch"]
@@ -88,5 +163,6 @@ for e in man["epochs"]:
     assert n - last < len(got) <= n, (e["epoch"], len(got), n)
     assert np.array_equal(got, want[: len(got)]), "epoch %d: not the epoch's order, once" % e["epoch"]
 shutil.rmtree(tmp)
-print("ok: ddp (gloo, torch %s%s): killed after step %d of %d on 2 ranks x 4, resumed on 3 ranks x 3, every sample once"
-      % (torch.__version__, ", from " + src if src != edir else "", killed_at, steps))
+print("ok: ddp (gloo, torch %s%s): killed after step %d of %d on 2 ranks x 4, resumed on 3 ranks x 3, every sample once%s"
+      % (torch.__version__, ", from " + src if src != edir else "", killed_at, steps,
+         "".join("; a rank ended by SIGABRT, resumed again after step %d" % c for c in crashes)))
