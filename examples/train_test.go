@@ -39,7 +39,9 @@ func TestTrainDDP(t *testing.T) {
 		}
 		return got
 	}
-	run(filepath.Join(t.TempDir(), "mixed"), nil, "--source", "a="+ds, "--source", "b="+ds, "--weights", "a=1,b=2", "--epochs", "2")
+	if got := run(filepath.Join(t.TempDir(), "mixed"), nil, "--source", "a="+ds, "--source", "b="+ds, "--weights", "a=1,b=2", "--epochs", "2"); strings.Contains(got, "resumed again") {
+		t.Logf("a rank of the resumed run ended by SIGABRT (torch's abort; resumed again, exactly-once held): %s", got)
+	}
 	if clitest.Long() {
 		// The resumed run crashes too (a rank ends by SIGABRT after 8 steps,
 		// as a rank torch aborts does) and is resumed again on 3 ranks.
