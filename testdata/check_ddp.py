@@ -18,6 +18,7 @@ first resumed run crash so, after N steps (the tests do, in CI).
 import json
 import os
 import random
+import resource
 import shutil
 import signal
 import subprocess
@@ -110,7 +111,10 @@ for attempt in range(3):
         p = subprocess.Popen([sys.executable, example, src, "--ranks", "3", "--batch-size", "3", "--every", "5",
                               "--ckpt", ckpt, "--log", logs] + (["--step-ms", "20"] if inject else []) + cache,
                              stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
-                             env=dict(os.environ, PYTHONFAULTHANDLER="1"))
+                             # (faulthandler's dump of every thread on the abort sent
+                             # can itself crash with SIGSEGV: seen in CI; and no core file)
+                             env={k: v for k, v in os.environ.items() if not (inject and k == "PYTHONFAULTHANDLER")},
+                             preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)) if inject else None)
         deadline = time.monotonic() + 300
         while inject and p.poll() is None:
             f = os.path.join(logs, "rank-0.jsonl")
