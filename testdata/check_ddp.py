@@ -47,7 +47,8 @@ target = steps // 2  # kill after the checkpoint past half way
 
 p = subprocess.Popen([sys.executable, example, src, "--ranks", "2", "--batch-size", "4", "--every", "3",
                       "--ckpt", ckpt, "--log", logs, "--step-ms", "20"] + cache,
-                     stdout=subprocess.PIPE, text=True, start_new_session=True)
+                     stdout=subprocess.PIPE, text=True, start_new_session=True,
+                     env=dict(os.environ, TMPDIR=tmp))  # (its rendezvous file, left by the kill, goes with tmp)
 saved = 0
 deadline = time.monotonic() + 300
 while saved < target:
@@ -113,7 +114,8 @@ for attempt in range(3):
                              stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
                              # (faulthandler's dump of every thread on the abort sent
                              # can itself crash with SIGSEGV: seen in CI; and no core file)
-                             env={k: v for k, v in os.environ.items() if not (inject and k == "PYTHONFAULTHANDLER")},
+                             env=dict({k: v for k, v in os.environ.items() if not (inject and k == "PYTHONFAULTHANDLER")},
+                                      TMPDIR=tmp),
                              preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)) if inject else None)
         deadline = time.monotonic() + 300
         while inject and p.poll() is None:
