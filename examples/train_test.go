@@ -2,6 +2,8 @@ package examples_test
 
 import (
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -46,8 +48,22 @@ func TestTrainDDP(t *testing.T) {
 		// The resumed run crashes too (a rank ends by SIGABRT after 8 steps,
 		// as a rank torch aborts does) and is resumed again on 3 ranks.
 		got := run(filepath.Join(t.TempDir(), "ep"), []string{"CLIPSHARD_DDP_ABORT=8"}, "--dataset", ds, "--epochs", "3", "--seed", "7")
-		if !strings.Contains(got, "resumed again after step") {
+		// (between checkpoints: steps past the checkpoint trained again)
+		m := regexp.MustCompile(`ended by SIGABRT after step (\d+), resumed again after step (\d+)`).FindStringSubmatch(got)
+		if m == nil {
 			t.Fatalf("check_ddp: the resumed run was not made to crash: %s", got)
 		}
+		if crashed, resumed := atoi(t, m[1]), atoi(t, m[2]); crashed <= resumed {
+			t.Fatalf("check_ddp: the crash at step %d came at its checkpoint (%d): nothing was trained again: %s", crashed, resumed, got)
+		}
 	}
+}
+
+func atoi(t *testing.T, s string) int {
+	t.Helper()
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

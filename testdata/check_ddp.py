@@ -13,7 +13,8 @@ once, leaving out only what is less than one global batch at the end
 
 A resumed run a rank of which ends by SIGABRT is resumed again from its
 checkpoint (at most twice; see below); CLIPSHARD_DDP_ABORT=N makes the
-first resumed run crash so, after N steps (the tests do, in CI).
+first resumed run crash so, after N steps or more, 2 past a checkpoint
+(the tests do, in CI).
 """
 import json
 import os
@@ -64,34 +65,40 @@ p.stdout.close()
 ck = torch.load(ckpt)
 killed_at = ck["step"]
 
-# The killed run's steps after its checkpoint are trained again: drop them.
-trained = []  # (step, rank, epoch, samples)
-for r in range(2):
-    for line in open(os.path.join(logs, "rank-%d.jsonl" % r)):
-        step, epoch, samples = json.loads(line)
-        if step <= killed_at:
-            trained.append((step, r, epoch, samples))
-for r in range(2):
-    os.remove(os.path.join(logs, "rank-%d.jsonl" % r))
+
+def take_logs(ranks, after):
+    """What each rank logged, as (step, rank, epoch, samples); the logs
+    removed. (A crashed run's steps after its checkpoint are trained again
+    by the next run: the caller drops them.)"""
+    got = []
+    for r in range(ranks):
+        f = os.path.join(logs, "rank-%d.jsonl" % r)
+        if not os.path.exists(f):
+            continue
+        with open(f) as lines:
+            for line in lines:
+                step, epoch, samples = json.loads(line)
+                assert step > after, (step, after)  # (a run starts after its checkpoint)
+                got.append((step, r, epoch, samples))
+        os.remove(f)
+    return got
+
+
+trained = [t for t in take_logs(2, 0) if t[0] <= killed_at]
 
 
 def ranks_of(pid):
     """The rank processes that mp.spawn started (not its resource tracker)."""
-    kids = []
-    for d in os.listdir("/proc"):
+    out = []
+    for d in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open("/proc/%s/stat" % d) as f:
-                if d.isdigit() and int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                    kids.append(int(d))
-        except (OSError, IndexError, ValueError):
-            pass
-    out = []
-    for k in kids:
-        try:
-            with open("/proc/%d/cmdline" % k, "rb") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) != pid:
+                    continue
+            with open("/proc/%s/cmdline" % d, "rb") as f:
                 if b"spawn_main" in f.read():
-                    out.append(k)
-        except OSError:
+                    out.append(int(d))
+        except (OSError, IndexError, ValueError):
             pass
     return out
 
@@ -103,13 +110,14 @@ def ranks_of(pid):
 # from its checkpoint, at most twice, and the steps after that checkpoint do
 # not count. Any other failure fails the check. With CLIPSHARD_DDP_ABORT=N
 # (the tests, CI) the first resumed run is made to crash so: a rank is sent
-# SIGABRT once rank 0 has logged N steps.
+# SIGABRT once rank 0 has logged N steps or more and 2 past a checkpoint.
 abort_at = int(os.environ.get("CLIPSHARD_DDP_ABORT", "0"))
+EVERY = 5  # the resumed runs' steps between checkpoints
 after, crashes = killed_at, []
 for attempt in range(3):
     inject = abort_at if attempt == 0 else 0
     with open(os.path.join(tmp, "stderr-%d" % attempt), "w+") as err:
-        p = subprocess.Popen([sys.executable, example, src, "--ranks", "3", "--batch-size", "3", "--every", "5",
+        p = subprocess.Popen([sys.executable, example, src, "--ranks", "3", "--batch-size", "3", "--every", str(EVERY),
                               "--ckpt", ckpt, "--log", logs] + (["--step-ms", "20"] if inject else []) + cache,
                              stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
                              # (faulthandler's dump of every thread on the abort sent
@@ -122,8 +130,10 @@ for attempt in range(3):
             f = os.path.join(logs, "rank-0.jsonl")
             if os.path.exists(f):
                 with open(f) as lf:
-                    n = sum(1 for _ in lf)
-                kids = ranks_of(p.pid) if n >= inject else []
+                    steps_logged = [json.loads(line)[0] for line in lf]
+                # (2-3 steps past a checkpoint: those steps must not count)
+                past = len(steps_logged) >= inject and steps_logged[-1] % EVERY == 2
+                kids = ranks_of(p.pid) if past else []
                 if kids:
                     os.kill(kids[-1], signal.SIGABRT)
                     inject = 0
@@ -141,20 +151,13 @@ for attempt in range(3):
         stderr = err.read()
     sys.stderr.write(stderr)
     at = torch.load(ckpt)["step"] if rc else None
-    for rank in range(3):
-        f = os.path.join(logs, "rank-%d.jsonl" % rank)
-        for line in open(f) if os.path.exists(f) else []:
-            step, epoch, samples = json.loads(line)
-            assert step > after, (step, after)
-            if at is None or step <= at:
-                trained.append((step, rank, epoch, samples))
-        if os.path.exists(f):
-            os.remove(f)
+    got = take_logs(3, after)
+    trained += [t for t in got if at is None or t[0] <= at]
     if rc == 0:
         break
     if attempt == 2 or "terminated with signal SIGABRT" not in stderr:
         raise subprocess.CalledProcessError(rc, p.args, stderr=stderr)
-    crashes.append(at)
+    crashes.append((max((t[0] for t in got), default=at), at))
     after = at
 trained.sort(key=lambda t: (t[0], t[1]))
 
@@ -171,4 +174,4 @@ for e in man["epochs"]:
 shutil.rmtree(tmp)
 print("ok: ddp (gloo, torch %s%s): killed after step %d of %d on 2 ranks x 4, resumed on 3 ranks x 3, every sample once%s"
       % (torch.__version__, ", from " + src if src != edir else "", killed_at, steps,
-         "".join("; a rank ended by SIGABRT, resumed again after step %d" % c for c in crashes)))
+         "".join("; a rank ended by SIGABRT after step %d, resumed again after step %d" % c for c in crashes)))
