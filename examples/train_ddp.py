@@ -13,9 +13,10 @@ thread, float32 delivered); the model is a toy (a linear layer on one
 modality), wrapped in DistributedDataParallel over gloo on the CPU. Every
 --every steps rank 0 saves the model, the optimiser, the step and the
 loader's state (the same on every rank: the epoch and the samples all
-ranks consumed), written to a temporary name and renamed. A run started
-with --ckpt of an existing file goes on from it with its own --ranks and
---batch-size: no sample is trained twice, none is skipped.
+ranks consumed), written to a new file of its own beside --ckpt and
+renamed over it. A run started with --ckpt of an existing file goes on
+from it with its own --ranks and --batch-size: no sample is trained
+twice, none is skipped.
 
 With --log DIR each rank appends "step epoch samples" per step to
 DIR/rank-R.jsonl (testdata/check_ddp.py uses it to check exactly-once).
@@ -23,6 +24,7 @@ DIR/rank-R.jsonl (testdata/check_ddp.py uses it to check exactly-once).
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -33,6 +35,24 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 from clipshard.torch import Loader  # noqa: E402
+
+
+def save(path, state):
+    """Writes state to path whole or not at all: into a new file of a name
+    of its own beside it (never a name that may already be there: a file or
+    link of the user's called CKPT.tmp is not written over or through),
+    then renamed over path."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)),
+                               prefix=os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def train(rank, args, init):
@@ -72,10 +92,8 @@ def train(rank, args, init):
             if step % args.every == 0:
                 dist.barrier()  # every rank has trained (and logged) this step
                 if rank == 0:
-                    tmp = args.ckpt + ".tmp"
-                    torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "step": step,
-                                "data": loader.state_dict()}, tmp)
-                    os.replace(tmp, args.ckpt)
+                    save(args.ckpt, {"model": model.module.state_dict(), "opt": opt.state_dict(), "step": step,
+                                     "data": loader.state_dict()})
                     print("checkpoint step %d epoch %d" % (step, epoch), flush=True)
     loader.close()
     dist.barrier()
@@ -94,12 +112,12 @@ def main():
     p.add_argument("--cache-dir", help="for epochs in a bucket (s3://BUCKET/PREFIX): the node-local cache folder")
     p.add_argument("--cache-limit", default="4GiB", help="the cache's bound (default 4GiB)")
     args = p.parse_args()
-    rdv = tempfile.mktemp(prefix="clipshard-ddp-")  # the rendezvous file (must not exist yet)
+    # The rendezvous file must not exist yet: a name in a new folder of its own.
+    rdv = tempfile.mkdtemp(prefix="clipshard-ddp-")
     try:
-        mp.spawn(train, args=(args, "file://" + rdv), nprocs=args.ranks)
+        mp.spawn(train, args=(args, "file://" + os.path.join(rdv, "rendezvous")), nprocs=args.ranks)
     finally:
-        if os.path.exists(rdv):
-            os.remove(rdv)
+        shutil.rmtree(rdv, ignore_errors=True)
     print("done: step counts in %s" % args.ckpt if os.path.exists(args.ckpt) else "done")
 
 

@@ -43,6 +43,12 @@ man = clipshard.load_epochs(edir)
 tmp = tempfile.mkdtemp(prefix="clipshard-ddp-check-")
 ckpt, logs = os.path.join(tmp, "ckpt.pt"), os.path.join(tmp, "logs")
 os.makedirs(logs)
+# A file of the user's beside the checkpoint, and a link named as a fixed
+# temporary name would be: the saves must go past both.
+mine = os.path.join(tmp, "mine")
+with open(mine, "w") as f:
+    f.write("the user's\n")
+os.symlink(mine, ckpt + ".tmp")
 steps = sum(e["samples"] // 8 for e in man["epochs"])  # of the first run (2 ranks x 4)
 target = steps // 2  # kill after the checkpoint past half way
 
@@ -171,6 +177,9 @@ for e in man["epochs"]:
     last = 8 if e["epoch"] < resumed_in else 9  # the global batch of the run that ended the epoch
     assert n - last < len(got) <= n, (e["epoch"], len(got), n)
     assert np.array_equal(got, want[: len(got)]), "epoch %d: not the epoch's order, once" % e["epoch"]
+with open(mine, "rb") as f:
+    assert f.read() == b"the user's\n", "a checkpoint was written through the link %s.tmp" % ckpt
+assert os.readlink(ckpt + ".tmp") == mine, "the link %s.tmp was replaced" % ckpt
 shutil.rmtree(tmp)
 print("ok: ddp (gloo, torch %s%s): killed after step %d of %d on 2 ranks x 4, resumed on 3 ranks x 3, every sample once%s"
       % (torch.__version__, ", from " + src if src != edir else "", killed_at, steps,
