@@ -6,6 +6,7 @@
     bench_drawn.py quality DS [EDIR] [B]         the quality table (EDIR: two materialised epochs of DS)
     bench_drawn.py speed ROW MODE S DS EDIR [N]  one row's pass over epochs 0..N-1 (6): a JSON line
     bench_drawn.py table JSONL                   the speed table (median and range of the rounds)
+    bench_drawn.py gather DS [ROUNDS]            the gather's copy alone, against other ways of making it
 
 Quality: clipshard.quality.measure of epoch 1's order (batch B, rank 0 of
 1), the share of epoch 1's batch-mate clip pairs (two clips in one batch,
@@ -228,6 +229,93 @@ def table(path):
             med("cpu_ms_batch"), med("peak_rss_mib"), min(r["load"] for r in rs), max(r["load"] for r in rs)))
 
 
+def gather(ds, rounds="5"):
+    """The copy a drawn batch's gather makes, alone: batches of B random
+    windows of W rows of DS's widest blob (warm: read first), into a ring
+    of 6 batch buffers, half a batch a thread (2 threads, as the Loader),
+    in rounds (each variant once a round): np.take of a window's rows (what
+    DrawnReader._gather does); np.take of whole windows from a view whose
+    rows are windows (starts at multiples of W only: what a copy a window
+    could reach, not a gather of any start); the windows sorted by their
+    start modulo W, taken from W such views into a scratch, then put in
+    place by a second np.take (any start); and preadv of as many
+    contiguous bytes a half batch (the kernel's copy, what the
+    materialised Loader makes). GB/s: median (range) of the rounds."""
+    from concurrent.futures import ThreadPoolExecutor
+    import mmap
+    import threading
+    name = max((f for f in os.listdir(ds) if f.endswith(".npy") and f != "index.npy"),
+               key=lambda f: os.path.getsize(os.path.join(ds, f)))
+    path = os.path.join(ds, name)
+    a = np.load(path, mmap_mode="r")
+    with open(path, "rb") as f:
+        np.lib.format.read_array_header_1_0(f) if np.lib.format.read_magic(f) == (1, 0) else np.lib.format.read_array_header_2_0(f)
+        off = f.tell()
+    row = a.strides[0]
+    fd = os.open(path, os.O_RDONLY)
+    mm = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+    m = np.frombuffer(mm, np.uint8, count=len(a) * row, offset=off).reshape(len(a), row)
+    if len(m) < 2 * W:
+        raise SystemExit("%s: %d rows, fewer than 2 windows of %d" % (path, len(m), W))
+    int(m.reshape(-1)[::4096].sum())  # (every page read and mapped)
+    rng = np.random.default_rng(0)
+    nb = max(4, min(200, (1 << 30) // (B * W * row)))
+    anyw = [rng.integers(0, len(m) - W + 1, B) for _ in range(nb)]
+    nq = len(m) // W
+    aligned = [rng.integers(0, nq, B) for _ in range(nb)]
+    ring = [np.empty((B, W, row), np.uint8) for _ in range(6)]
+    shifted = [m[s: s + (len(m) - s) // W * W].reshape(-1, W * row) for s in range(W)]
+    local, ar = threading.local(), np.arange(W, dtype=np.int64)
+
+    def rows(i, lo, hi):
+        np.take(m, anyw[i][lo:hi, None] + ar, axis=0, out=ring[i % 6][lo:hi], mode="clip")
+
+    def windows(i, lo, hi):
+        np.take(shifted[0], aligned[i][lo:hi], axis=0, out=ring[i % 6][lo:hi].reshape(hi - lo, -1), mode="clip")
+
+    def by_shift(i, lo, hi):
+        tmp = getattr(local, "tmp", None)
+        if tmp is None:
+            tmp = local.tmp = np.empty((B, W * row), np.uint8)
+        first = anyw[i][lo:hi]
+        o = np.argsort(first % W, kind="stable")
+        s, q = (first % W)[o], (first // W)[o]
+        cut = np.r_[0, np.flatnonzero(np.diff(s)) + 1, len(o)]
+        for x, y in zip(cut[:-1].tolist(), cut[1:].tolist()):
+            np.take(shifted[int(s[x])], q[x:y], axis=0, out=tmp[x:y], mode="clip")
+        inv = np.empty_like(o)
+        inv[o] = np.arange(len(o))
+        np.take(tmp[:len(o)], inv, axis=0, out=ring[i % 6][lo:hi].reshape(hi - lo, -1), mode="clip")
+
+    def kernel(i, lo, hi):
+        n = (hi - lo) * W * row
+        at = off + (int(aligned[i][lo]) * W * row) % max(1, len(m) * row - n + 1)
+        os.preadv(fd, [memoryview(ring[i % 6].reshape(-1))[lo * W * row: lo * W * row + n]], at)
+
+    pool = ThreadPoolExecutor(2)
+    variants = [("np.take, a row at a time (the gather)", rows), ("np.take, a window at a time (aligned starts only)", windows),
+                ("by start modulo W, then np.take into place", by_shift), ("preadv, contiguous (the kernel's copy)", kernel)]
+    got = {v: [] for v, _ in variants}
+    for _ in range(int(rounds)):
+        for v, fn in variants:
+            t = time.perf_counter()
+            for i in range(nb):
+                list(pool.map(lambda ab: fn(i, *ab), [(0, B // 2), (B // 2, B)]))
+            got[v].append(nb * B * W * row / (time.perf_counter() - t) / 1e9)
+    pool.shutdown()
+    rows_n = len(m)
+    del m, shifted
+    mm.close()
+    os.close(fd)
+    print("%s: %d rows of %d bytes; %d batches of %d windows of %d rows; 2 threads; %s rounds; load average %.2f"
+          % (path, rows_n, row, nb, B, W, rounds, os.getloadavg()[0]))
+    print("| copy | GB/s, median (range) |")
+    print("| --- | --- |")
+    for v, _ in variants:
+        x = sorted(got[v])
+        print("| %s | %.1f (%.1f–%.1f) |" % (v, float(np.median(x)), x[0], x[-1]))
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "fake":
@@ -240,5 +328,7 @@ if __name__ == "__main__":
         speed(*sys.argv[2:8])
     elif cmd == "table":
         table(sys.argv[2])
+    elif cmd == "gather":
+        gather(*sys.argv[2:4])
     else:
         raise SystemExit(__doc__)

@@ -53,6 +53,10 @@ func TestBenchDrawnRuns(t *testing.T) {
 	if got := string(numpytest.RunEnv(t, env, script, "quality", fake, "-")); !strings.Contains(got, "(") {
 		t.Fatalf("bench_drawn quality of a fake set: %s", got)
 	}
+	if got := string(numpytest.RunEnv(t, env, script, "gather", ds, "1")); strings.Count(got, " GB/s") != 1 ||
+		len(regexp.MustCompile(`\| [0-9.]+ \([0-9.]+–[0-9.]+\) \|`).FindAllString(got, -1)) != 4 {
+		t.Fatalf("bench_drawn gather: %s", got)
+	}
 	var rows strings.Builder
 	for _, row := range []string{"materialised", "drawn-auto", "drawn-8MiB-64MiB", "drawn-auto-read"} {
 		rows.Write(numpytest.RunEnv(t, env, script, "speed", row, "warm", "0", ds, ep, "2"))
