@@ -242,21 +242,17 @@ def gather(ds, rounds="5"):
     contiguous bytes a half batch (the kernel's copy, what the
     materialised Loader makes). GB/s: median (range) of the rounds."""
     from concurrent.futures import ThreadPoolExecutor
-    import mmap
     import threading
-    name = max((f for f in os.listdir(ds) if f.endswith(".npy") and f != "index.npy"),
-               key=lambda f: os.path.getsize(os.path.join(ds, f)))
-    path = os.path.join(ds, name)
-    a = np.load(path, mmap_mode="r")
-    with open(path, "rb") as f:
-        np.lib.format.read_array_header_1_0(f) if np.lib.format.read_magic(f) == (1, 0) else np.lib.format.read_array_header_2_0(f)
-        off = f.tell()
-    row = a.strides[0]
-    fd = os.open(path, os.O_RDONLY)
-    mm = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
-    m = np.frombuffer(mm, np.uint8, count=len(a) * row, offset=off).reshape(len(a), row)
+    blobs = [f for f in os.listdir(ds) if f.endswith(".npy") and f != "index.npy"]
+    if not blobs:
+        raise SystemExit("%s: no blob (*.npy but index.npy) to gather from" % ds)
+    path = os.path.join(ds, max(blobs, key=lambda f: os.path.getsize(os.path.join(ds, f))))
+    a = np.load(path, mmap_mode="r")  # (its memory map, and a.offset: where its rows start)
+    m = a.reshape(len(a), -1).view(np.uint8)
+    row, off = m.shape[1], a.offset
     if len(m) < 2 * W:
         raise SystemExit("%s: %d rows, fewer than 2 windows of %d" % (path, len(m), W))
+    fd = os.open(path, os.O_RDONLY)
     int(m.reshape(-1)[::4096].sum())  # (every page read and mapped)
     rng = np.random.default_rng(0)
     nb = max(4, min(200, (1 << 30) // (B * W * row)))
@@ -279,7 +275,7 @@ def gather(ds, rounds="5"):
             tmp = local.tmp = np.empty((B, W * row), np.uint8)
         first = anyw[i][lo:hi]
         o = np.argsort(first % W, kind="stable")
-        s, q = (first % W)[o], (first // W)[o]
+        s, q = first[o] % W, first[o] // W
         cut = np.r_[0, np.flatnonzero(np.diff(s)) + 1, len(o)]
         for x, y in zip(cut[:-1].tolist(), cut[1:].tolist()):
             np.take(shifted[int(s[x])], q[x:y], axis=0, out=tmp[x:y], mode="clip")
@@ -303,12 +299,9 @@ def gather(ds, rounds="5"):
                 list(pool.map(lambda ab: fn(i, *ab), [(0, B // 2), (B // 2, B)]))
             got[v].append(nb * B * W * row / (time.perf_counter() - t) / 1e9)
     pool.shutdown()
-    rows_n = len(m)
-    del m, shifted
-    mm.close()
     os.close(fd)
     print("%s: %d rows of %d bytes; %d batches of %d windows of %d rows; 2 threads; %s rounds; load average %.2f"
-          % (path, rows_n, row, nb, B, W, rounds, os.getloadavg()[0]))
+          % (path, len(m), row, nb, B, W, rounds, os.getloadavg()[0]))
     print("| copy | GB/s, median (range) |")
     print("| --- | --- |")
     for v, _ in variants:
