@@ -287,9 +287,13 @@ for dirs, opts in (CASES[0], CASES[1], CASES[4], CASES[6]) if os.environ.get("CL
 # The two ways a streamed modality's windows are read (a gather from a
 # memory map of the blob, the default; one pread a window, read=True):
 # the same bytes, the dataset's rows, zeros past valid (windows of clips
-# shorter than W among them: the last case's W is the demo's median clip).
+# shorter than W among them: the last two cases' W is the median clip of
+# the demo and of the mixed sets: a batch of several sources with short
+# windows, its read split among threads).
 longW = int(np.median(dsets[DEMO].index[:, 1])) + 1
-for dirs, opts in (CASES[0], CASES[2], CASES[4], CASES[6], ([DEMO], dict(window=longW, seed=11, block=4096, group=2, hold=0))):
+longWmix = max(int(np.median(dsets[d].index[:, 1])) for d in (A, B, C)) + 1
+for dirs, opts in (CASES[0], CASES[2], CASES[4], CASES[6], ([DEMO], dict(window=longW, seed=11, block=4096, group=2, hold=0)),
+                   ([A, B, C], dict(window=longWmix, seed=12, block=4096, group=2, hold=0))):
     plans = [plan_of(dirs, dict(opts, read=r))[0] for r in (False, True)]
     assert [bool(s.maps) for s in plans[0].sources] == [any(not r["held"] for r in s.mods) for s in plans[0].sources]
     assert not any(s.maps for s in plans[1].sources)
@@ -299,7 +303,21 @@ for dirs, opts in (CASES[0], CASES[2], CASES[4], CASES[6], ([DEMO], dict(window=
             assert np.array_equal(a[k], b[k]), (opts, k)
         check_batch(plans[0], dirs, a)
         short += int((a["samples"][:, 2] < opts["window"]).sum())
-    assert short or opts["window"] != longW, "no window shorter than W: the zeros past valid not checked"
+    assert short or opts["window"] not in (longW, longWmix), "no window shorter than W: the zeros past valid not checked"
+    if len(dirs) > 1 and opts["window"] == longWmix:  # the same, its batches' rows split among 2 and 3 threads
+        r = DrawnReader(plans[0], 1, batch_size=7, remainder="partial")
+        shapes = plans[0].shapes()
+        for g in range(len(r)):
+            for parts in (2, 3):
+                out = {k: np.empty((7,) + sh, d) for k, (d, sh) in shapes.items()}
+                for v in out.values():
+                    v.reshape(-1).view(np.uint8)[:] = 0x55  # (not zeros: the zeros past valid are the copy's)
+                for job in r.jobs(g, out, parts):
+                    job()
+                n = len(r.batch_positions(g))
+                check_batch(plans[0], dirs, {k: v[:n] for k, v in out.items()})
+        assert len(set(r.order.source.tolist())) > 1
+        r.close()
     # rows past the blob (an order that disagrees with it) raise, naming it,
     # never copy what mode="clip" would make of them
     src = plans[0].sources[0]
@@ -307,19 +325,22 @@ for dirs, opts in (CASES[0], CASES[2], CASES[4], CASES[6], ([DEMO], dict(window=
     m, f = src.maps[name], src.files[name]
     for first in (len(m), -1):
         try:
-            DrawnReader._gather(f, m, np.zeros((1, 1, m.shape[1]), np.uint8), np.arange(1), True, np.array([first]),
-                                np.array([1]), 1)
+            DrawnReader._gather_index(f, m, np.array([first]), np.array([1]), 1)
             raise AssertionError("row %d of %d gathered" % (first, len(m)))
         except ValueError as e:
             assert f.path in str(e) and "disagree" in str(e), str(e)
     # a destination that is not contiguous is refused (its reshape would
     # be a copy that the rows went to, the batch left as it was)
+    r = DrawnReader(plans[0], 1, batch_size=7, remainder="partial")
+    shapes = plans[0].shapes()
+    out = {k: np.zeros((7,) + shape, dtype=d) for k, (d, shape) in shapes.items()}
+    out[name] = np.zeros((7,) + shapes[name][1][:-1] + (2 * shapes[name][1][-1],), shapes[name][0])[..., ::2]
     try:
-        DrawnReader._gather(f, m, np.zeros((1, 1, 2 * m.shape[1]), np.uint8)[:, :, ::2], np.arange(1), True, np.array([0]),
-                            np.array([1]), 1)
+        r.jobs(0, out, 2)
         raise AssertionError("a strided destination taken")
     except RuntimeError as e:
-        assert "contiguous" in str(e), str(e)
+        assert "contiguous" in str(e) and name in str(e), str(e)
+    r.close()
     for p in plans:
         p.close()
 for bad in ("yes", 1, 0, None):

@@ -29,6 +29,7 @@ against the dataset's SHA256SUMS.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -36,7 +37,7 @@ import threading
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from fractions import Fraction
-from typing import Any, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -741,6 +742,59 @@ def _spans(ivs: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]
     return out
 
 
+def _row_parts(n: int, parts: int) -> list[tuple[int, int]]:
+    """[0, n) cut into at most `parts` stretches of about equal rows."""
+    parts = max(1, min(parts, n))
+    return [(n * k // parts, n * (k + 1) // parts) for k in range(parts)]
+
+
+def _copy(ops: list[tuple[Any, ...]], i: int, j: int) -> None:
+    """Rows i..j of a batch copied as DrawnReader.jobs prepared them: of each
+    op, the rows of the batch it fills (all of them, or those of sel)
+    that lie in i..j."""
+    for kind, sel, src, idx, dst, short, valid, mode in ops:
+        if sel is None:
+            a, b = i, j
+        else:
+            a, b = int(np.searchsorted(sel, i)), int(np.searchsorted(sel, j))
+        if a >= b:
+            continue
+        rows = None if sel is None else sel[a:b]
+        if kind == "pread":
+            _pread_windows(src, dst, idx[a:b], valid[a:b], range(a, b) if rows is None else rows.tolist())
+            continue
+        # (a blob's rows: mode "clip", no bounds pass and no buffer, idx was
+        # checked against the blob; a held modality's: "raise")
+        if rows is None:
+            np.take(src, idx[a:b], axis=0, out=dst[a:b], mode=mode)
+        else:
+            dst[rows] = np.take(src, idx[a:b], axis=0, mode=mode)
+        if short is not None:
+            for k in short[(short >= a) & (short < b)].tolist():
+                dst[k if sel is None else int(sel[k]), int(valid[k]):] = 0
+
+
+def _pread_windows(f: Npy, dst: np.ndarray, first: np.ndarray, valid: np.ndarray, rows: Any) -> None:
+    """Windows of rows [first, first + valid) of f each read by one pread
+    into dst's rows `rows` (dst: [n, per rows, ...], C-contiguous), zeros
+    past valid; a file cut short raises, naming it."""
+    view = memoryview(dst.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+    row = f.row
+    per = (dst.nbytes // len(dst)) if len(dst) else 0
+    fd, off0 = f.fd, f.offset
+    for k, a, v in zip(rows, first.tolist(), valid.tolist()):
+        n, at, d = v * row, off0 + a * row, k * per
+        got = os.preadv(fd, [view[d: d + n]], at)
+        while got < n:
+            more = os.preadv(fd, [view[d + got: d + n]], at + got)
+            if not more:
+                raise ValueError("%s: shorter than its header says (rows %d..%d; changed since it was checked?)"
+                                 % (f.path, a, a + v))
+            got += more
+        if n < per:
+            view[d + n: d + per] = bytes(per - n)
+
+
 class DrawnReader:
     """One rank's batches of one drawn epoch (see Drawn), as
     EpochReader's: dicts of a batch's arrays per modality and "samples"
@@ -1016,81 +1070,80 @@ class DrawnReader:
         if gid not in self._groups:
             self._groups[gid] = [self._pool_().submit(self._fetch, gid, i, PARTS) for i in range(PARTS)]
 
-    def fill(self, g: int, out: Mapping[str, np.ndarray], i: int = 0, j: Optional[int] = None) -> None:
-        """Rows i..j of batch g into out (name -> array [n, ...] of the
-        batch's shape; "samples" too): a streamed modality's windows
-        gathered from the memory map of its blob (read=False; its size
-        checked first), or each one pread of its rows (read=True), from
-        the page cache the group's read put them in (a file cut short
-        raises, naming it), zeros past valid; a held modality's windows
-        gathered from memory."""
+    def fill(self, g: int, out: Mapping[str, np.ndarray]) -> None:
+        """Batch g into out (name -> array [n, ...] of the batch's shape;
+        "samples" too): jobs(g, out, 1) done."""
+        for job in self.jobs(g, out, 1):
+            job()
+
+    def jobs(self, g: int, out: Mapping[str, np.ndarray], parts: int) -> list[Callable[[], None]]:
+        """Batch g's fill into out, prepared: "samples" written, every check
+        made and every index computed here, once; returned as at most
+        `parts` jobs, each copying a stretch of the batch's rows (of every
+        modality) and nothing else, for the read threads to run at once (a
+        copy releases the GIL; when each thread computed the indices and
+        made the checks of its half, that Python, the GIL's to hold, was
+        a third of a warm batch's thread time).
+
+        A streamed modality's windows are gathered from the memory map of
+        its blob (read=False; its size checked first), or each read by one
+        pread of its rows (read=True), from the page cache the group's read
+        put them in (a file cut short raises, naming it), zeros past valid;
+        a held modality's windows are gathered from memory."""
         pos = self.batch_positions(g)
-        j = len(pos) if j is None else j
-        pos = pos[i:j]
+        n = len(pos)
         o = self.order
         clip, start, valid, gs = o.clip[pos], o.start[pos], o.valid[pos], o.gs[pos]
         srcs = o.source[pos] if self.mixed else None
-        smp = out["samples"][i:j]
+        smp = out["samples"][:n]
         smp[:, 0], smp[:, 1], smp[:, 2] = clip, start, valid
         if srcs is not None:
             smp[:, 3] = srcs
         W = self.plan.window
+        ops: list[tuple[Any, ...]] = []  # (kind, sel (None: every row), source, index, dst, short windows, valid rows, take's mode)
         for s in (np.unique(srcs).tolist() if srcs is not None else [0]):
-            sel = np.nonzero(srcs == s)[0] if srcs is not None else np.arange(len(pos))
-            one = len(sel) == len(pos)
+            sel = np.flatnonzero(srcs == s) if srcs is not None else None
             src = self.plan.sources[s]
+            c, v, first = (clip, valid, gs) if sel is None else (clip[sel], valid[sel], gs[sel])
             for rec in src.mods:
                 name = rec["name"]
-                dst = out[name][i:j]
+                dst = out[name][:n]
+                if not dst.flags.c_contiguous:  # (a reshape would copy: the rows would go to the copy)
+                    raise RuntimeError("a batch's buffer of %s is not C-contiguous" % name)
+                rate = rec["rate"]
                 if rec["held"]:
                     a = src.held[name]
                     if rec["per_clip"]:
-                        idx = clip[sel]
+                        idx = c
                     else:
-                        rate = rec["rate"]
                         r = np.arange(W * rate, dtype=np.int64)
-                        idx = gs[sel, None] * rate + r[None, :]
-                        idx = np.where(r[None, :] < (valid[sel] * rate)[:, None], idx, len(a) - 1)  # past valid: the zero row
-                    if one:
-                        np.take(a, idx, axis=0, out=dst)
-                    else:
-                        dst[sel] = a[idx]
+                        idx = first[:, None] * rate + r[None, :]
+                        idx = np.where(r[None, :] < (v * rate)[:, None], idx, len(a) - 1)  # past valid: the zero row
+                    ops.append(("take", sel, a, idx, dst, None, None, "raise"))
                     continue
                 f = src.files[name]
-                rate, row = rec["rate"], f.row
                 m = src.maps.get(name)
                 if m is not None:
-                    self._gather(f, m, dst, sel, one, gs[sel] * rate, valid[sel] * rate, W * rate)
-                    continue
-                assert dst.flags.c_contiguous
-                view = memoryview(dst.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
-                per = W * rate * row
-                fd, off0 = f.fd, f.offset
-                for k, first, v in zip(sel.tolist(), (gs[sel] * rate).tolist(), (valid[sel] * rate).tolist()):
-                    n, at, d = v * row, off0 + first * row, k * per
-                    got = os.preadv(fd, [view[d: d + n]], at)
-                    while got < n:
-                        more = os.preadv(fd, [view[d + got: d + n]], at + got)
-                        if not more:
-                            raise ValueError("%s: shorter than its header says (rows %d..%d; changed since it was checked?)"
-                                             % (f.path, first, first + v))
-                        got += more
-                    if n < per:
-                        view[d + n: d + per] = bytes(per - n)
+                    idx, short = self._gather_index(f, m, first * rate, v * rate, W * rate)
+                    ops.append(("take", sel, m, idx, dst.reshape(n, W * rate, -1).view(np.uint8), short if len(short) else None,
+                                v * rate, "clip"))
+                else:
+                    ops.append(("pread", sel, f, first * rate, dst, None, v * rate, None))
+        return [functools.partial(_copy, ops, i, j) for i, j in _row_parts(n, parts)]
 
     @staticmethod
-    def _gather(f: Npy, m: np.ndarray, dst: np.ndarray, sel: np.ndarray, one: bool, first: np.ndarray,
-                valid: np.ndarray, per: int) -> None:
-        """Windows of rows [first, first + valid) of a mapped blob (m: uint8
-        [rows, row bytes]) into dst's rows sel, zeros past valid; the
-        blob's size checked first (a file cut short raises, naming it,
-        before any page of it is touched)."""
+    def _gather_index(f: Npy, m: np.ndarray, first: np.ndarray, valid: np.ndarray, per: int) -> tuple[np.ndarray, np.ndarray]:
+        """The rows of a mapped blob (m: uint8 [rows, row bytes]) that
+        windows of rows [first, first + valid) gather, [n, per] (rows past
+        valid: any row, zeroed after the copy; those windows, `short`);
+        the blob's size checked first (a file cut short raises, naming
+        it, before any page of it is touched), and the rows against it."""
         size = os.fstat(f.fd).st_size
         if size < f.size:
             raise ValueError("%s: shorter than its header says (%d bytes, %d when it was checked; changed since?)"
                              % (f.path, size, f.size))
         if not len(first):
-            return
+            return np.zeros((0, per), np.int64), np.zeros(0, np.int64)
         if int(first.min()) < 0 or int((first + np.minimum(valid, per)).max()) > len(m):
             raise ValueError("%s: rows %d..%d asked of its %d rows (the order and the blob disagree)" % (
                 f.path, int(first.min()), int((first + valid).max()), len(m)))
@@ -1098,15 +1151,7 @@ class DrawnReader:
         short = np.flatnonzero(valid < per)
         if len(short):
             np.minimum(idx, len(m) - 1, out=idx)  # (rows past valid: any row, zeroed below)
-        if not dst.flags.c_contiguous:  # (a reshape would copy: the rows would go to the copy)
-            raise RuntimeError("a batch's buffer of %s is not C-contiguous" % f.path)
-        d3 = dst.reshape(len(dst), per, -1).view(np.uint8)
-        if one:
-            np.take(m, idx, axis=0, out=d3, mode="clip")  # ("clip": no bounds pass and no buffer; idx is in range)
-        else:
-            d3[sel] = np.take(m, idx, axis=0, mode="clip")
-        for k in short.tolist():
-            d3[sel[k], int(valid[k]):] = 0
+        return idx, short
 
     def batches(self, worker_id: Optional[int] = None, num_workers: Optional[int] = None,
                 first: Optional[int] = None) -> Iterator[dict[str, np.ndarray]]:

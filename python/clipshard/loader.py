@@ -589,7 +589,7 @@ class Loader:
             for name, arr, raw in casts:
                 self._cast(name, arr, raw)
         else:
-            list(pool.map(lambda ij: r.fill(g, dsts, *ij), _rows(n, self.threads)))
+            list(pool.map(lambda job: job(), r.jobs(g, dsts, self.threads)))
             parts = [(name, arr[i:j], raw[i:j]) for name, arr, raw in casts for i, j in _rows(len(arr), self.threads)]
             list(pool.map(lambda c: self._cast(*c), parts))
         return out
