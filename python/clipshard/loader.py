@@ -692,6 +692,8 @@ def _produce(ref: "weakref.ref[Loader]", pos: int, start: int, stop: Optional[th
                     loader = ref()
                     if loader is None or (stop is not None and stop.is_set()):
                         return
+                    if g == max(0, n - 2) and stop is not None and pos + 1 < len(loader._plans):
+                        r.order_ahead(loader._plans[pos + 1]["epoch"])
                     arrays = loader._finish(loader._read_drawn(r, g))
                     del loader
                     yield _Batch(pos, g, arrays, r.remaining_after(g + 1), g + 1 == n)
