@@ -58,16 +58,22 @@ def open_regular(path: str, dir_fd: Optional[int] = None, name: Optional[str] = 
     return fd, st
 
 
-def pread_all(fd: int, n: int, off: int, path: str) -> bytes:
-    """n bytes at off (fewer only at the end of the file)."""
-    out, got = bytearray(n), 0
-    view = memoryview(out)
+def pread_into(fd: int, view: memoryview, off: int) -> int:
+    """Bytes of fd at off read into view: all of it, fewer only at the end
+    of the file."""
+    n, got = len(view), 0
     while got < n:
         k = os.preadv(fd, [view[got:]], off + got)
         if not k:
             break
         got += k
-    return bytes(out[:got])
+    return got
+
+
+def pread_all(fd: int, n: int, off: int, path: str) -> bytes:
+    """n bytes at off (fewer only at the end of the file)."""
+    out = bytearray(n)
+    return bytes(out[:pread_into(fd, memoryview(out), off)])
 
 
 def read_json(path: str, limit: int = MAX_MANIFEST) -> dict[str, Any]:

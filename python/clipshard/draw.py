@@ -37,12 +37,12 @@ import threading
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from fractions import Fraction
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Literal, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
 from . import _remote
-from ._files import MAX_MANIFEST, Npy, cached as _cached, confined, memory_limit, open_regular, pread_all, read_json
+from ._files import MAX_MANIFEST, Npy, cached as _cached, confined, memory_limit, open_regular, pread_all, pread_into, read_json
 from .epochs import _check_rank_args, _size, _worker
 
 __all__ = ["Drawn", "DrawnReader"]
@@ -742,55 +742,53 @@ def _spans(ivs: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]
     return out
 
 
-def _row_parts(n: int, parts: int) -> list[tuple[int, int]]:
+def _rows(n: int, parts: int) -> list[tuple[int, int]]:
     """[0, n) cut into at most `parts` stretches of about equal rows."""
-    parts = max(1, min(parts, n))
-    return [(n * k // parts, n * (k + 1) // parts) for k in range(parts)]
+    step = max(1, -(-n // parts))
+    return [(i, min(n, i + step)) for i in range(0, n, step)]
 
 
-def _copy(ops: list[tuple[Any, ...]], i: int, j: int) -> None:
-    """Rows i..j of a batch copied as DrawnReader.jobs prepared them: of each
-    op, the rows of the batch it fills (all of them, or those of sel)
-    that lie in i..j."""
-    for kind, sel, src, idx, dst, short, valid, mode in ops:
+def _copy(ops: list[tuple[Optional[np.ndarray], Callable[[int, int, Any], None]]], i: int, j: int) -> None:
+    """Rows i..j of a batch copied as DrawnReader.jobs prepared them: each
+    op (sel, copy) for the rows of the batch it fills (all of them, or
+    those of sel) that lie in i..j: copy(a, b, rows), its own rows a..b,
+    which are the batch's rows (None: a..b)."""
+    for sel, copy in ops:
         if sel is None:
-            a, b = i, j
-        else:
-            a, b = int(np.searchsorted(sel, i)), int(np.searchsorted(sel, j))
-        if a >= b:
+            copy(i, j, None)
             continue
-        rows = None if sel is None else sel[a:b]
-        if kind == "pread":
-            _pread_windows(src, dst, idx[a:b], valid[a:b], range(a, b) if rows is None else rows.tolist())
-            continue
-        # (a blob's rows: mode "clip", no bounds pass and no buffer, idx was
-        # checked against the blob; a held modality's: "raise")
-        if rows is None:
-            np.take(src, idx[a:b], axis=0, out=dst[a:b], mode=mode)
-        else:
-            dst[rows] = np.take(src, idx[a:b], axis=0, mode=mode)
-        if short is not None:
-            for k in short[(short >= a) & (short < b)].tolist():
-                dst[k if sel is None else int(sel[k]), int(valid[k]):] = 0
+        a, b = int(np.searchsorted(sel, i)), int(np.searchsorted(sel, j))
+        if a < b:
+            copy(a, b, sel[a:b])
 
 
-def _pread_windows(f: Npy, dst: np.ndarray, first: np.ndarray, valid: np.ndarray, rows: Any) -> None:
-    """Windows of rows [first, first + valid) of f each read by one pread
-    into dst's rows `rows` (dst: [n, per rows, ...], C-contiguous), zeros
-    past valid; a file cut short raises, naming it."""
+def _take_windows(src: np.ndarray, idx: np.ndarray, dst: np.ndarray, mode: Literal["raise", "clip"], short: Optional[np.ndarray],
+                  valid: Optional[np.ndarray], a: int, b: int, rows: Optional[np.ndarray]) -> None:
+    """src's rows idx[a:b] into dst's rows (a..b, or rows), then zeros
+    past valid in the short windows. (A blob's rows: mode "clip", no bounds
+    pass and no buffer, idx was checked against the blob; a held
+    modality's: "raise".)"""
+    if rows is None:
+        np.take(src, idx[a:b], axis=0, out=dst[a:b], mode=mode)
+    else:
+        dst[rows] = np.take(src, idx[a:b], axis=0, mode=mode)
+    if short is not None and valid is not None:
+        for k in short[(short >= a) & (short < b)].tolist():
+            dst[k if rows is None else int(rows[k - a]), int(valid[k]):] = 0
+
+
+def _pread_windows(f: Npy, dst: np.ndarray, first: np.ndarray, valid: np.ndarray, a: int, b: int,
+                   rows: Optional[np.ndarray]) -> None:
+    """Windows a..b of rows [first, first + valid) of f each read by one
+    pread into dst's rows (a..b, or rows; dst: [n, per rows, ...],
+    C-contiguous), zeros past valid; a file cut short raises, naming it."""
     view = memoryview(dst.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
-    row = f.row
-    per = (dst.nbytes // len(dst)) if len(dst) else 0
-    fd, off0 = f.fd, f.offset
-    for k, a, v in zip(rows, first.tolist(), valid.tolist()):
-        n, at, d = v * row, off0 + a * row, k * per
-        got = os.preadv(fd, [view[d: d + n]], at)
-        while got < n:
-            more = os.preadv(fd, [view[d + got: d + n]], at + got)
-            if not more:
-                raise ValueError("%s: shorter than its header says (rows %d..%d; changed since it was checked?)"
-                                 % (f.path, a, a + v))
-            got += more
+    row, per = f.row, dst.nbytes // len(dst)
+    for k, at, v in zip(range(a, b) if rows is None else rows.tolist(), first[a:b].tolist(), valid[a:b].tolist()):
+        n, d = v * row, k * per
+        if pread_into(f.fd, view[d: d + n], f.offset + at * row) < n:
+            raise ValueError("%s: shorter than its header says (rows %d..%d; changed since it was checked?)"
+                             % (f.path, at, at + v))
         if n < per:
             view[d + n: d + per] = bytes(per - n)
 
@@ -1120,7 +1118,7 @@ class DrawnReader:
         if srcs is not None:
             smp[:, 3] = srcs
         W = self.plan.window
-        ops: list[tuple[Any, ...]] = []  # (kind, sel (None: every row), source, index, dst, short windows, valid rows, take's mode)
+        ops: list[tuple[Optional[np.ndarray], Callable[[int, int, Any], None]]] = []  # (sel: the batch's rows, None: all; copy)
         for s in (np.unique(srcs).tolist() if srcs is not None else [0]):
             sel = np.flatnonzero(srcs == s) if srcs is not None else None
             src = self.plan.sources[s]
@@ -1139,17 +1137,17 @@ class DrawnReader:
                         r = np.arange(W * rate, dtype=np.int64)
                         idx = first[:, None] * rate + r[None, :]
                         idx = np.where(r[None, :] < (v * rate)[:, None], idx, len(a) - 1)  # past valid: the zero row
-                    ops.append(("take", sel, a, idx, dst, None, None, "raise"))
+                    ops.append((sel, functools.partial(_take_windows, a, idx, dst, "raise", None, None)))
                     continue
                 f = src.files[name]
                 m = src.maps.get(name)
                 if m is not None:
                     idx, short = self._gather_index(f, m, first * rate, v * rate, W * rate)
-                    ops.append(("take", sel, m, idx, dst.reshape(n, W * rate, -1).view(np.uint8), short if len(short) else None,
-                                v * rate, "clip"))
+                    ops.append((sel, functools.partial(_take_windows, m, idx, dst.reshape(n, W * rate, -1).view(np.uint8), "clip",
+                                                       short if len(short) else None, v * rate)))
                 else:
-                    ops.append(("pread", sel, f, first * rate, dst, None, v * rate, None))
-        return [functools.partial(_copy, ops, i, j) for i, j in _row_parts(n, parts)]
+                    ops.append((sel, functools.partial(_pread_windows, f, dst, first * rate, v * rate)))
+        return [functools.partial(_copy, ops, i, j) for i, j in _rows(n, parts)]
 
     @staticmethod
     def _gather_index(f: Npy, m: np.ndarray, first: np.ndarray, valid: np.ndarray, per: int) -> tuple[np.ndarray, np.ndarray]:

@@ -20,7 +20,8 @@ from typing import Any, Generator, Iterable, Iterator, Mapping, Optional, Union
 
 import numpy as np
 
-from .draw import STATE_FORMAT as DRAWN_STATE, Drawn, DrawnReader
+from ._files import pread_into
+from .draw import STATE_FORMAT as DRAWN_STATE, Drawn, DrawnReader, _rows
 from .epochs import _sources, STATE_FORMAT as READER_STATE, STATE_VERSION, EpochReader, check_state, epoch_identity, load_epochs, open_epochs
 
 __all__ = ["Loader"]
@@ -615,11 +616,6 @@ def _split(pieces: list[tuple[Any, Any, int]], parts: int) -> list[list[tuple[An
     return [o for o in out if o]
 
 
-def _rows(n: int, parts: int) -> list[tuple[int, int]]:
-    step = -(-n // parts)
-    return [(i, min(n, i + step)) for i in range(0, n, step)]
-
-
 SCRATCH = 1 << 20  # bytes a read thread reads and casts at a time (its L2 cache; measured best of 64 KiB..2 MiB here)
 _scratch = threading.local()
 
@@ -651,12 +647,8 @@ class _CastInto:
 
 
 def _pread_into(f: Any, view: memoryview, off: int) -> None:
-    n, got = len(view), 0
-    while got < n:
-        m = os.preadv(f.fd, [view[got:]], off + got)
-        if not m:
-            raise ValueError("%s: shorter than its header says (changed since it was checked?)" % f.path)
-        got += m
+    if pread_into(f.fd, view, off) < len(view):
+        raise ValueError("%s: shorter than its header says (changed since it was checked?)" % f.path)
 
 
 def _pread_pieces(pieces: list[tuple[Any, Any, int]]) -> None:
