@@ -30,6 +30,19 @@ func TestDrawnEpochs(t *testing.T) {
 	t.Log(strings.TrimSpace(got))
 }
 
+// TestDrawnHugeClip (#38): a dataset with a clip of 4.6 GB (a sparse
+// blob) drawn from: windows past 2 and 4 GiB of the blob come back as the
+// rows index.npy says, exactly once, through the memory map and through
+// preads (testdata/check_drawn_huge.py; an offset cut to 32 bits in
+// either path fails it: tried).
+func TestDrawnHugeClip(t *testing.T) {
+	got := string(numpytest.Run(t, filepath.Join("..", "..", "testdata", "check_drawn_huge.py")))
+	if !strings.Contains(got, "ok: drawn huge clip") {
+		t.Fatalf("check_drawn_huge: %s", got)
+	}
+	t.Log(strings.TrimSpace(got))
+}
+
 // TestBenchDrawnRuns: docs/bench_drawn.py (just bench-drawn) runs end to
 // end on the demo set, so that it cannot rot: the quality table (with
 // materialised epochs, and without), a fake dataset's, and a speed row
