@@ -16,6 +16,7 @@ checkpoint (at most twice; see below); CLIPSHARD_DDP_ABORT=N makes the
 first resumed run crash so, after N steps or more, 2 past a checkpoint
 (the tests do, in CI).
 """
+import atexit
 import json
 import os
 import random
@@ -34,6 +35,29 @@ here = os.path.dirname(os.path.abspath(__file__))
 example = os.path.join(here, "..", "examples", "train_ddp.py")
 sys.path.insert(0, os.path.join(here, "..", "python"))
 import clipshard  # noqa: E402
+
+# The example runs in sessions of its own (so that a kill reaches its
+# ranks, not this check): stopped with this check (SIGTERM, ^C, an error),
+# what is still running of them goes too, not left on the node.
+live = []
+
+
+def _kill_live():
+    for q in live:
+        if q.poll() is None:
+            try:
+                os.killpg(q.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            q.wait()
+
+
+def _stopped(signum, _frame):
+    raise SystemExit("check_ddp: stopped by signal %d" % signum)
+
+
+atexit.register(_kill_live)
+signal.signal(signal.SIGTERM, _stopped)
 
 edir = sys.argv[1]
 # With BUCKET_URL CACHE_DIR: the same epochs pushed to a bucket, trained
@@ -56,6 +80,7 @@ p = subprocess.Popen([sys.executable, example, src, "--ranks", "2", "--batch-siz
                       "--ckpt", ckpt, "--log", logs, "--step-ms", "20"] + cache,
                      stdout=subprocess.PIPE, text=True, start_new_session=True,
                      env=dict(os.environ, TMPDIR=tmp))  # (its rendezvous file, left by the kill, goes with tmp)
+live.append(p)
 saved = 0
 deadline = time.monotonic() + 300
 while saved < target:
@@ -131,6 +156,7 @@ for attempt in range(3):
                              env=dict({k: v for k, v in os.environ.items() if not (inject and k == "PYTHONFAULTHANDLER")},
                                       TMPDIR=tmp),
                              preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)) if inject else None)
+        live.append(p)
         deadline = time.monotonic() + 300
         while inject and p.poll() is None:
             f = os.path.join(logs, "rank-0.jsonl")
