@@ -304,6 +304,38 @@ if n >= 5 * S:
         assert np.array_equal(np.concatenate(got), order), "a batch over many shards"
     cases += 1
 
+# A Loader made before a fork and iterated on both sides: a batch the
+# child holds stays as it was handed out while the parent reads on (the
+# buffers were shared anonymous memory, MAP_SHARED: the parent's reads
+# rewrote the child's batch; the Loader's own pages must be the
+# process's, MAP_PRIVATE).
+if hasattr(os, "fork"):
+    assert not threads(), threads()
+    ld = Loader(edir, on_disk, batch_size=2, prefetch=2)
+    (r1, w1), (r2, w2) = os.pipe(), os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 4
+        try:
+            b = next(iter(ld))
+            kept = {k: np.array(v) for k, v in b.items()}
+            os.write(w1, b"x")
+            os.read(r2, 1)  # (the parent has read every epoch)
+            code = 0 if all(np.array_equal(kept[k].view(np.uint8), np.asarray(b[k]).view(np.uint8)) for k in kept) else 3
+        finally:
+            os._exit(code)
+    os.read(r1, 1)
+    for e in on_disk:
+        for b in ld:
+            pass
+    os.write(w2, b"x")
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    for x in (r1, w1, r2, w2):
+        os.close(x)
+    ld.close()
+    assert code == 0, "a Loader made before a fork: the child's batch changed while the parent read (exit %d)" % code
+    cases += 1
+
 msg = "ok: loader %d arrays equal, %d stop/resume cases" % (checked, cases)
 
 # -- torch ------------------------------------------------------------------

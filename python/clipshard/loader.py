@@ -240,8 +240,14 @@ class Loader:
     def _alloc(self, nbytes: int) -> Any:
         """A new buffer of nbytes (uint8 numpy array), its pages faulted in
         (2 MiB ones where the kernel gives them: the first epoch's reads do
-        not wait on page faults)."""
-        m = mmap.mmap(-1, max(nbytes, 1))
+        not wait on page faults). Private memory (MAP_PRIVATE): mmap's
+        default, MAP_SHARED, kept the pages shared across a fork, and a
+        Loader made before a fork and iterated on both sides wrote the
+        parent's batches into the child's (check_loader.py); shared
+        anonymous memory is also shmem, which gets no 2 MiB pages unless
+        the machine's shmem_enabled says so (here: never)."""
+        flags = getattr(mmap, "MAP_PRIVATE", None)
+        m = mmap.mmap(-1, max(nbytes, 1)) if flags is None else mmap.mmap(-1, max(nbytes, 1), flags=flags)
         if nbytes >= 4 << 20 and hasattr(mmap, "MADV_HUGEPAGE"):
             try:
                 m.madvise(mmap.MADV_HUGEPAGE)
