@@ -345,11 +345,8 @@ def floor_pass(files, flags, threads, buf, ring=0, f32=False, cold=False):
     fds = [os.open(f, flags) for f in files]
     nxt, lock = [0], threading.Lock()
     R = None
-    if ring:  # faulted in before the clock starts, private, 2 MiB pages where the kernel gives them (as the Loader's buffers)
-        m = mmap.mmap(-1, ring * (2 if f32 else 1) // 4 * 4, flags=mmap.MAP_PRIVATE)
-        m.madvise(mmap.MADV_HUGEPAGE)
-        R = np.frombuffer(m, np.uint8)
-        R[::4096] = 1
+    if ring:  # the Loader's own buffer memory, faulted in before the clock starts
+        R = clipshard.loader.buffer(ring * (2 if f32 else 1) // 4 * 4)
     if f32:
         import torch
 

@@ -317,6 +317,7 @@ if hasattr(os, "fork"):
     if pid == 0:
         code = 4
         try:
+            os.close(r1), os.close(w2)  # (each side keeps only its own ends: one that dies ends the other's read)
             b = next(iter(ld))
             kept = {k: np.array(v) for k, v in b.items()}
             os.write(w1, b"x")
@@ -324,14 +325,16 @@ if hasattr(os, "fork"):
             code = 0 if all(np.array_equal(kept[k].view(np.uint8), np.asarray(b[k]).view(np.uint8)) for k in kept) else 3
         finally:
             os._exit(code)
-    os.read(r1, 1)
-    for e in on_disk:
-        for b in ld:
-            pass
-    os.write(w2, b"x")
-    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-    for x in (r1, w1, r2, w2):
-        os.close(x)
+    os.close(w1), os.close(r2)
+    try:
+        if os.read(r1, 1):  # (b"": the child died before its first batch)
+            for e in on_disk:
+                for b in ld:
+                    pass
+            os.write(w2, b"x")
+    finally:
+        os.close(r1), os.close(w2)
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     ld.close()
     assert code == 0, "a Loader made before a fork: the child's batch changed while the parent read (exit %d)" % code
     cases += 1

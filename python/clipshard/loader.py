@@ -238,24 +238,7 @@ class Loader:
         return np.dtype(dtype)
 
     def _alloc(self, nbytes: int) -> Any:
-        """A new buffer of nbytes (uint8 numpy array), its pages faulted in
-        (2 MiB ones where the kernel gives them: the first epoch's reads do
-        not wait on page faults). Private memory (MAP_PRIVATE): mmap's
-        default, MAP_SHARED, kept the pages shared across a fork, and a
-        Loader made before a fork and iterated on both sides wrote the
-        parent's batches into the child's (check_loader.py); shared
-        anonymous memory is also shmem, which gets no 2 MiB pages unless
-        the machine's shmem_enabled says so (here: never)."""
-        flags = getattr(mmap, "MAP_PRIVATE", None)
-        m = mmap.mmap(-1, max(nbytes, 1)) if flags is None else mmap.mmap(-1, max(nbytes, 1), flags=flags)
-        if nbytes >= 4 << 20 and hasattr(mmap, "MADV_HUGEPAGE"):
-            try:
-                m.madvise(mmap.MADV_HUGEPAGE)
-            except OSError:
-                pass
-        a = np.frombuffer(m, dtype=np.uint8, count=nbytes)
-        a[::4096] = 0
-        return a
+        return buffer(nbytes)
 
     def _finish(self, arrays: dict[str, np.ndarray]) -> Any:
         """What the thread makes of a batch it read (e.g. a copy to the
@@ -600,6 +583,28 @@ class Loader:
             parts = [(name, arr[i:j], raw[i:j]) for name, arr, raw in casts for i, j in _rows(len(arr), self.threads)]
             list(pool.map(lambda c: self._cast(*c), parts))
         return out
+
+
+def buffer(nbytes: int) -> np.ndarray:
+    """A new buffer of nbytes (uint8 numpy array) for batches, its pages
+    faulted in (2 MiB ones where the kernel gives them: the first epoch's
+    reads do not wait on page faults). Private memory (MAP_PRIVATE):
+    mmap's default, MAP_SHARED, kept the pages shared across a fork, and a
+    Loader made before a fork and iterated on both sides wrote the
+    parent's batches into the child's (check_loader.py); shared anonymous
+    memory is also shmem, which gets no 2 MiB pages unless the machine's
+    shmem_enabled says so (here: never). (bench_peers.py's floor writes
+    into these too.)"""
+    flags = getattr(mmap, "MAP_PRIVATE", None)
+    m = mmap.mmap(-1, max(nbytes, 1)) if flags is None else mmap.mmap(-1, max(nbytes, 1), flags=flags)
+    if nbytes >= 4 << 20 and hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            m.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass
+    a = np.frombuffer(m, dtype=np.uint8, count=nbytes)
+    a[::4096] = 0
+    return a
 
 
 CHUNK = 4 << 20  # bytes read by one preadv call at most (a piece of a batch is split so)
