@@ -596,6 +596,13 @@ if hasattr(os, "posix_fadvise"):
 # (asked beside them, they share the disk with them: the first batch of a
 # cold epoch waits for both).
 import clipshard.draw as _draw  # noqa: E402
+# _distinct (np.unique without numpy 2.3+'s import of numpy.ma in a first
+# batch): np.unique's answer, empty, one, repeated, negative, int32/int64
+_rng = np.random.default_rng(5)
+for _a in [np.zeros(0, np.int64), np.array([7]), np.array([3, 3, 3], np.int32), _rng.integers(-5, 5, 50),
+           _rng.integers(0, 1 << 40, 300)]:
+    _d = _draw._distinct(_a)
+    assert _d.dtype == _a.dtype and np.array_equal(_d, np.unique(_a)), (_a, _d)
 plan, _ = plan_of(*CASES[2])
 rd = DrawnReader(plan, 1, batch_size=3)
 events = []

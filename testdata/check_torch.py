@@ -184,4 +184,33 @@ if StatefulDataLoader is not None:
     assert isinstance(Loader(edir, epoch, batch_size=3), Stateful)
     import torchdata
     extra = ", torchdata %s StatefulDataLoader" % torchdata.__version__
-print("ok: torch %s (workers, torch.save state, kill and resume%s)" % (torch.__version__, extra))
+# The Loader's read threads cast on their own thread alone (torch's
+# intra-op threads on top of them oversubscribed the cores); the
+# trainer's threads keep torch's count: this one, and one made after.
+import threading  # noqa: E402
+
+from clipshard.torch import Loader as TLoader  # noqa: E402
+
+seen = {}
+
+
+class Seen(TLoader):
+    def _cast(self, name, dst, src):
+        super()._cast(name, dst, src)
+        seen.setdefault(threading.current_thread().name, set()).add(torch.get_num_threads())
+
+
+before = torch.get_num_threads()
+for b in Seen(edir, epoch, batch_size=3, dtype=torch.float32, threads=2):
+    pass
+readers = {k: v for k, v in seen.items() if k.startswith("clipshard-read")}
+assert readers, seen
+if before > 1 and "OpenMP" in torch.__config__.parallel_info().split("parallel backend:")[-1]:
+    assert all(v == {1} for v in readers.values()), (before, seen)
+after = []
+t = threading.Thread(target=lambda: after.append(torch.get_num_threads()))
+t.start()
+t.join()
+assert torch.get_num_threads() == before and after == [before], (before, torch.get_num_threads(), after)
+print("ok: torch %s (workers, torch.save state, kill and resume%s; read threads cast alone: %s)"
+      % (torch.__version__, extra, sorted(set().union(*readers.values()))))

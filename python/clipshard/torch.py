@@ -2,7 +2,9 @@
 here)."""
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping, Optional
+import ctypes
+import threading
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import numpy as np
 import torch
@@ -249,6 +251,8 @@ class Loader(_loader.Loader):
         return _tensor_type(self._src[name][0])
 
     def _cast(self, name: str, dst: np.ndarray, src: np.ndarray) -> None:
+        if not getattr(_here, "serial", False):
+            _serial_here()
         torch.from_numpy(dst).view(self._out_type(name)).copy_(torch.from_numpy(src))
 
     def _finish(self, arrays: dict[str, np.ndarray]) -> Any:
@@ -277,6 +281,53 @@ class Loader(_loader.Loader):
             for t in arrays.values():
                 t.record_stream(now)  # allocated on the side stream, used on this one
         return arrays
+
+
+_here = threading.local()
+_omp: list[Optional[Callable[[int], None]]] = []
+
+
+def _serial_here() -> None:
+    """In one of the Loader's read threads (threads >= 2), torch's casts
+    run on that thread alone: the read threads already share the cores
+    among them, and each cast of a piece spread over torch's intra-op
+    OpenMP threads as well put 2 x 2 threads on 2 cores (float32 torch,
+    warm, 2 cores: 43-51k samples/s and 8.9-11.6 ms of CPU a batch,
+    against 52-63k and 7.6-9.1 with OMP_NUM_THREADS=1, docs/BENCHMARKS.md).
+    Only this thread's count is set (OpenMP's is per thread: the
+    trainer's threads keep torch.get_num_threads()); after torch's own
+    first setting of it in this thread, which it makes once a thread. The
+    consumer's thread, and the Loader's one thread with threads=1, keep
+    torch's setting. Without an OpenMP runtime in the process (another
+    parallel backend), nothing is changed."""
+    _here.serial = True
+    if not threading.current_thread().name.startswith("clipshard-read"):
+        return
+    if not _omp:
+        _omp.append(_omp_set_num_threads())
+    f = _omp[0]
+    if f is not None and torch.get_num_threads() > 1:  # (torch's per-thread setting made first)
+        f(1)
+
+
+def _omp_set_num_threads() -> Optional[Callable[[int], None]]:
+    """omp_set_num_threads of the OpenMP runtime torch loaded, or None."""
+    if "OpenMP" not in torch.__config__.parallel_info().split("parallel backend:")[-1]:
+        return None
+    try:
+        with open("/proc/self/maps") as m:
+            paths = {line.split()[-1] for line in m if "/lib" in line}
+    except OSError:
+        return None
+    for p in sorted(paths):
+        if p.rsplit("/", 1)[-1].startswith(("libgomp", "libiomp5", "libomp")):
+            try:
+                f = ctypes.CDLL(p).omp_set_num_threads
+            except (OSError, AttributeError):
+                continue
+            f.argtypes, f.restype = [ctypes.c_int], None
+            return f  # type: ignore[no-any-return]
+    return None
 
 
 _NUMPY = {torch.float16: "<f2", torch.float32: "<f4", torch.float64: "<f8"}
