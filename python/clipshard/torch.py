@@ -3,6 +3,7 @@ here)."""
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from typing import Any, Callable, Iterator, Mapping, Optional
 
@@ -319,7 +320,10 @@ def _omp_set_num_threads() -> Optional[Callable[[int], None]]:
             paths = {line.split()[-1] for line in m if "/lib" in line}
     except OSError:
         return None
-    for p in sorted(paths):
+    own = os.path.dirname(os.path.abspath(torch.__file__))
+    # (torch's own copy first, where it ships one: another library's
+    # OpenMP runtime in the same process would take the count, not torch)
+    for p in sorted(paths, key=lambda p: (not p.startswith(own + os.sep), p)):
         if p.rsplit("/", 1)[-1].startswith(("libgomp", "libiomp5", "libomp")):
             try:
                 f = ctypes.CDLL(p).omp_set_num_threads
