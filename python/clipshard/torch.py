@@ -3,6 +3,7 @@ here)."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import threading
 from typing import Any, Callable, Iterator, Mapping, Optional
@@ -285,7 +286,6 @@ class Loader(_loader.Loader):
 
 
 _here = threading.local()
-_omp: list[Optional[Callable[[int], None]]] = []
 
 
 def _serial_here() -> None:
@@ -304,33 +304,32 @@ def _serial_here() -> None:
     _here.serial = True
     if not threading.current_thread().name.startswith("clipshard-read"):
         return
-    if not _omp:
-        _omp.append(_omp_set_num_threads())
-    f = _omp[0]
+    f = _omp_set_num_threads()
     if f is not None and torch.get_num_threads() > 1:  # (torch's per-thread setting made first)
         f(1)
 
 
+@functools.lru_cache(maxsize=None)
 def _omp_set_num_threads() -> Optional[Callable[[int], None]]:
     """omp_set_num_threads of the OpenMP runtime torch loaded, or None."""
     if "OpenMP" not in torch.__config__.parallel_info().split("parallel backend:")[-1]:
         return None
     try:
         with open("/proc/self/maps") as m:
-            paths = {line.split()[-1] for line in m if "/lib" in line}
+            paths = {p for p in (line.split()[-1] for line in m)
+                     if os.path.basename(p).startswith(("libgomp", "libiomp5", "libomp"))}
     except OSError:
         return None
     own = os.path.dirname(os.path.abspath(torch.__file__))
     # (torch's own copy first, where it ships one: another library's
     # OpenMP runtime in the same process would take the count, not torch)
     for p in sorted(paths, key=lambda p: (not p.startswith(own + os.sep), p)):
-        if p.rsplit("/", 1)[-1].startswith(("libgomp", "libiomp5", "libomp")):
-            try:
-                f = ctypes.CDLL(p).omp_set_num_threads
-            except (OSError, AttributeError):
-                continue
-            f.argtypes, f.restype = [ctypes.c_int], None
-            return f  # type: ignore[no-any-return]
+        try:
+            f = ctypes.CDLL(p).omp_set_num_threads
+        except (OSError, AttributeError):
+            continue
+        f.argtypes, f.restype = [ctypes.c_int], None
+        return f  # type: ignore[no-any-return]
     return None
 
 
