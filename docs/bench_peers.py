@@ -349,10 +349,15 @@ def floor_pass(files, flags, threads, buf, ring=0, f32=False, cold=False):
         R = clipshard.loader.buffer(ring * (2 if f32 else 1) // 4 * 4)
     if f32:
         import torch
+        from clipshard.torch import _omp_set_num_threads
 
     def work():
         b = mmap.mmap(-1, buf if not f32 else 1 << 20)  # page-aligned (O_DIRECT)
         s16 = np.frombuffer(b, np.float16)
+        if f32:  # each thread's casts on that thread alone, as the Loader's read threads (torch's OpenMP count)
+            omp = _omp_set_num_threads()
+            if omp is not None and torch.get_num_threads() > 1:
+                omp(1)
         while True:
             with lock:
                 k = nxt[0]

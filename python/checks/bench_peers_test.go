@@ -116,6 +116,24 @@ func TestBenchPeersRuns(t *testing.T) {
 			t.Fatalf("bench_peers.py read %s %s, one epoch: %v %+v\n%s", c.tool, c.config, err, r, out)
 		}
 	}
+	// docs/bench_cast.py (where a float32 batch's time goes) over the
+	// same epoch, one round: every row a rate, the bound below the read.
+	cmd := exec.Command(py, filepath.Join("..", "..", "docs", "bench_cast.py"), filepath.Join(p, "ep"), "1")
+	cmd.Env = append(os.Environ(), "TMPDIR="+t.TempDir())
+	out, err := cmd.Output()
+	var r map[string]float64
+	first, _, _ := strings.Cut(string(out), "\n")
+	if err != nil || json.Unmarshal([]byte(first), &r) != nil {
+		t.Fatalf("bench_cast.py: %v\n%s", err, out)
+	}
+	for _, k := range []string{"read", "f16 ring", "f32 ring", "cast alone", "copy alone", "f32 bound"} {
+		if !(r[k] > 0) {
+			t.Fatalf("bench_cast.py: no rate %q in %s", k, out)
+		}
+	}
+	if !(r["f32 bound"] < r["read"] && r["f32 bound / read"] > 0 && r["f32 bound / read"] < 1) || !strings.Contains(string(out), "summary, 1 rounds") {
+		t.Fatalf("bench_cast.py: %s", out)
+	}
 }
 
 // benchScript runs docs/NAME (a bash script) with work folder w and env
