@@ -126,12 +126,13 @@ func TestBenchPeersRuns(t *testing.T) {
 	if err != nil || json.Unmarshal([]byte(first), &r) != nil {
 		t.Fatalf("bench_cast.py: %v\n%s", err, out)
 	}
-	for _, k := range []string{"read", "f16 ring", "f32 ring", "cast alone", "copy alone", "f32 bound"} {
+	for _, k := range []string{"read", "f16 ring", "f32 ring", "cast alone", "copy alone", "write alone", "f32 bound"} {
 		if !(r[k] > 0) {
 			t.Fatalf("bench_cast.py: no rate %q in %s", k, out)
 		}
 	}
-	if !(r["f32 bound"] < r["read"] && r["f32 bound / read"] > 0 && r["f32 bound / read"] < 1) || !strings.Contains(string(out), "summary, 1 rounds") {
+	if !(r["f32 bound"] < r["read"] && r["f32 bound / read"] > 0 && r["f32 bound / read"] < 1 && r["any cast's bound / read"] < 1) ||
+		!strings.Contains(string(out), "summary, 1 rounds") {
 		t.Fatalf("bench_cast.py: %s", out)
 	}
 }
