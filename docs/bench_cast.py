@@ -31,8 +31,6 @@ alone). One JSON line a round; a summary (median, range) at the end.
 import json
 import os
 import sys
-import threading
-import time
 
 import numpy as np
 
@@ -41,7 +39,7 @@ sys.path.insert(0, os.path.join(here, "..", "python"))
 sys.path.insert(0, here)
 import clipshard  # noqa: E402
 import clipshard.loader  # noqa: E402
-from bench_peers import floor_pass  # noqa: E402
+from bench_peers import floor_pass, in_turn, serial_casts  # noqa: E402
 
 MiB = 1 << 20
 
@@ -53,43 +51,31 @@ def alone(total, ring, f32, fill=False):
     floor_pass lays them out; fill: the float32 pieces' bytes set to 0
     instead (memset), nothing read."""
     import torch
-    from clipshard.torch import _omp_set_num_threads
     piece = MiB if f32 else 4 * MiB
-    n = -(-total // piece)
-    nxt, lock = [0], threading.Lock()
     R = clipshard.loader.buffer(ring * (2 if f32 else 1) // 4 * 4)
     scratch = [clipshard.loader.buffer(piece) for _ in range(2)]  # (made before the clock starts)
     for s in scratch:
         s.view(np.float16)[:] = np.random.default_rng(0).standard_normal(piece // 2)  # (features' kind of values)
 
-    def work(s):
-        s16 = torch.from_numpy(s.view(np.float16))
-        if f32:
-            omp = _omp_set_num_threads()
-            if omp is not None and torch.get_num_threads() > 1:
-                omp(1)
-        while True:
-            with lock:
-                k = nxt[0]
-                nxt[0] += 1
-            if k >= n:
-                return
+    def worker(s):
+        def make():
+            s16 = torch.from_numpy(s.view(np.float16))
             if f32:
-                at = (k * piece * 2) % (len(R) - 2 * piece)
-                if fill:
-                    R[at: at + 2 * piece].fill(0)  # (memset: numpy's fastest write)
+                serial_casts()
+
+            def one(k):
+                if f32:
+                    at = (k * piece * 2) % (len(R) - 2 * piece)
+                    if fill:
+                        R[at: at + 2 * piece].fill(0)  # (memset: numpy's fastest write)
+                    else:
+                        torch.from_numpy(R[at: at + 2 * piece].view(np.float32)).copy_(s16)
                 else:
-                    torch.from_numpy(R[at: at + 2 * piece].view(np.float32)).copy_(s16)
-            else:
-                at = (k * piece) % (len(R) - piece)
-                np.copyto(R[at: at + piece], s)
-    t0 = time.perf_counter()
-    ts = [threading.Thread(target=work, args=(s,)) for s in scratch]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    return time.perf_counter() - t0
+                    at = (k * piece) % (len(R) - piece)
+                    np.copyto(R[at: at + piece], s)
+            return one
+        return make
+    return in_turn(-(-total // piece), [worker(s) for s in scratch])
 
 
 def main():

@@ -338,32 +338,23 @@ def floor_pass(files, flags, threads, buf, ring=0, f32=False, cold=False):
     piece after piece; f32: read 1 MiB at a time and cast into the ring;
     cold: the page cache of files dropped first)."""
     import mmap
-    import threading
     pieces = [(i, off) for i, f in enumerate(files) for off in range(0, os.path.getsize(f), buf)]
     if flags & os.O_DIRECT or cold:
         drop(files + [p for p in os.environ.get("BENCH_DROP", "").split(":") if p])  # (over a mount: the server's files too)
     fds = [os.open(f, flags) for f in files]
-    nxt, lock = [0], threading.Lock()
     R = None
     if ring:  # the Loader's own buffer memory, faulted in before the clock starts
         R = clipshard.loader.buffer(ring * (2 if f32 else 1) // 4 * 4)
     if f32:
         import torch
-        from clipshard.torch import _omp_set_num_threads
 
-    def work():
+    def worker():
         b = mmap.mmap(-1, buf if not f32 else 1 << 20)  # page-aligned (O_DIRECT)
         s16 = np.frombuffer(b, np.float16)
-        if f32:  # each thread's casts on that thread alone, as the Loader's read threads (torch's OpenMP count)
-            omp = _omp_set_num_threads()
-            if omp is not None and torch.get_num_threads() > 1:
-                omp(1)
-        while True:
-            with lock:
-                k = nxt[0]
-                nxt[0] += 1
-            if k >= len(pieces):
-                return
+        if f32:
+            serial_casts()
+
+        def piece(k):
             i, off = pieces[k]
             if R is None:
                 os.preadv(fds[i], [b], off)
@@ -378,16 +369,46 @@ def floor_pass(files, flags, threads, buf, ring=0, f32=False, cold=False):
                     if n < 2:
                         break
                     dst[o // 2: o // 2 + n // 2].copy_(torch.from_numpy(s16[:n // 2]))
+        return piece
+    dt = in_turn(len(pieces), [worker] * threads)
+    for fd in fds:
+        os.close(fd)
+    return dt
+
+
+def in_turn(n, workers):
+    """Seconds for a thread per item of workers to do pieces 0..n-1, each
+    taking the next piece in turn: a worker, called in its thread (on the
+    clock), returns the function that does piece k."""
+    import threading
+    nxt, lock = [0], threading.Lock()
+
+    def run(worker):
+        piece = worker()
+        while True:
+            with lock:
+                k = nxt[0]
+                nxt[0] += 1
+            if k >= n:
+                return
+            piece(k)
     t0 = time.perf_counter()
-    ts = [threading.Thread(target=work) for _ in range(threads)]
+    ts = [threading.Thread(target=run, args=(w,)) for w in workers]
     for t in ts:
         t.start()
     for t in ts:
         t.join()
-    dt = time.perf_counter() - t0
-    for fd in fds:
-        os.close(fd)
-    return dt
+    return time.perf_counter() - t0
+
+
+def serial_casts():
+    """This thread's torch casts on this thread alone, as the Loader's read
+    threads cast (torch's OpenMP count is per thread: clipshard.torch)."""
+    import torch
+    from clipshard.torch import _omp_set_num_threads
+    omp = _omp_set_num_threads()
+    if omp is not None and torch.get_num_threads() > 1:
+        omp(1)
 
 
 # -- resume ------------------------------------------------------------------
