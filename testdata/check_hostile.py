@@ -417,6 +417,19 @@ for row, col, v in ((3, 0, -100), (5, 1, 10**15)):
     save_npy(p, a)
     expect("index.npy row %d column %d = %d" % (row, col, v), lambda: Dataset(d), [p, "contiguous"])
 
+# A header that is not a Python literal is refused before numpy's parser
+# tokenizes it (looking for Python 2's 1L): a double quote among 9000
+# spaces took that parser 5-7 s, quadratic in the header's length (found
+# by testdata/fuzz_readers.py).
+d = copy(ds)
+p = os.path.join(d, "index.npy")
+b = open(p, "rb").read()
+h = ("{'descr': '<i8', 'fortran_order': False, 'shape': (%d, 2), }" % dman["clips"]) + " " * 4500 + '"' + " " * 4500 + "\n"
+os.remove(p)
+with open(p, "wb") as f:
+    f.write(b"\x93NUMPY\x01\x00" + len(h).to_bytes(2, "little") + h.encode() + b[-16 * dman["clips"]:])
+expect("a .npy header numpy's parser would tokenize", lambda: Dataset(d), [p, "not a Python literal"])
+
 # The fast .npy header parser (_files._fast_header) gives what numpy's
 # gives, or leaves the header to numpy: headers numpy writes, and the same
 # damaged (bytes changed, cut, doubled, spaces and zeros played with).

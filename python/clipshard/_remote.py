@@ -315,11 +315,11 @@ class BlockSums:
             if not isinstance(f, dict) or set(f) != {"name", "size", "sha256", "head"}:
                 raise bad("a file entry %r: want name, size, sha256, head" % (f,))
             n, size, sha = f["name"], f["size"], f["sha256"]
+            if not isinstance(n, str) or not n or n <= last:
+                raise bad("file %r: names not sorted and unique" % (n,))
             if not isinstance(f["head"], str) or not re.fullmatch(r"[0-9a-f]{64}", f["head"]):
                 raise bad("file %r: head %r" % (n, f["head"]))
             self.heads[n] = bytes.fromhex(f["head"])
-            if not isinstance(n, str) or not n or n <= last:
-                raise bad("file %r: names not sorted and unique" % (n,))
             if type(size) is not int or not 0 <= size <= 1 << 50:
                 raise bad("file %r: size %r" % (n, size))
             if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha):

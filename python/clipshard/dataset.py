@@ -36,7 +36,11 @@ class Dataset:
         self.dir, self.manifest = path, man
         try:
             files, mods, clips, frames = man["files"], man["modalities"], int(man["clips"]), int(man["frames"])
-        except (KeyError, TypeError, ValueError) as e:
+            if not isinstance(files, dict) or not isinstance(mods, list):
+                raise ValueError("files a %s, modalities a %s: not what convert writes" % (type(files).__name__, type(mods).__name__))
+            if not mods:
+                raise ValueError("no modalities")
+        except (KeyError, TypeError, ValueError, OverflowError) as e:
             raise ValueError("%s: dataset.json: %s" % (path, e)) from None
         idx = Npy(confined(path, files.get("index"), "files.index"))
         try:
@@ -49,23 +53,41 @@ class Dataset:
         lengths = self.index[:, 1]
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]) if len(lengths) else lengths
         bad = (lengths < 0) | (self.index[:, 0] != starts)
-        if bad.any() or (len(lengths) and int(lengths.sum()) != frames):
-            i = int(np.argmax(bad)) if bad.any() else len(lengths) - 1
+        if bad.any() or (len(lengths) and int(lengths.sum()) != frames) or (not len(lengths) and frames):
+            i = int(np.argmax(bad)) if bad.any() else max(len(lengths) - 1, 0)
             raise ValueError("%s: clip %d: start %d length %d; want the clips contiguous from 0 adding up to %d frames" % (
-                idx.path, i, int(self.index[i, 0]), int(self.index[i, 1]), frames))
-        self.modalities, self.blobs = {}, {}
+                idx.path, i, int(self.index[i, 0]) if len(lengths) else 0, int(self.index[i, 1]) if len(lengths) else 0, frames))
+        self.modalities: dict[str, Any] = {}  # name -> its entry of dataset.json
+        self.blobs: dict[str, np.ndarray] = {}
+        self._rate: dict[str, int] = {}  # name -> rows a frame (0: one row a clip)
         for m in mods:
+            # (each entry checked as convert writes it before any file it
+            # names is opened: a name, a rate, a frame shape of ints)
+            if not isinstance(m, dict):
+                raise ValueError("%s: dataset.json: modality %r: not an object" % (path, m))
             name = m.get("name")
+            if not isinstance(name, str) or not name:
+                raise ValueError("%s: dataset.json: modality name %r: not a name" % (path, name))
+            if name in self.modalities:
+                raise ValueError("%s: dataset.json: modality %r named twice" % (path, name))
+            per = bool(m.get("per_clip"))
+            try:
+                rate = 0 if per else int(m.get("rate", 0))
+                frame = [int(x) for x in m.get("frame_shape", [])]
+            except (TypeError, ValueError, OverflowError) as e:
+                raise ValueError("%s: dataset.json: modality %r: %s" % (path, name, e)) from None
+            if (not per and rate < 1) or any(x < 0 for x in frame):
+                raise ValueError("%s: dataset.json: modality %r: rate %r, frame shape %r: not what convert writes" % (
+                    path, name, m.get("rate"), m.get("frame_shape")))
             f = Npy(confined(path, m.get("file"), "modality %r file" % name))
             try:
-                rows = clips if m.get("per_clip") else frames * int(m.get("rate", 0))
-                f.expect(m.get("dtype"), [rows] + list(m.get("frame_shape", [])))
+                f.expect(m.get("dtype"), [clips if per else frames * rate] + frame)
                 if f.offset != m.get("data_offset"):
                     raise ValueError("%s: data at offset %d, dataset.json says %r" % (f.path, f.offset, m.get("data_offset")))
                 self.blobs[name] = f.memmap()
             finally:
                 f.close()
-            self.modalities[name] = m
+            self.modalities[name], self._rate[name] = m, rate
         self.ids: Optional[list[str]] = None
         self._row: Optional[dict[str, int]] = None
         ids = files.get("ids")
@@ -108,10 +130,10 @@ class Dataset:
         return self._row[clip]
 
     def _rows(self, name, clip, first, count):
-        m = self.modalities[name]
-        if m.get("per_clip"):
+        rate = self._rate[name]
+        if not rate:
             return self.blobs[name][clip]  # the clip's value, of frame_shape
-        return self.blobs[name][first * m["rate"]: (first + count) * m["rate"]]
+        return self.blobs[name][first * rate: (first + count) * rate]
 
     def __getitem__(self, clip: Union[str, int]) -> dict[str, np.ndarray]:
         """The clip's rows of each modality; a per-clip modality (convert's

@@ -35,14 +35,14 @@ import json
 import os
 import threading
 import warnings
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 from typing import Any, Callable, Iterator, Literal, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
 from . import _remote
-from ._files import MAX_MANIFEST, Npy, cached as _cached, confined, memory_limit, open_regular, pread_all, pread_into, read_json
+from ._files import MAX_MANIFEST, Npy, cached as _cached, confined, memory_limit, open_regular, pread_all, pread_into
 from .epochs import _check_rank_args, _size, _worker
 
 __all__ = ["Drawn", "DrawnReader"]
@@ -532,9 +532,9 @@ class Drawn:
             first = self.sources[0]
             for s in self.sources[1:]:
                 if s.signature() != first.signature():
-                    raise ValueError("dataset: source %s's modalities %s differ from %s's %s (names in order, dtypes, frame "
-                                     "shapes, rates, per-clip must match to mix them)" % (s.name, s.signature(), first.name,
-                                                                                          first.signature()))
+                    raise ValueError("dataset: source %s's modalities %s (%s/dataset.json) differ from %s's %s (%s/dataset.json; "
+                                     "names in order, dtypes, frame shapes, rates, per-clip must match to mix them)" % (
+                                         s.name, s.signature(), s.url, first.name, first.signature(), first.url))
             limit = memory_limit()
             half = limit // 2 if limit is not None else None  # (of the bytes the process may use, what its maps may take)
             streamed = {s.name: s.streamed_bytes() for s in self.sources}

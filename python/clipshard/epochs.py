@@ -102,7 +102,8 @@ def source_names(man: Mapping[str, Any]) -> list[str]:
     the one dataset's folder name (version 2)."""
     if man.get("version") == 3:
         return [s["name"] for s in man["sources"]]
-    return [os.path.basename(os.path.normpath(str(man.get("dataset", {}).get("dir", "dataset"))))]
+    ds = man.get("dataset")  # (a name only: what is not a folder's entry names the one source "dataset")
+    return [os.path.basename(os.path.normpath(str(ds.get("dir") or "dataset") if isinstance(ds, dict) else "dataset"))]
 
 
 def _worker() -> tuple[int, int]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import mmap
-import os
 import queue
 import sys
 import threading
