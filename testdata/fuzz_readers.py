@@ -29,14 +29,18 @@ ValueError naming it. A tenth change a Loader's state_dict (saved after
 its first batch; a value replaced, a key dropped, ...) and load it into a
 new Loader, which must read on or raise ValueError.
 
-Every case must end within TIMEOUT seconds with the copy read through or
+Every case must end within FUZZ_TIMEOUT seconds (20) with the copy read through or
 a ValueError whose message names the copy's folder (a file in it); any
 other exception, a hang, a crash (the last line printed names the case) or
 an allocation past the address-space cap (RLIMIT_AS, 8 GiB: a reader
 trusting a size it read) fails. Prints "ok: fuzz N cases (R read through,
-V refused)" or the failing case and its traceback, exit 1. Deterministic
-for a SEED (default 1): case k's change is drawn from SEED and k alone, so
-FUZZ_ONLY=k reruns case k by itself.
+V refused)" or the failing case and its traceback, exit 1. The copies
+are hard links (a change writes a new file in place of the link), and
+the original folders are checked against their SHA256SUMS at the end.
+Deterministic for a SEED: case k's change is drawn from SEED and k alone, so
+FUZZ_ONLY=k reruns case k by itself; FUZZ_VERBOSE=1 prints each case's
+outcome (read through, or the refusal); FUZZ_REPORT=1 prints each kind
+of failure once and reads on.
 """
 import functools
 import hashlib
@@ -374,6 +378,8 @@ def main():
             try:
                 run()
                 read_through += 1
+                if os.environ.get("FUZZ_VERBOSE"):
+                    print("  read through")
             except ValueError as e:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 if named not in str(e):
