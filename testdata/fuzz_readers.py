@@ -10,7 +10,9 @@ an EpochReader over every batch of epoch 0, a Loader (read-ahead thread,
 2 read threads) over epoch 0 and over a replay of it with shards mixed;
 for the dataset, Dataset (every clip, and a window of each) and epochs
 drawn from it (a Loader with dataset=, mapped and read a window a pread;
-in a quarter of the cases mixed with an unchanged copy). A change is
+in a quarter of the cases mixed with an unchanged copy); where torch
+imports (FUZZ_TORCH=0: not), also clipshard.torch's EpochDataset through
+a DataLoader and its Loader casting to float32. A change is
 one of:
 
 - in a JSON manifest (epochs.json, dataset.json): a value somewhere in it
@@ -54,6 +56,7 @@ import sys
 import tempfile
 import time
 import traceback
+from typing import Any
 
 import numpy as np
 
@@ -61,6 +64,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from clipshard import Dataset, EpochReader, Loader, _remote, load_epochs  # noqa: E402
 
 TIMEOUT = float(os.environ.get("FUZZ_TIMEOUT", "20"))
+_torch: Any = None
+_ct: Any = None
+if os.environ.get("FUZZ_TORCH", "1") != "0":
+    try:
+        import torch as _torch  # noqa: E402
+    except ImportError:
+        _torch = None
+    else:
+        import clipshard.torch as _ct  # noqa: E402
 
 
 class Hung(Exception):
@@ -220,6 +232,13 @@ def read_epochs(ed):
         ld.set_epoch(3)
         for b in ld:
             n += len(b["samples"])
+    if _torch is not None:
+        # (torch's: EpochDataset through a DataLoader, workers 0, and the Loader casting to float32)
+        for b in _torch.utils.data.DataLoader(_ct.EpochDataset(ed, 0, batch_size=4, remainder="pad"), batch_size=None):
+            n += len(b["samples"])
+        with _ct.Loader(ed, epochs=[0], batch_size=4, prefetch=2, dtype=_torch.float32) as ld:
+            for b in ld:
+                n += len(b["samples"])
     return n
 
 
@@ -235,6 +254,11 @@ def read_dataset(ds, other=None):
         with Loader(dataset=src, epochs=1, window=5, seed=3, batch_size=4, prefetch=2, threads=2, read=read, remainder="pad") as ld:
             for b in ld:
                 n += len(b["samples"])
+    if _torch is not None:
+        src = ds if other is None else {"a": ds, "b": other}
+        for b in _torch.utils.data.DataLoader(_ct.EpochDataset(dataset=src, epoch=0, window=5, seed=3, batch_size=4,
+                                                               remainder="pad"), batch_size=None):
+            n += len(b["samples"])
     return n
 
 
@@ -405,7 +429,8 @@ def main():
     if failed:
         print("FAIL: %d of %d cases failed (%d kinds)" % (failed, cases, len(seen)))
         sys.exit(1)
-    print("ok: fuzz %d cases (%d read through, %d refused), seed %d" % (cases if only is None else 1, read_through, refused, seed))
+    print("ok: fuzz %d cases (%d read through, %d refused), seed %d; %s" % (
+        cases if only is None else 1, read_through, refused, seed, "with torch %s" % _torch.__version__ if _torch else "no torch"))
 
 
 if __name__ == "__main__":

@@ -210,7 +210,9 @@ func TestReaderDistrustsFiles(t *testing.T) {
 // TestReaderFuzz: the Python readers against mutated copies of the folders
 // they read (testdata/fuzz_readers.py): of a dataset (Dataset, epochs drawn
 // from it, mapped and read, alone and mixed), a plain and a mixed epochs
-// folder (load_epochs, EpochReader, Loader, a replay with shards mixed),
+// folder (load_epochs, EpochReader, Loader, a replay with shards mixed;
+// where torch imports, in CI always, clipshard.torch's EpochDataset and
+// Loader too),
 // each case one file changed (a manifest's value, key or bytes; a .npy
 // header; an offset or count of index.npy or a samples file); and of
 // BLOCKSUMS files and Loader states. Every case is read through or refused
@@ -252,6 +254,9 @@ func TestReaderFuzz(t *testing.T) {
 		t.Fatalf("fuzz_readers: %s", strings.Join(lines[max(0, len(lines)-40):], "\n"))
 	}
 	lines := strings.Split(strings.TrimSpace(got), "\n")
+	if os.Getenv("CI") != "" && !strings.Contains(lines[len(lines)-1], "with torch") {
+		t.Fatalf("fuzz_readers ran without torch in CI: %s", lines[len(lines)-1])
+	}
 	t.Log(lines[len(lines)-1])
 }
 
