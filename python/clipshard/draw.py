@@ -37,7 +37,7 @@ import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
-from typing import Any, Callable, Iterator, Literal, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Literal, Mapping, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 
@@ -59,6 +59,7 @@ MIN_READ = 256 << 10  # and at least (a read the disk, the network or the bucket
 CLIPS = 2048  # blocks a group holds with block="auto", within those bounds
 SAMPLE = 32  # ranges of a group probed first: all of them in the page cache, the group is not asked for
 PARTS = 2  # a group's read is asked for by this many threads at once, each a part of its ranges in order
+CHUNK = 4 << 20  # bytes of gather indices a reader makes at once, for as many batches as they hold (at least one)
 BUFFER = 2 << 30  # default bytes a source's groups take in the page cache (two groups)
 HOLD = 64 << 20  # default: modalities of at most this many bytes of data are held whole
 
@@ -802,6 +803,29 @@ def _pread_windows(f: Npy, dst: np.ndarray, first: np.ndarray, valid: np.ndarray
             view[d + n: d + per] = bytes(per - n)
 
 
+def _check_size(f: Npy) -> None:
+    """A blob's size checked before any page of its map is touched: a file
+    cut short raises, naming it (its pages past the end would be SIGBUS)."""
+    size = os.fstat(f.fd).st_size
+    if size < f.size:
+        raise ValueError("%s: shorter than its header says (%d bytes, %d when it was checked; changed since?)"
+                         % (f.path, size, f.size))
+
+
+class _Chunk(NamedTuple):
+    """Batches' windows made at once (DrawnReader._chunk): batch -> its
+    place j; the batches' rows [cut[j], cut[j+1]) of samples; and of each
+    source, (source, its rows of the chunk or None for all of them, its
+    rows' bounds of each batch, and of each modality (name, "held" | "map"
+    | "pread", what it copies from, the gather indices (pread: each
+    window's first row), the windows shorter than the indices (map), the
+    windows' valid rows))."""
+    batch: dict[int, int]
+    cut: np.ndarray
+    samples: np.ndarray
+    sources: list[tuple[int, Optional[np.ndarray], np.ndarray, list[tuple[str, str, Any, np.ndarray, Any, Any]]]]
+
+
 class DrawnReader:
     """One rank's batches of one drawn epoch (see Drawn), as
     EpochReader's: dicts of a batch's arrays per modality and "samples"
@@ -833,6 +857,7 @@ class DrawnReader:
         self._groups: dict[int, list[Any]] = {}  # group -> Futures of its read's parts (asked of the kernel, or fetched)
         self._probe_lock = threading.Lock()
         self._pool: Optional[ThreadPoolExecutor] = None
+        self._step = 1  # this reader reads every _step-th batch (a DataLoader worker's: num_workers)
 
     def _check_args(self, rank: Optional[int], world_size: int, batch_size: int, remainder: str) -> None:
         rank = _check_rank_args(rank, world_size, batch_size, remainder)
@@ -853,8 +878,11 @@ class DrawnReader:
             self.nb = -(-n // per)
         self.consumed_batches = 0  # this rank's batches handed out since the resume point
         self._pos: Optional[np.ndarray] = None
-        self._need: Optional[tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, np.ndarray]]] = None
+        self._need: Optional[tuple[np.ndarray, np.ndarray, np.ndarray]] = None
+        self._blk: Optional[dict[int, np.ndarray]] = None
         self._probed: dict[int, tuple[list[Any], bool]] = {}  # group -> its spans, whether its sample is cached (_fetch)
+        self._ch: Optional[_Chunk] = None  # the batches whose indices are made (_chunk)
+        self._by_batch: Optional[tuple[np.ndarray, np.ndarray]] = None  # each batch's groups (_batch_groups)
 
     def batches_left(self) -> int:
         return self.nb
@@ -973,39 +1001,21 @@ class DrawnReader:
         that touch asked as one range of 16 MiB did no better and made
         waits longer.)"""
         s, _ = self.order.groups[gid]
-        blocks = self._needs()[3].get(gid, np.zeros(0, np.int64))  # (the group's blocks this rank reads windows of)
         src = self.plan.sources[s]
         BF, F, W = src.block_frames, src.frames, self.plan.window
         streamed = [(rec, src.files[rec["name"]]) for rec in src.mods if not rec["held"]]
         if src.remote is not None:
+            with self._probe_lock:  # (made once, by the first part)
+                blocks = self._blocks().get(gid, np.zeros(0, np.int64))  # (the group's blocks this rank reads windows of)
             for k in blocks[part::parts].tolist():
                 a, b = k * BF, min(F, (k + 1) * BF + W - 1)
                 for rec, f in streamed:
                     off = f.offset + a * rec["rate"] * f.row
                     src.remote.ensure_range(rec["file"], off, off + (b - a) * rec["rate"] * f.row)
-        if not hasattr(os, "posix_fadvise") or not streamed:
+        got = self._probe(gid)
+        if got is None:
             return
-        streamed = [(rec, f) for rec, f in streamed if f.fd >= 0]
-        if not streamed:
-            return
-
-        def ranges(a: int, b: int) -> Iterator[tuple[int, int, int]]:
-            for rec, f in streamed:
-                yield f.fd, f.offset + a * rec["rate"] * f.row, (b - a) * rec["rate"] * f.row
-        with self._probe_lock:
-            # The group's spans, and whether it is warm, made once a group
-            # by the first of its parts, the other waiting (each part
-            # making its own, the two took turns at the GIL: an epoch's
-            # start on the bench set, 3.4-4 ms of thread time). A warm
-            # group (SAMPLE of its ranges, evenly spread, all cached) is
-            # not probed range by range: 3 probes a block cost a warm
-            # epoch of 4000 clips (6000 blocks of 256 KiB) 80 ms of the GIL.
-            got = self._probed.get(gid)
-            if got is None:
-                every = self._spans(gid).tolist()
-                warm = len(every) > SAMPLE and all(_cached(*r) for a, b in every[:: len(every) // SAMPLE] for r in ranges(a, b))
-                got = self._probed[gid] = (every, warm)
-        every, warm = got
+        every, warm, ranges = got
         if warm:
             return
         spans = every[part * len(every) // parts: (part + 1) * len(every) // parts]
@@ -1013,6 +1023,35 @@ class DrawnReader:
             for fd, off, n in ranges(a, b):
                 if not _cached(fd, off, n):
                     os.posix_fadvise(fd, off, n, os.POSIX_FADV_WILLNEED)
+
+    def _probe(self, gid: int) -> Optional[tuple[list[Any], bool, Callable[[int, int], Iterator[tuple[int, int, int]]]]]:
+        """Group gid's spans (_spans, as a list), whether the group is warm,
+        and its spans' ranges in each streamed file (fd, offset, bytes);
+        None when there is nothing to ask of the kernel (no streamed
+        modality, no posix_fadvise). The spans and the warmth made once a
+        group, by the first to ask (each of a group's parts making its own,
+        the two took turns at the GIL: an epoch's start on the bench set,
+        3.4-4 ms of thread time). A warm group (SAMPLE of its ranges,
+        evenly spread, all cached) is not probed range by range: 3 probes a
+        block cost a warm epoch of 4000 clips (6000 blocks of 256 KiB) 80
+        ms of the GIL."""
+        s, _ = self.order.groups[gid]
+        src = self.plan.sources[s]
+        streamed = [(rec, src.files[rec["name"]]) for rec in src.mods if not rec["held"]]
+        streamed = [(rec, f) for rec, f in streamed if f.fd >= 0]
+        if not hasattr(os, "posix_fadvise") or not streamed:
+            return None
+
+        def ranges(a: int, b: int) -> Iterator[tuple[int, int, int]]:
+            for rec, f in streamed:
+                yield f.fd, f.offset + a * rec["rate"] * f.row, (b - a) * rec["rate"] * f.row
+        with self._probe_lock:
+            got = self._probed.get(gid)
+            if got is None:
+                every = self._spans(gid).tolist()
+                warm = len(every) > SAMPLE and all(_cached(*r) for a, b in every[:: len(every) // SAMPLE] for r in ranges(a, b))
+                got = self._probed[gid] = (every, warm)
+        return got[0], got[1], ranges
 
     def _spans(self, gid: int) -> np.ndarray:
         """The frames this rank's windows of group gid read, [n, 2] (first,
@@ -1033,25 +1072,43 @@ class DrawnReader:
         cut = np.flatnonzero(lo[1:] > hi[:-1]) + 1
         return np.stack([lo[np.r_[0, cut]], hi[np.r_[cut - 1, len(lo) - 1]]], axis=1)
 
-    def _needs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, np.ndarray]]:
+    def _needs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """This rank's groups: of each position, every group in the order
-        its batches first need it, with that batch, and the blocks of each
-        group that hold windows of this rank's."""
+        its batches first need it, with that batch."""
         if self._need is None:
             pos = self.positions()
             grp = self.order.group[pos].astype(np.int64)
             gids, first = np.unique(grp, return_index=True)
             o = np.argsort(first, kind="stable")
+            self._need = (grp, gids[o], first[o] // self.batch_size)
+        return self._need
+
+    def _blocks(self) -> dict[int, np.ndarray]:
+        """The blocks of each group that hold windows of this rank's, in
+        the order its windows first need them (a bucket's fetch: made
+        only for one; a third of an epoch's start on disk)."""
+        if self._blk is None:
+            pos = self.positions()
+            grp = self._needs()[0]
             bf = np.array([s.block_frames for s in self.plan.sources], dtype=np.int64)
             blk = self.order.gs[pos] // bf[self.order.source[pos]]
-            # each group's blocks in the order this rank's windows first need them
             pairs, at = np.unique(grp * (1 << 40) + blk, return_index=True)
             g_of, b_of = pairs >> 40, pairs & ((1 << 40) - 1)
             cut = np.flatnonzero(np.diff(g_of)) + 1
-            blocks = {int(g[0]): b[np.argsort(a, kind="stable")]
-                      for g, b, a in zip(np.split(g_of, cut), np.split(b_of, cut), np.split(at, cut)) if len(g)}
-            self._need = (grp, gids[o], first[o] // self.batch_size, blocks)
-        return self._need
+            self._blk = {int(g[0]): b[np.argsort(a, kind="stable")]
+                         for g, b, a in zip(np.split(g_of, cut), np.split(b_of, cut), np.split(at, cut)) if len(g)}
+        return self._blk
+
+    def _batch_groups(self, g: int) -> list[int]:
+        """The groups batch g's windows are in, ascending (made for every
+        batch at once: one sort an epoch, not one a batch)."""
+        if self._by_batch is None:
+            grp = self._needs()[0]
+            G = max(1, len(self.order.groups))
+            u = _distinct(np.arange(len(grp), dtype=np.int64) // self.batch_size * G + grp)
+            self._by_batch = (np.searchsorted(u // G, np.arange(self.nb + 1)), u % G)
+        ptr, gid = self._by_batch
+        return gid[ptr[g]: ptr[g + 1]].tolist()
 
     def prepare(self, g: int, ahead: int = 2) -> None:
         """The groups of batch g asked for (and waited for, from a bucket),
@@ -1060,9 +1117,8 @@ class DrawnReader:
         (asked beside them, they shared the disk with them, and a cold
         epoch's first batch waited for both: 4000 clips, 2 GiB groups, 1.0-1.2
         s against 0.6-0.9)."""
-        grp, seq, first, _ = self._needs()
-        B = self.batch_size
-        need = _distinct(grp[g * B: (g + 1) * B]).tolist()
+        grp, seq, first = self._needs()
+        need = self._batch_groups(g)
         k = int(np.searchsorted(first, g, side="right"))
         later = seq[k: k + ahead].tolist()
         keep = set(need) | set(later)
@@ -1071,7 +1127,7 @@ class DrawnReader:
                 self._groups.pop(x)
                 self._probed.pop(x, None)
         for x in need:
-            self._ask(x)
+            self._ask(x, now=True)
         for x in need:
             # (asked of the kernel, all of the group's blocks: the windows'
             # reads then wait for that read-ahead instead of racing it
@@ -1089,13 +1145,22 @@ class DrawnReader:
         set; an error is raised when that reader makes it again)."""
         self._pool_().submit(self.plan.order, epoch)
 
-    def _ask(self, gid: int) -> None:
+    def _ask(self, gid: int, now: bool = False) -> None:
         """Group gid's read started (unless it is), in PARTS parts, each by
         a thread of the pool (one thread asking the kernel for a cold
         group of 1 GiB in 256 KiB blocks: 1.5-1.7 GB/s here, two 1.9-2.2,
-        four 1.6-1.7)."""
-        if gid not in self._groups:
-            self._groups[gid] = [self._pool_().submit(self._fetch, gid, i, PARTS) for i in range(PARTS)]
+        four 1.6-1.7). now: a group a batch waits for, on disk: probed here
+        first, and a warm one not handed to the pool (whose threads, made
+        again each epoch, and the waits for them were 0.8 ms of a warm
+        epoch's first batch on the bench set)."""
+        if gid in self._groups:
+            return
+        if now and self.plan.sources[int(self.order.groups[gid][0])].remote is None:
+            got = self._probe(gid)
+            if got is None or got[1]:
+                self._groups[gid] = []
+                return
+        self._groups[gid] = [self._pool_().submit(self._fetch, gid, i, PARTS) for i in range(PARTS)]
 
     def fill(self, g: int, out: Mapping[str, np.ndarray]) -> None:
         """Batch g into out (name -> array [n, ...] of the batch's shape;
@@ -1116,68 +1181,122 @@ class DrawnReader:
         its blob (read=False; its size checked first), or each read by one
         pread of its rows (read=True), from the page cache the group's read
         put them in (a file cut short raises, naming it), zeros past valid;
-        a held modality's windows are gathered from memory."""
-        pos = self.batch_positions(g)
-        n = len(pos)
-        o = self.order
-        clip, start, valid, gs = o.clip[pos], o.start[pos], o.valid[pos], o.gs[pos]
-        srcs = o.source[pos] if self.mixed else None
-        smp = out["samples"][:n]
-        smp[:, 0], smp[:, 1], smp[:, 2] = clip, start, valid
-        if srcs is not None:
-            smp[:, 3] = srcs
-        W = self.plan.window
+        a held modality's windows are gathered from memory. The indices
+        and checks are those of a chunk of batches (_chunk), made once for
+        all of them; a batch's are slices of them."""
+        ch = self._chunk(g)
+        j = ch.batch[g]
+        a0, b0 = int(ch.cut[j]), int(ch.cut[j + 1])
+        n = b0 - a0
+        out["samples"][:n] = ch.samples[a0:b0]
         ops: list[tuple[Optional[np.ndarray], Callable[[int, int, Any], None]]] = []  # (sel: the batch's rows, None: all; copy)
-        for s in (_distinct(srcs).tolist() if srcs is not None else [0]):
-            sel = np.flatnonzero(srcs == s) if srcs is not None else None
-            src = self.plan.sources[s]
-            c, v, first = (clip, valid, gs) if sel is None else (clip[sel], valid[sel], gs[sel])
-            for rec in src.mods:
-                name = rec["name"]
+        for s, rows, bnd, mods in ch.sources:
+            lo, hi = int(bnd[j]), int(bnd[j + 1])
+            if lo == hi:
+                continue
+            sel = None if rows is None else rows[lo:hi] - a0
+            for name, kind, arg, idx, short, vr in mods:
                 dst = out[name][:n]
                 if not dst.flags.c_contiguous:  # (a reshape would copy: the rows would go to the copy)
                     raise RuntimeError("a batch's buffer of %s is not C-contiguous" % name)
-                rate = rec["rate"]
+                if kind == "held":
+                    ops.append((sel, functools.partial(_take_windows, arg, idx[lo:hi], dst, "raise", None, None)))
+                elif kind == "map":
+                    f, m = arg
+                    _check_size(f)
+                    sh = None
+                    if len(short):
+                        sh = short[int(np.searchsorted(short, lo)): int(np.searchsorted(short, hi))] - lo
+                    ops.append((sel, functools.partial(_take_windows, m, idx[lo:hi], dst.reshape(n, idx.shape[1], -1).view(np.uint8),
+                                                       "clip", sh if sh is not None and len(sh) else None, vr[lo:hi])))
+                else:
+                    ops.append((sel, functools.partial(_pread_windows, arg, dst, idx[lo:hi], vr[lo:hi])))
+        return [functools.partial(_copy, ops, i, k) for i, k in _rows(n, parts)]
+
+    def _chunk(self, g: int) -> "_Chunk":
+        """The chunk of batches holding batch g: g and the batches this
+        reader reads after it (every step-th: a DataLoader worker's), as
+        many as CHUNK bytes of indices hold (at least g), their windows'
+        samples, gather indices and short windows made at once, and the
+        rows checked against each blob. (Made a batch at a time, 3-4 numpy
+        calls a modality, that Python was 0.13-0.23 ms of a warm batch's 2
+        on the bench set; made once for its epoch's 14 batches, 0.5 ms,
+        then 0.03 a batch.)"""
+        ch = self._ch
+        if ch is not None and g in ch.batch:
+            return ch
+        B, o, W = self.batch_size, self.order, self.plan.window
+        per = sum(W * rec["rate"] for src in self.plan.sources for rec in src.mods if not rec.get("per_clip"))
+        k = max(1, CHUNK // max(1, 8 * per * B))
+        gs_ = list(range(g, min(self.nb, g + k * self._step), self._step))
+        allpos = self.positions()
+        spans = [(x * B, min((x + 1) * B, len(allpos))) for x in gs_]
+        pos = np.concatenate([allpos[a:b] for a, b in spans]) if len(spans) > 1 else allpos[spans[0][0]: spans[0][1]]
+        cut = np.zeros(len(spans) + 1, np.int64)
+        cut[1:] = np.cumsum([b - a for a, b in spans])
+        clip, start, valid, gs = o.clip[pos], o.start[pos], o.valid[pos], o.gs[pos]
+        srcs = o.source[pos] if self.mixed else None
+        samples = np.empty((len(pos), 4 if srcs is not None else 3), np.int64)
+        samples[:, 0], samples[:, 1], samples[:, 2] = clip, start, valid
+        if srcs is not None:
+            samples[:, 3] = srcs
+        sources = []
+        for s in (_distinct(srcs).tolist() if srcs is not None else [0]):
+            rows = np.flatnonzero(srcs == s) if srcs is not None else None
+            bnd = cut if rows is None else np.searchsorted(rows, cut)
+            src = self.plan.sources[s]
+            c, v, first = (clip, valid, gs) if rows is None else (clip[rows], valid[rows], gs[rows])
+            short = bool((v < W).any())
+            mods: list[tuple[str, str, Any, np.ndarray, Any, Any]] = []
+            base: dict[int, np.ndarray] = {}  # rate -> each window's rows (first * rate + arange(W * rate)): the modalities of a rate share them
+
+            def rows_at(rate: int) -> np.ndarray:
+                if rate not in base:
+                    base[rate] = first[:, None] * rate + np.arange(W * rate, dtype=np.int64)[None, :]
+                return base[rate]
+            for rec in src.mods:
+                name, rate = rec["name"], rec["rate"]
                 if rec["held"]:
                     a = src.held[name]
                     if rec["per_clip"]:
                         idx = c
                     else:
-                        r = np.arange(W * rate, dtype=np.int64)
-                        idx = first[:, None] * rate + r[None, :]
-                        idx = np.where(r[None, :] < (v * rate)[:, None], idx, len(a) - 1)  # past valid: the zero row
-                    ops.append((sel, functools.partial(_take_windows, a, idx, dst, "raise", None, None)))
+                        idx = rows_at(rate)
+                        if short:
+                            r = np.arange(W * rate, dtype=np.int64)
+                            idx = np.where(r[None, :] < (v * rate)[:, None], idx, len(a) - 1)  # past valid: the zero row
+                    mods.append((name, "held", a, idx, None, None))
                     continue
                 f = src.files[name]
                 m = src.maps.get(name)
                 if m is not None:
-                    idx, short = self._gather_index(f, m, first * rate, v * rate, W * rate)
-                    ops.append((sel, functools.partial(_take_windows, m, idx, dst.reshape(n, W * rate, -1).view(np.uint8), "clip",
-                                                       short if len(short) else None, v * rate)))
+                    idx, short_ = self._gather_index(f, m, first * rate, v * rate, W * rate, rows_at(rate))
+                    mods.append((name, "map", (f, m), idx, short_, v * rate))
                 else:
-                    ops.append((sel, functools.partial(_pread_windows, f, dst, first * rate, v * rate)))
-        return [functools.partial(_copy, ops, i, j) for i, j in _rows(n, parts)]
+                    mods.append((name, "pread", f, first * rate, None, v * rate))
+            sources.append((s, rows, bnd, mods))
+        self._ch = _Chunk({x: i for i, x in enumerate(gs_)}, cut, samples, sources)
+        return self._ch
 
     @staticmethod
-    def _gather_index(f: Npy, m: np.ndarray, first: np.ndarray, valid: np.ndarray, per: int) -> tuple[np.ndarray, np.ndarray]:
+    def _gather_index(f: Npy, m: np.ndarray, first: np.ndarray, valid: np.ndarray, per: int,
+                      rows: Optional[np.ndarray] = None) -> tuple[np.ndarray, np.ndarray]:
         """The rows of a mapped blob (m: uint8 [rows, row bytes]) that
         windows of rows [first, first + valid) gather, [n, per] (rows past
         valid: any row, zeroed after the copy; those windows, `short`);
         the blob's size checked first (a file cut short raises, naming
-        it, before any page of it is touched), and the rows against it."""
-        size = os.fstat(f.fd).st_size
-        if size < f.size:
-            raise ValueError("%s: shorter than its header says (%d bytes, %d when it was checked; changed since?)"
-                             % (f.path, size, f.size))
+        it, before any page of it is touched), and the rows against it.
+        (rows: first[:, None] + arange(per), made already; not written.)"""
+        _check_size(f)
         if not len(first):
             return np.zeros((0, per), np.int64), np.zeros(0, np.int64)
         if int(first.min()) < 0 or int((first + np.minimum(valid, per)).max()) > len(m):
             raise ValueError("%s: rows %d..%d asked of its %d rows (the order and the blob disagree)" % (
                 f.path, int(first.min()), int((first + valid).max()), len(m)))
-        idx = first[:, None] + np.arange(per, dtype=np.int64)[None, :]
+        idx = first[:, None] + np.arange(per, dtype=np.int64)[None, :] if rows is None else rows
         short = np.flatnonzero(valid < per)
         if len(short):
-            np.minimum(idx, len(m) - 1, out=idx)  # (rows past valid: any row, zeroed below)
+            idx = np.minimum(idx, len(m) - 1)  # (rows past valid: any row, zeroed below)
         return idx, short
 
     def batches(self, worker_id: Optional[int] = None, num_workers: Optional[int] = None,
@@ -1190,6 +1309,7 @@ class DrawnReader:
         self.plan.check_current()
         shapes = self.plan.shapes()
         try:
+            self._step = num_workers
             for g in range(worker_id if first is None else first, self.nb, num_workers):
                 n = len(self.batch_positions(g))
                 out = {k: np.empty((n,) + shape, dtype=d) for k, (d, shape) in shapes.items()}
@@ -1211,6 +1331,7 @@ class DrawnReader:
                 f.cancel()
         self._groups = {}
         self._probed = {}
+        self._ch = None
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
