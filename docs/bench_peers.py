@@ -404,11 +404,8 @@ def in_turn(n, workers):
 def serial_casts():
     """This thread's torch casts on this thread alone, as the Loader's read
     threads cast (torch's OpenMP count is per thread: clipshard.torch)."""
-    import torch
-    from clipshard.torch import _omp_set_num_threads
-    omp = _omp_set_num_threads()
-    if omp is not None and torch.get_num_threads() > 1:
-        omp(1)
+    from clipshard.torch import _one_thread
+    _one_thread()
 
 
 # -- resume ------------------------------------------------------------------

@@ -243,22 +243,46 @@ def read_epochs(ed):
 
 
 def read_dataset(ds, other=None):
-    n = 0
-    d = Dataset(ds)
-    for i in range(len(d)):
-        n += sum(np.size(a) for a in d[i].values())  # (a per-clip modality's value may be a scalar)
-        frames = int(d.index[i, 1])
-        d.window((i, 0, min(3, frames)))
-    for read in (False, True):
-        src = ds if other is None else {"a": ds, "b": other}
+    """ds read by each reader of a dataset, each on its own: Dataset, the
+    drawn Loader (mapped, and a pread a window) and torch's EpochDataset.
+    A reader's refusal does not keep the others from the case (with
+    Dataset first, its refusals hid the drawn reader's own checks: a rate
+    of 1e999 raised OverflowError there). Raises the first refusal that
+    does not name the case's folder, else the first."""
+    n, refused = 0, []
+
+    def dataset():
+        d, k = Dataset(ds), 0
+        for i in range(len(d)):
+            k += sum(np.size(a) for a in d[i].values())  # (a per-clip modality's value may be a scalar)
+            frames = int(d.index[i, 1])
+            d.window((i, 0, min(3, frames)))
+        return k
+
+    def drawn(read):
+        src, k = ds if other is None else {"a": ds, "b": other}, 0
         with Loader(dataset=src, epochs=1, window=5, seed=3, batch_size=4, prefetch=2, threads=2, read=read, remainder="pad") as ld:
             for b in ld:
-                n += len(b["samples"])
-    if _torch is not None:
-        src = ds if other is None else {"a": ds, "b": other}
+                k += len(b["samples"])
+        return k
+
+    def torch_drawn():
+        src, k = ds if other is None else {"a": ds, "b": other}, 0
         for b in _torch.utils.data.DataLoader(_ct.EpochDataset(dataset=src, epoch=0, window=5, seed=3, batch_size=4,
                                                                remainder="pad"), batch_size=None):
-            n += len(b["samples"])
+            k += len(b["samples"])
+        return k
+    readers = [dataset, functools.partial(drawn, False), functools.partial(drawn, True)]
+    if _torch is not None:
+        readers.append(torch_drawn)
+    for read in readers:
+        try:
+            n += read()
+        except ValueError as e:
+            refused.append(e)
+    if refused:
+        folder = os.path.dirname(os.path.abspath(ds))
+        raise next((e for e in refused if folder not in str(e)), refused[0])
     return n
 
 

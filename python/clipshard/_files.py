@@ -95,6 +95,64 @@ def read_json(path: str, limit: int = MAX_MANIFEST) -> dict[str, Any]:
     return v
 
 
+def dataset_top(where: str, man: Any) -> tuple[dict[str, Any], list[Any], int, int]:
+    """dataset.json's files, modalities, clips and frames (of the dataset
+    at where), as convert writes them: an object, a list of at least one
+    modality, two ints."""
+    if not isinstance(man, dict) or man.get("format") != "clipshard.dataset":
+        raise ValueError("%s: not a clipshard dataset (dataset.json's format)" % where)
+    try:
+        files, mods, clips, frames = man["files"], man["modalities"], int(man["clips"]), int(man["frames"])
+        if not isinstance(files, dict) or not isinstance(mods, list):
+            raise ValueError("files a %s, modalities a %s: not what convert writes" % (type(files).__name__, type(mods).__name__))
+        if not mods:
+            raise ValueError("no modalities")
+    except (KeyError, TypeError, ValueError, OverflowError) as e:
+        raise ValueError("%s: dataset.json: %s" % (where, e)) from None
+    return files, mods, clips, frames
+
+
+def dataset_modality(where: str, m: Any, seen: Any, reserved: Sequence[str] = ()) -> tuple[str, bool, int, list[int]]:
+    """A modality's entry of dataset.json (of the dataset at where) checked
+    as convert writes it, before any file it names is opened: an object,
+    a name (not in seen, nor reserved), a rate of at least 1 unless it is
+    per clip (then 0), a frame shape of ints >= 0. (name, per clip, rate,
+    frame shape)."""
+    if not isinstance(m, dict):
+        raise ValueError("%s: dataset.json: modality %r: not an object" % (where, m))
+    name = m.get("name")
+    if not isinstance(name, str) or not name or name in reserved:
+        raise ValueError("%s: dataset.json: modality name %r: not a name%s" % (
+            where, name, " (%s is reserved)" % ", ".join(reserved) if reserved else ""))
+    if name in seen:
+        raise ValueError("%s: dataset.json: modality %r named twice" % (where, name))
+    per = bool(m.get("per_clip"))
+    try:
+        rate = 0 if per else int(m.get("rate", 0))
+        frame = [int(x) for x in m.get("frame_shape", [])]
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ValueError("%s: dataset.json: modality %r: %s" % (where, name, e)) from None
+    if (not per and rate < 1) or any(x < 0 for x in frame):
+        raise ValueError("%s: dataset.json: modality %r: rate %r, frame shape %r: not what convert writes" % (
+            where, name, m.get("rate"), m.get("frame_shape")))
+    return name, per, rate, frame
+
+
+def clip_starts(index: np.ndarray, frames: int, path: str) -> tuple[np.ndarray, np.ndarray]:
+    """The clips' starts and lengths of a dataset's index ([clips, 2] int64,
+    read from path), checked: the clips one after the other from row 0,
+    adding up to the frames (a start of -100 would slice from the end of
+    a blob)."""
+    lengths = index[:, 1].copy()
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if len(lengths) else np.zeros(0, np.int64)
+    bad = (lengths < 0) | (index[:, 0] != starts)
+    if bad.any() or (len(lengths) and int(lengths.sum()) != frames) or (not len(lengths) and frames):
+        c = int(np.argmax(bad)) if bad.any() else max(len(lengths) - 1, 0)
+        raise ValueError("%s: clip %d: start %d length %d; want the clips contiguous from 0 adding up to %d frames" % (
+            path, c, int(index[c, 0]) if len(lengths) else 0, int(index[c, 1]) if len(lengths) else 0, frames))
+    return starts, lengths
+
+
 # A .npy header exactly as numpy and clipshard write it (keys in order, one
 # space after each colon and comma, padded with spaces to a newline); only
 # integers numpy's own parser takes (no leading zeros), simple dtypes.

@@ -6,7 +6,7 @@ from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
-from ._files import MAX_MANIFEST, Npy, confined, open_regular, pread_all, read_json
+from ._files import MAX_MANIFEST, Npy, clip_starts, confined, dataset_modality, dataset_top, open_regular, pread_all, read_json
 
 __all__ = ["Dataset"]
 
@@ -31,54 +31,20 @@ class Dataset:
             raise ValueError("%s is an epochs folder (it holds epochs.json), not a dataset (no dataset.json): read it with "
                              "clipshard.Loader or EpochReader, or give Dataset the folder convert wrote" % path)
         man = read_json(os.path.join(path, "dataset.json"))
-        if man.get("format") != "clipshard.dataset":
-            raise ValueError("%s: not a clipshard dataset" % path)
+        files, mods, clips, frames = dataset_top(path, man)
         self.dir, self.manifest = path, man
-        try:
-            files, mods, clips, frames = man["files"], man["modalities"], int(man["clips"]), int(man["frames"])
-            if not isinstance(files, dict) or not isinstance(mods, list):
-                raise ValueError("files a %s, modalities a %s: not what convert writes" % (type(files).__name__, type(mods).__name__))
-            if not mods:
-                raise ValueError("no modalities")
-        except (KeyError, TypeError, ValueError, OverflowError) as e:
-            raise ValueError("%s: dataset.json: %s" % (path, e)) from None
         idx = Npy(confined(path, files.get("index"), "files.index"))
         try:
             idx.expect("<i8", [clips, 2])
             self.index = idx.read()
         finally:
             idx.close()
-        # The clips lie one after the other from row 0, adding up to the
-        # frames (a start of -100 would slice from the end of a blob).
-        lengths = self.index[:, 1]
-        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]) if len(lengths) else lengths
-        bad = (lengths < 0) | (self.index[:, 0] != starts)
-        if bad.any() or (len(lengths) and int(lengths.sum()) != frames) or (not len(lengths) and frames):
-            i = int(np.argmax(bad)) if bad.any() else max(len(lengths) - 1, 0)
-            raise ValueError("%s: clip %d: start %d length %d; want the clips contiguous from 0 adding up to %d frames" % (
-                idx.path, i, int(self.index[i, 0]) if len(lengths) else 0, int(self.index[i, 1]) if len(lengths) else 0, frames))
+        clip_starts(self.index, frames, idx.path)
         self.modalities: dict[str, Any] = {}  # name -> its entry of dataset.json
         self.blobs: dict[str, np.ndarray] = {}
         self._rate: dict[str, int] = {}  # name -> rows a frame (0: one row a clip)
         for m in mods:
-            # (each entry checked as convert writes it before any file it
-            # names is opened: a name, a rate, a frame shape of ints)
-            if not isinstance(m, dict):
-                raise ValueError("%s: dataset.json: modality %r: not an object" % (path, m))
-            name = m.get("name")
-            if not isinstance(name, str) or not name:
-                raise ValueError("%s: dataset.json: modality name %r: not a name" % (path, name))
-            if name in self.modalities:
-                raise ValueError("%s: dataset.json: modality %r named twice" % (path, name))
-            per = bool(m.get("per_clip"))
-            try:
-                rate = 0 if per else int(m.get("rate", 0))
-                frame = [int(x) for x in m.get("frame_shape", [])]
-            except (TypeError, ValueError, OverflowError) as e:
-                raise ValueError("%s: dataset.json: modality %r: %s" % (path, name, e)) from None
-            if (not per and rate < 1) or any(x < 0 for x in frame):
-                raise ValueError("%s: dataset.json: modality %r: rate %r, frame shape %r: not what convert writes" % (
-                    path, name, m.get("rate"), m.get("frame_shape")))
+            name, per, rate, frame = dataset_modality(path, m, self.modalities)
             f = Npy(confined(path, m.get("file"), "modality %r file" % name))
             try:
                 f.expect(m.get("dtype"), [clips if per else frames * rate] + frame)

@@ -42,7 +42,8 @@ from typing import Any, Callable, Iterator, Literal, Mapping, NamedTuple, Option
 import numpy as np
 
 from . import _remote
-from ._files import MAX_MANIFEST, Npy, cached as _cached, confined, memory_limit, open_regular, pread_all, pread_into
+from ._files import (MAX_MANIFEST, Npy, cached as _cached, clip_starts, confined, dataset_modality, dataset_top, memory_limit, open_regular,
+                     pread_all, pread_into)
 from .epochs import _check_rank_args, _size, _worker
 
 __all__ = ["Drawn", "DrawnReader"]
@@ -192,14 +193,7 @@ class _Source:
             man = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError) as e:
             raise ValueError("%s: dataset.json: not JSON: %s" % (where, e)) from None
-        if not isinstance(man, dict) or man.get("format") != "clipshard.dataset":
-            raise ValueError("%s: not a clipshard dataset (dataset.json's format)" % where)
-        try:
-            files, mods, clips, frames = man["files"], man["modalities"], int(man["clips"]), int(man["frames"])
-            if not isinstance(mods, list) or not mods or not isinstance(files, dict):
-                raise ValueError("no modalities")
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError("%s: dataset.json: %s" % (where, e)) from None
+        files, mods, clips, frames = dataset_top(where, man)
         self.clips, self.frames = clips, frames
         if self.remote is not None:
             self._room(files, mods)
@@ -211,14 +205,7 @@ class _Source:
             index = self._whole(idx, str(rel))
         finally:
             idx.close()
-        lengths = index[:, 1].copy()
-        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if clips else np.zeros(0, dtype=np.int64)
-        bad = (lengths < 0) | (index[:, 0] != starts)
-        if bad.any() or (clips and int(lengths.sum()) != frames) or (not clips and frames):
-            c = int(np.argmax(bad)) if bad.any() else max(clips - 1, 0)
-            raise ValueError("%s: clip %d: start %d length %d; want the clips contiguous from 0 adding up to %d frames" % (
-                idx.path, c, int(index[c, 0]) if clips else 0, int(index[c, 1]) if clips else 0, frames))
-        self.starts, self.lengths = starts, lengths
+        self.starts, self.lengths = clip_starts(index, frames, idx.path)
         # The modalities: (name, dtype, frame shape, rate, per_clip), each
         # blob's header checked; the small ones read whole.
         self.mods: list[dict[str, Any]] = []
@@ -228,17 +215,11 @@ class _Source:
         hold = plan.hold
         try:
             for m in mods:
-                if not isinstance(m, dict):
-                    raise ValueError("%s: dataset.json: modality %r" % (where, m))
-                name, per = str(m.get("name")) if isinstance(m.get("name"), str) else "", bool(m.get("per_clip"))
+                name, per, rate, frame = dataset_modality(where, m, self.files, ("samples",))
                 try:
-                    frame = [int(x) for x in m.get("frame_shape", [])]
-                    rate = 0 if per else int(m.get("rate", 0))
                     dtype = np.dtype(m.get("dtype"))
                 except (TypeError, ValueError) as e:
-                    raise ValueError("%s: dataset.json: modality %r: %s" % (where, name, e)) from None
-                if not isinstance(name, str) or not name or name == "samples" or (not per and rate < 1) or any(x < 0 for x in frame):
-                    raise ValueError("%s: dataset.json: modality %r" % (where, m))
+                    raise ValueError("%s: dataset.json: modality %r: dtype: %s" % (where, name, e)) from None
                 rows = clips if per else frames * rate
                 f = self._open(m.get("file"), "modality %r file" % name)
                 self.files[name] = f
@@ -1248,7 +1229,8 @@ class DrawnReader:
             c, v, first = (clip, valid, gs) if rows is None else (clip[rows], valid[rows], gs[rows])
             short = bool((v < W).any())
             mods: list[tuple[str, str, Any, np.ndarray, Any, Any]] = []
-            base: dict[int, np.ndarray] = {}  # rate -> each window's rows (first * rate + arange(W * rate)): the modalities of a rate share them
+            base: dict[int, np.ndarray] = {}  # rate -> each window's rows (first * rate + arange(W * rate)), which the modalities
+            # of a rate share
 
             def rows_at(rate: int) -> np.ndarray:
                 if rate not in base:

@@ -307,8 +307,13 @@ def _serial_here() -> None:
     torch's setting. Without an OpenMP runtime in the process (another
     parallel backend), nothing is changed."""
     _here.serial = True
-    if not threading.current_thread().name.startswith("clipshard-read"):
-        return
+    if threading.current_thread().name.startswith("clipshard-read"):
+        _one_thread()
+
+
+def _one_thread() -> None:
+    """This thread's torch casts on this thread alone (OpenMP's count is
+    per thread; bench_peers.py's floor casts as the read threads do)."""
     f = _omp_set_num_threads()
     if f is not None and torch.get_num_threads() > 1:  # (torch's per-thread setting made first)
         f(1)
