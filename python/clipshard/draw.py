@@ -1209,9 +1209,10 @@ class DrawnReader:
         B, o, W = self.batch_size, self.order, self.plan.window
         per = sum(W * rec["rate"] for src in self.plan.sources for rec in src.mods if not rec.get("per_clip"))
         k = max(1, CHUNK // max(1, 8 * per * B))
-        gs_ = list(range(g, min(self.nb, g + k * self._step), self._step))
+        gs_ = list(range(g, min(self.nb, g + k * self._step), self._step)) or [g]  # (a batch past the last: none of its rows)
         allpos = self.positions()
-        spans = [(x * B, min((x + 1) * B, len(allpos))) for x in gs_]
+        L = len(allpos)
+        spans = [(min(x * B, L), min((x + 1) * B, L)) for x in gs_]
         pos = np.concatenate([allpos[a:b] for a, b in spans]) if len(spans) > 1 else allpos[spans[0][0]: spans[0][1]]
         cut = np.zeros(len(spans) + 1, np.int64)
         cut[1:] = np.cumsum([b - a for a, b in spans])
