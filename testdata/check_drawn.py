@@ -745,16 +745,22 @@ refused("frames of no values", lambda: d, ["empty", "no values"])
 # dataset.json's numbers infinite (JSON's 1e999: float("inf"), which int()
 # refuses with OverflowError, not ValueError), a modality named twice
 # (two files under one name): refused, naming the folder.
-for what, change in (("clips", lambda m: m.__setitem__("clips", float("inf"))),
-                     ("frames", lambda m: m.__setitem__("frames", float("inf"))),
-                     ("a rate", lambda m: [x for x in m["modalities"] if not x.get("per_clip")][0].__setitem__("rate", float("inf"))),
-                     ("a frame shape", lambda m: m["modalities"][0].__setitem__("frame_shape", [float("inf")])),
-                     ("a modality named twice", lambda m: m["modalities"].append(dict(m["modalities"][-1])))):
+for what, key, change in (
+        ("clips", "clips", lambda m: m.__setitem__("clips", float("inf"))),
+        ("frames", "frames", lambda m: m.__setitem__("frames", float("inf"))),
+        ("a rate", "rate", lambda m: [x for x in m["modalities"] if not x.get("per_clip")][0].__setitem__("rate", float("inf"))),
+        ("a frame shape", "frame_shape", lambda m: m["modalities"][0].__setitem__("frame_shape", [float("inf")])),
+        ("a modality named twice", "named twice", lambda m: m["modalities"].append(dict(m["modalities"][-1])))):
     d = fresh()
     man = json.load(open(p))
     change(man)
     open(p, "w").write(json.dumps(man).replace("Infinity", "1e999"))
-    refused("dataset.json: " + what, lambda: d, [d, "dataset.json"])
+    refused("dataset.json: " + what, lambda: d, [d, "dataset.json", key])
+    try:
+        Dataset(d)
+        raise AssertionError("Dataset took dataset.json's " + what)
+    except ValueError as e:
+        assert d in str(e) and key in str(e), (what, str(e))
 try:
     Drawn({"a": A}, window=5, epoch_samples=1 << 41)
     raise AssertionError("2**41 windows taken")

@@ -95,21 +95,31 @@ def read_json(path: str, limit: int = MAX_MANIFEST) -> dict[str, Any]:
     return v
 
 
+def _json_int(where: str, key: str, v: Any) -> int:
+    """dataset.json's value v of key as an int, or a ValueError naming the
+    folder and the key (int() of 1e999, JSON's infinity, is OverflowError)."""
+    try:
+        return int(v)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ValueError("%s: dataset.json: %s %r: not an int (%s)" % (where, key, v, e)) from None
+
+
 def dataset_top(where: str, man: Any) -> tuple[dict[str, Any], list[Any], int, int]:
     """dataset.json's files, modalities, clips and frames (of the dataset
     at where), as convert writes them: an object, a list of at least one
     modality, two ints."""
     if not isinstance(man, dict) or man.get("format") != "clipshard.dataset":
         raise ValueError("%s: not a clipshard dataset (dataset.json's format)" % where)
-    try:
-        files, mods, clips, frames = man["files"], man["modalities"], int(man["clips"]), int(man["frames"])
-        if not isinstance(files, dict) or not isinstance(mods, list):
-            raise ValueError("files a %s, modalities a %s: not what convert writes" % (type(files).__name__, type(mods).__name__))
-        if not mods:
-            raise ValueError("no modalities")
-    except (KeyError, TypeError, ValueError, OverflowError) as e:
-        raise ValueError("%s: dataset.json: %s" % (where, e)) from None
-    return files, mods, clips, frames
+    for k in ("files", "modalities", "clips", "frames"):
+        if k not in man:
+            raise ValueError("%s: dataset.json: no %r" % (where, k))
+    files, mods = man["files"], man["modalities"]
+    if not isinstance(files, dict) or not isinstance(mods, list):
+        raise ValueError("%s: dataset.json: files a %s, modalities a %s: not what convert writes" % (
+            where, type(files).__name__, type(mods).__name__))
+    if not mods:
+        raise ValueError("%s: dataset.json: no modalities" % where)
+    return files, mods, _json_int(where, "clips", man["clips"]), _json_int(where, "frames", man["frames"])
 
 
 def dataset_modality(where: str, m: Any, seen: Any, reserved: Sequence[str] = ()) -> tuple[str, bool, int, list[int]]:
@@ -127,11 +137,11 @@ def dataset_modality(where: str, m: Any, seen: Any, reserved: Sequence[str] = ()
     if name in seen:
         raise ValueError("%s: dataset.json: modality %r named twice" % (where, name))
     per = bool(m.get("per_clip"))
-    try:
-        rate = 0 if per else int(m.get("rate", 0))
-        frame = [int(x) for x in m.get("frame_shape", [])]
-    except (TypeError, ValueError, OverflowError) as e:
-        raise ValueError("%s: dataset.json: modality %r: %s" % (where, name, e)) from None
+    shape = m.get("frame_shape", [])
+    if not isinstance(shape, list):
+        raise ValueError("%s: dataset.json: modality %r: frame_shape %r: not a list" % (where, name, shape))
+    rate = 0 if per else _json_int(where, "modality %r rate" % name, m.get("rate", 0))
+    frame = [_json_int(where, "modality %r frame_shape" % name, x) for x in shape]
     if (not per and rate < 1) or any(x < 0 for x in frame):
         raise ValueError("%s: dataset.json: modality %r: rate %r, frame shape %r: not what convert writes" % (
             where, name, m.get("rate"), m.get("frame_shape")))
