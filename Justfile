@@ -26,6 +26,7 @@ fuzz FUZZTIME="10m":
     cd manifests && go test -run '^$' -fuzz '^FuzzLoadEpochs$' -fuzztime {{FUZZTIME}} -fuzzminimizetime 10s
     cd manifests && go test -run '^$' -fuzz '^FuzzWeights$' -fuzztime {{FUZZTIME}} -fuzzminimizetime 10s
     cd manifests && go test -run '^$' -fuzz '^FuzzParseBlockSums$' -fuzztime {{FUZZTIME}} -fuzzminimizetime 10s
+    cd manifests && go test -run '^$' -fuzz '^FuzzParseClaim$' -fuzztime {{FUZZTIME}} -fuzzminimizetime 10s
     # The Python readers (testdata/fuzz_readers.py), a new seed each run: 20000 cases, ~25 min here.
     CLIPSHARD_FUZZ_SEED=$(date +%s) CLIPSHARD_FUZZ_CASES=20000 go test -count=1 -timeout 0 -run '^TestReaderFuzz$' ./python/checks
 

@@ -49,14 +49,16 @@ type BlockSums struct {
 // BlockFile is one data file's entry: its name relative to the folder
 // (as SHA256SUMS names it), size and sha256, the sha256 of its head (its
 // first HeadBytes, the .npy header of a file clipshard wrote: what a
-// reader opening the file reads first), and the sha256 of each of its
-// blocks, 32 bytes each: block i is bytes [i*Block, min((i+1)*Block,
-// Size)).
+// reader opening the file reads first), the ETag of the object whose
+// bytes the push that wrote the file proved (version 2; "" in version 1),
+// and the sha256 of each of its blocks, 32 bytes each: block i is bytes
+// [i*Block, min((i+1)*Block, Size)).
 type BlockFile struct {
 	Name    string
 	Size    int64
 	SHA256  string
 	Head    string
+	ETag    string
 	Digests []byte
 }
 
@@ -86,20 +88,33 @@ type blockHeader struct {
 }
 
 type blockFileHeader struct {
-	Name   string `json:"name"`
-	Size   int64  `json:"size"`
-	SHA256 string `json:"sha256"`
-	Head   string `json:"head"`
+	Name   string  `json:"name"`
+	Size   int64   `json:"size"`
+	SHA256 string  `json:"sha256"`
+	Head   string  `json:"head"`
+	ETag   *string `json:"etag,omitempty"` // version 2
 }
 
 // Marshal is the file's bytes: one line of JSON (format, version, block,
-// the sha256 of the digests, and each file's name, size, sha256 and head),
-// then every file's digests in the order of the files, nothing else.
+// the sha256 of the digests, and each file's name, size, sha256, head and
+// etag), then every file's digests in the order of the files, nothing
+// else. Version 2 (each file's ETag: what push writes), or version 1 if
+// no file has one.
 func (s *BlockSums) Marshal() ([]byte, error) {
-	h := blockHeader{Format: BlockSumsFormat, Version: 1, Block: s.Block, Files: []blockFileHeader{}}
+	h := blockHeader{Format: BlockSumsFormat, Version: 2, Block: s.Block, Files: []blockFileHeader{}}
+	if len(s.Files) > 0 && s.Files[0].ETag == "" {
+		h.Version = 1
+	}
 	var digests bytes.Buffer
 	for _, f := range s.Files {
-		h.Files = append(h.Files, blockFileHeader{Name: f.Name, Size: f.Size, SHA256: f.SHA256, Head: f.Head})
+		if (f.ETag == "") != (h.Version == 1) {
+			return nil, fmt.Errorf("block sums: %s: files with an etag and files without", f.Name)
+		}
+		e := blockFileHeader{Name: f.Name, Size: f.Size, SHA256: f.SHA256, Head: f.Head}
+		if h.Version == 2 {
+			e.ETag = &f.ETag
+		}
+		h.Files = append(h.Files, e)
 		digests.Write(f.Digests)
 	}
 	d := sha256.Sum256(digests.Bytes())
@@ -139,8 +154,8 @@ func ParseBlockSums(b []byte, name string) (*BlockSums, error) {
 	if dec.More() {
 		return bad("header: more than one JSON value")
 	}
-	if h.Format != BlockSumsFormat || h.Version != 1 {
-		return bad("format %q version %d, want %q version 1", h.Format, h.Version, BlockSumsFormat)
+	if h.Format != BlockSumsFormat || (h.Version != 1 && h.Version != 2) {
+		return bad("format %q version %d, want %q version 1 or 2 (a newer clipshard wrote it? upgrade)", h.Format, h.Version, BlockSumsFormat)
 	}
 	if h.Block < MinBlock || h.Block > MaxBlock || bits.OnesCount64(uint64(h.Block)) != 1 {
 		return bad("block %d: want a power of two from %d to %d", h.Block, MinBlock, MaxBlock)
@@ -163,11 +178,20 @@ func ParseBlockSums(b []byte, name string) (*BlockSums, error) {
 		if !isHexSum(f.SHA256) || !isHexSum(f.Head) {
 			return bad("file %q: sha256 %q or head %q is not 64 lowercase hex digits", f.Name, f.SHA256, f.Head)
 		}
+		etag := ""
+		switch {
+		case h.Version == 1 && f.ETag != nil:
+			return bad("file %q: an etag in version 1", f.Name)
+		case h.Version == 2 && (f.ETag == nil || !isETag(*f.ETag)):
+			return bad("file %q: etag %v: want the object's ETag (hex digits, then -PARTS if multipart)", f.Name, f.ETag)
+		case f.ETag != nil:
+			etag = *f.ETag
+		}
 		n := s.Blocks(f.Size) * sha256.Size
 		if want += n; want > MaxBlockDigests {
 			return bad("more than %d bytes of digests", MaxBlockDigests)
 		}
-		s.Files = append(s.Files, BlockFile{Name: f.Name, Size: f.Size, SHA256: f.SHA256, Head: f.Head})
+		s.Files = append(s.Files, BlockFile{Name: f.Name, Size: f.Size, SHA256: f.SHA256, Head: f.Head, ETag: etag})
 	}
 	if int64(len(digests)) != want {
 		return bad("%d bytes of digests, the sizes make %d", len(digests), want)
@@ -182,6 +206,20 @@ func ParseBlockSums(b []byte, name string) (*BlockSums, error) {
 		at += n
 	}
 	return s, nil
+}
+
+// isETag reports whether s is an ETag as S3 servers make them: 1 to 128
+// characters of letters, digits and '-' (quotes stripped).
+func isETag(s string) bool {
+	if len(s) == 0 || len(s) > 128 {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 func isHexSum(s string) bool {

@@ -173,3 +173,26 @@ func FuzzParseBlockSums(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseClaim: any CLAIM is parsed (format, version 1, kind, a sha256
+// identity; Marshal of it parsed again to the same) or refused; never a
+// panic.
+func FuzzParseClaim(f *testing.F) {
+	f.Add(manifests.DatasetClaim([]byte("{}")).Marshal())
+	f.Add([]byte(`{"format":"clipshard.claim","version":1,"kind":"epochs","identity":"x"}`))
+	f.Add([]byte(`{"format":"clipshard.claim","version":1}{}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := manifests.ParseClaim(data, "CLAIM")
+		if err != nil {
+			return
+		}
+		if c.Format != manifests.ClaimFormat || c.Version != 1 || (c.Kind != "dataset" && c.Kind != "epochs") || len(c.Identity) != 64 {
+			t.Fatalf("accepted %+v", c)
+		}
+		back, err := manifests.ParseClaim(c.Marshal(), "again")
+		if err != nil || back != c {
+			t.Fatalf("%+v: %v %+v", c, err, back)
+		}
+		_ = c.Describe()
+	})
+}

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -202,16 +203,46 @@ func TestBlockSums(t *testing.T) {
 		}
 	}
 	s := &manifests.BlockSums{Block: manifests.MinBlock, Files: []manifests.BlockFile{
-		{Name: "a/x.npy", Size: int64(len(data)), SHA256: strings.Repeat("1", 64), Head: hex.EncodeToString(head[:]), Digests: want},
-		{Name: "a/y.npy", Size: 10, SHA256: strings.Repeat("2", 64), Head: strings.Repeat("3", 64), Digests: want[:32]},
+		{Name: "a/x.npy", Size: int64(len(data)), SHA256: strings.Repeat("1", 64), Head: hex.EncodeToString(head[:]), ETag: "0123abcdef-3", Digests: want},
+		{Name: "a/y.npy", Size: 10, SHA256: strings.Repeat("2", 64), Head: strings.Repeat("3", 64), ETag: "a1b2", Digests: want[:32]},
 	}}
 	b, err := s.Marshal()
 	if err != nil {
 		t.Fatal(err)
 	}
 	back, err := manifests.ParseBlockSums(b, "BLOCKSUMS")
-	if err != nil || back.Block != s.Block || len(back.Files) != 2 || back.File("a/x.npy") == nil || !bytes.Equal(back.File("a/x.npy").Digests, want) || back.File("a/z.npy") != nil {
+	if err != nil || back.Block != s.Block || len(back.Files) != 2 || back.File("a/x.npy") == nil || !bytes.Equal(back.File("a/x.npy").Digests, want) || back.File("a/z.npy") != nil ||
+		back.File("a/x.npy").ETag != "0123abcdef-3" || !bytes.Contains(b, []byte(`"version":2`)) {
 		t.Fatalf("%v %+v", err, back)
+	}
+	// Version 1 (no etags, as a push before them wrote) is read and
+	// written; an etag in version 1, none (or not an ETag) in version 2,
+	// or files of both: refused.
+	v1 := &manifests.BlockSums{Block: s.Block, Files: slices.Clone(s.Files)}
+	for i := range v1.Files {
+		v1.Files[i].ETag = ""
+	}
+	b1, err := v1.Marshal()
+	if err != nil || !bytes.Contains(b1, []byte(`"version":1`)) || bytes.Contains(b1, []byte("etag")) {
+		t.Fatalf("version 1: %v %s", err, b1)
+	}
+	if back, err := manifests.ParseBlockSums(b1, "BLOCKSUMS"); err != nil || back.File("a/x.npy").ETag != "" {
+		t.Fatalf("version 1: %v", err)
+	}
+	for what, c := range map[string][]byte{
+		"an etag in version 1":   bytes.Replace(b, []byte(`"version":2`), []byte(`"version":1`), 1),
+		"no etag in version 2":   bytes.Replace(b1, []byte(`"version":1`), []byte(`"version":2`), 1),
+		"an etag with a quote":   bytes.Replace(b, []byte(`"a1b2"`), []byte(`"a1\"b2"`), 1),
+		"an etag that is a list": bytes.Replace(b, []byte(`"a1b2"`), []byte(`["a1b2"]`), 1),
+		"version 3":              bytes.Replace(b, []byte(`"version":2`), []byte(`"version":3`), 1),
+	} {
+		if _, err := manifests.ParseBlockSums(c, "BLOCKSUMS"); err == nil {
+			t.Fatalf("%s: taken", what)
+		}
+	}
+	mixed := &manifests.BlockSums{Block: s.Block, Files: []manifests.BlockFile{s.Files[0], v1.Files[1]}}
+	if _, err := mixed.Marshal(); err == nil {
+		t.Fatal("files with and without etags written")
 	}
 	// Any digest byte changed: refused (the digests' own sha256).
 	nl := bytes.IndexByte(b, '\n')

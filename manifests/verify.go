@@ -85,7 +85,7 @@ func verifyDataset(dir string, d *Dataset, o VerifyOptions) (*Report, []ClipRow,
 	}
 	for _, e := range entries {
 		present[e.Name()] = true
-		if !want[e.Name()] && e.Name() != BlockSumsFile { // (a bucket's, synced down: checked below)
+		if !want[e.Name()] && e.Name() != BlockSumsFile && e.Name() != ClaimFile { // (a bucket's, synced down: checked below)
 			r.add(Problem{File: e.Name(), What: "unexpected file (not in dataset.json)"})
 		}
 	}
@@ -143,6 +143,11 @@ func verifyDataset(dir string, d *Dataset, o VerifyOptions) (*Report, []ClipRow,
 			blobs = append(blobs, m.File)
 		}
 		checkBlockSums(dir, BlockSumsFile, blobs, sums, r)
+	}
+	if present[ClaimFile] {
+		if js, err := regfile.ReadFile(filepath.Join(dir, DatasetFile), MaxManifest); err == nil {
+			checkClaim(dir, DatasetClaim(js), r)
+		}
 	}
 
 	// sha256 of every listed file, in parallel (of the manifests only,

@@ -53,6 +53,7 @@ func VerifyEpochs(dir string, o VerifyOptions) (*Report, error) {
 		}
 		blockSums[e.Dir+"/"+BlockSumsFile] = true
 	}
+	blockSums[ClaimFile] = true // (a bucket's: checked below)
 	present := map[string]bool{}
 	werr := WalkRel(dir, func(rel string, d fs.DirEntry) error {
 		if d.IsDir() {
@@ -87,6 +88,12 @@ func VerifyEpochs(dir string, o VerifyOptions) (*Report, error) {
 		if !present[f] {
 			r.Add(Problem{File: f, What: "missing"})
 		}
+	}
+	if present[ClaimFile] {
+		checkClaim(dir, EpochsClaim(man), r)
+	}
+	if !o.Deep { // (--deep checks each dataset whole)
+		checkDatasetsHere(man, r)
 	}
 	sums, err := ReadSums(filepath.Join(dir, man.Files.Sums))
 	unlock()

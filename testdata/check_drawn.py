@@ -349,6 +349,20 @@ for bad in ("yes", 1, 0, None):
         raise AssertionError("read=%r taken" % (bad,))
     except ValueError as e:
         assert "read" in str(e)
+# A window too long for any clip or memory (#60.6: 2**63 was an
+# OverflowError): a ValueError naming window; one that fits the argument
+# but not memory, a ValueError naming batch_size.
+for bad in (2 ** 63, 2 ** 40, 10 ** 30, 0, -1, 2.5):
+    try:
+        Loader(dataset=DEMO, window=bad, batch_size=4, epochs=[0])
+        raise AssertionError("window=%r taken" % (bad,))
+    except ValueError as e:
+        assert str(e).startswith("window %r: " % (bad,)), str(e)
+try:
+    list(Loader(dataset=DEMO, window=2 ** 30, batch_size=4, epochs=[0]))
+    raise AssertionError("a batch larger than memory taken")
+except ValueError as e:
+    assert str(e).startswith("batch_size 4: ") and "memory" in str(e), str(e)
 
 # read="auto": the map where the streamed blobs fit in half the memory
 # the process may use, one pread a window where they do not (the same

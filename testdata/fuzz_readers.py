@@ -314,22 +314,25 @@ def state_case(rng, d, drawn):
     return "state: " + what, run
 
 
-def blocksums(ds, block=64 << 10):
+def blocksums(ds, block=64 << 10, version=2):
     """A BLOCKSUMS of ds's .npy files (docs/FORMAT.md: a JSON line, then the
-    sha256 of each block of each file, in name order)."""
+    sha256 of each block of each file, in name order; version 2 with each
+    file's etag)."""
     files, digests = [], b""
     for n in sorted(x for x in os.listdir(ds) if x.endswith(".npy")):
         b = open(os.path.join(ds, n), "rb").read()
         files.append({"name": n, "size": len(b), "sha256": hashlib.sha256(b).hexdigest(),
                       "head": hashlib.sha256(b[:4096]).hexdigest()})
+        if version == 2:
+            files[-1]["etag"] = hashlib.md5(b).hexdigest()
         digests += b"".join(hashlib.sha256(b[i: i + block]).digest() for i in range(0, len(b), block))
-    head = {"format": "clipshard.blocksums", "version": 1, "block": block, "digests_sha256": hashlib.sha256(digests).hexdigest(),
+    head = {"format": "clipshard.blocksums", "version": version, "block": block, "digests_sha256": hashlib.sha256(digests).hexdigest(),
             "files": files}
     return json.dumps(head).encode() + b"\n" + digests
 
 
 def blocksums_case(rng, ds):
-    b = blocksums(ds)
+    b = blocksums(ds, version=rng.choice((1, 2)))
     line, _, digests = b.partition(b"\n")
     if rng.random() < 0.7:
         nl, what = mutate_json(rng, line)

@@ -32,6 +32,7 @@ import (
 	"net/url"
 	"os"
 	"path"
+	"strconv"
 	"strings"
 	"time"
 
@@ -92,7 +93,17 @@ func (u URL) Name(rel string) string { return "s3://" + u.Bucket + "/" + u.Key(r
 // concurrent use.
 type Client struct {
 	mc       *minio.Client
-	Endpoint string // for messages: scheme://host, no credentials
+	Endpoint string            // for messages: scheme://host, no credentials
+	meta     map[string]string // user metadata every write adds (WithClaim)
+}
+
+// WithClaim is a client whose every write also records claim (the
+// identity of the content a push writes, x-amz-meta-claim), so that an
+// object tells which push's it is.
+func (c *Client) WithClaim(claim string) *Client {
+	d := *c
+	d.meta = map[string]string{"claim": claim}
+	return &d
 }
 
 // Object is what a HEAD (or a listing) says of an object.
@@ -100,6 +111,12 @@ type Object struct {
 	Size   int64
 	ETag   string // without quotes
 	SHA256 string // x-amz-meta-sha256, "" if absent (or from a listing)
+	// PartSize is x-amz-meta-part-size, the part size PutChecked wrote
+	// the object in (0 if absent): the ETag its bytes should have is
+	// then known (ETagHasher).
+	PartSize int64
+	// Claim is x-amz-meta-claim ("" if absent): see WithClaim.
+	Claim string
 }
 
 // New makes a client from the environment (see the package doc).
@@ -180,19 +197,34 @@ func (c *Client) Stat(ctx context.Context, u URL, rel string) (Object, error) {
 	if err != nil {
 		return Object{}, wrap(err, u, rel)
 	}
-	return Object{Size: st.Size, ETag: strings.Trim(st.ETag, `"`), SHA256: st.UserMetadata["Sha256"]}, nil
+	return objectOf(st), nil
+}
+
+func objectOf(st minio.ObjectInfo) Object {
+	p, _ := strconv.ParseInt(st.UserMetadata["Part-Size"], 10, 64)
+	return Object{Size: st.Size, ETag: strings.Trim(st.ETag, `"`), SHA256: st.UserMetadata["Sha256"], PartSize: max(p, 0), Claim: st.UserMetadata["Claim"]}
 }
 
 // List lists the objects under the folder, by their path relative to it.
 func (c *Client) List(ctx context.Context, u URL) (map[string]Object, error) {
+	return c.ListUnder(ctx, u, "")
+}
+
+// ListUnder lists the objects under the folder's subfolder dir ("" the
+// folder itself), by their path relative to the folder.
+func (c *Client) ListUnder(ctx context.Context, u URL, dir string) (map[string]Object, error) {
 	prefix := ""
 	if u.Prefix != "" {
 		prefix = u.Prefix + "/"
 	}
+	under := prefix
+	if dir != "" {
+		under += strings.Trim(dir, "/") + "/"
+	}
 	out := map[string]Object{}
-	for o := range c.mc.ListObjects(ctx, u.Bucket, minio.ListObjectsOptions{Prefix: prefix, Recursive: true}) {
+	for o := range c.mc.ListObjects(ctx, u.Bucket, minio.ListObjectsOptions{Prefix: under, Recursive: true}) {
 		if o.Err != nil {
-			return nil, wrap(o.Err, u, "")
+			return nil, wrap(o.Err, u, dir)
 		}
 		out[strings.TrimPrefix(o.Key, prefix)] = Object{Size: o.Size, ETag: strings.Trim(o.ETag, `"`)}
 	}
@@ -237,7 +269,7 @@ func (c *Client) Stream(ctx context.Context, u URL, rel string) (io.ReadCloser, 
 		r.Close()
 		return nil, Object{}, wrap(err, u, rel)
 	}
-	return r, Object{Size: st.Size, ETag: strings.Trim(st.ETag, `"`), SHA256: st.UserMetadata["Sha256"]}, nil
+	return r, objectOf(st), nil
 }
 
 // ReadAll reads a small object whole (a manifest): at most limit bytes,
@@ -302,7 +334,7 @@ const CreateOnly Cond = "*"
 // PutBytes writes a small object (a manifest) in one PUT under cond,
 // with its sha256 as metadata, and returns its new ETag.
 func (c *Client) PutBytes(ctx context.Context, u URL, rel string, data []byte, sha string, cond Cond) (string, error) {
-	o := putOptions(sha)
+	o := c.putOptions(sha)
 	switch cond {
 	case "":
 	case CreateOnly:
@@ -317,21 +349,14 @@ func (c *Client) PutBytes(ctx context.Context, u URL, rel string, data []byte, s
 	return strings.Trim(info.ETag, `"`), nil
 }
 
-// PutStream writes object rel of size bytes read in order from r, in
-// parts of partSize uploaded by threads at once (multipart above one
-// part; memory: partSize x threads), with its sha256 as metadata.
-func (c *Client) PutStream(ctx context.Context, u URL, rel string, r io.Reader, size int64, sha string, partSize uint64, threads uint) error {
-	o := putOptions(sha)
-	o.PartSize, o.NumThreads = partSize, threads
-	o.ConcurrentStreamParts = threads > 1 // parts read in order (r may hash as it is read), sent in parallel
-	_, err := c.mc.PutObject(ctx, u.Bucket, u.Key(rel), r, size, o)
-	return wrap(err, u, rel)
-}
-
-func putOptions(sha string) minio.PutObjectOptions {
+func (c *Client) putOptions(sha string) minio.PutObjectOptions {
 	o := minio.PutObjectOptions{ContentType: "application/octet-stream", SendContentMd5: false, DisableContentSha256: false}
+	o.UserMetadata = map[string]string{}
+	for k, v := range c.meta {
+		o.UserMetadata[k] = v
+	}
 	if sha != "" {
-		o.UserMetadata = map[string]string{"sha256": sha}
+		o.UserMetadata["sha256"] = sha
 	}
 	return o
 }

@@ -89,13 +89,43 @@ func TestAgainstVersitygw(t *testing.T) {
 	}
 	big := make([]byte, 12<<20+123)
 	rand.Read(big)
-	if err := c.PutStream(ctx, u, "big.npy", bytes.NewReader(big), int64(len(big)), "abc123", 5<<20, 2); err != nil {
-		t.Fatal(err)
+	// A check that fails: no object is made, one PUT or multipart (its
+	// upload aborted: none left).
+	for _, n := range []int{1000, len(big)} {
+		bad := errors.New("the bytes are not the recorded ones")
+		_, err := c.PutChecked(ctx, u, "refused.npy", bytes.NewReader(big[:n]), int64(n), "abc123", 5<<20, 2, func() error { return bad })
+		if !errors.Is(err, bad) {
+			t.Fatalf("%d bytes: a failed check: %v", n, err)
+		}
+		if _, err := c.Stat(ctx, u, "refused.npy"); !errors.Is(err, bucket.ErrNotFound) {
+			t.Fatalf("%d bytes: an object was made although its check failed: %v", n, err)
+		}
+	}
+	checked := false
+	etag, err := c.PutChecked(ctx, u, "big.npy", bytes.NewReader(big), int64(len(big)), "abc123", 5<<20, 2, func() error { checked = true; return nil })
+	if err != nil || !checked {
+		t.Fatal(err, checked)
 	}
 	st, err := c.Stat(ctx, u, "big.npy")
-	if err != nil || st.Size != int64(len(big)) || st.SHA256 != "abc123" || !strings.HasSuffix(st.ETag, "-3") {
-		t.Fatalf("multipart: %+v %v", st, err)
+	if err != nil || st.Size != int64(len(big)) || st.SHA256 != "abc123" || !strings.HasSuffix(st.ETag, "-3") || st.ETag != etag || st.PartSize != 5<<20 {
+		t.Fatalf("multipart: %+v %v (PutChecked said %s)", st, err, etag)
 	}
+	// The ETag an upload of these bytes gets, computed here, in writes of
+	// any size (and of one PUT).
+	eh := bucket.NewETagHasher(int64(len(big)), 5<<20)
+	for at := 0; at < len(big); at += 777777 {
+		eh.Write(big[at:min(at+777777, len(big))])
+	}
+	if eh.Sum() != st.ETag {
+		t.Fatalf("ETagHasher: %s, the server's %s", eh.Sum(), st.ETag)
+	}
+	small, err := c.PutChecked(ctx, u, "small.npy", bytes.NewReader(big[:1000]), 1000, "", 5<<20, 2, func() error { return nil })
+	eh = bucket.NewETagHasher(1000, 5<<20)
+	eh.Write(big[:1000])
+	if err != nil || eh.Sum() != small {
+		t.Fatalf("one PUT: %s, the server's %s (%v)", eh.Sum(), small, err)
+	}
+	c.Remove(ctx, u, "small.npy")
 	got, err := c.Range(ctx, u, "big.npy", 5<<20-7, 1000, st.ETag)
 	if err != nil || !bytes.Equal(got, big[5<<20-7:5<<20-7+1000]) {
 		t.Fatalf("Range: %v", err)

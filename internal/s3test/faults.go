@@ -31,6 +31,9 @@ const (
 	Stall         Fault = "stall"          // the body stops for StallFor in the middle
 	Overwrite     Fault = "overwrite"      // a shard file replaced (same size, new bytes) after its first GET
 	OverwriteSums Fault = "overwrite-sums" // an epoch's BLOCKSUMS replaced so
+	// AbortFails answers every abort of a multipart upload (a DELETE with
+	// uploadId) 500 InternalError, and every other request unchanged.
+	AbortFails Fault = "abort-500"
 )
 
 // MaxFaulted is how many objects a proxy injects faults into (the first
@@ -81,6 +84,19 @@ func StartProxy(t testing.TB, s *Server, f Fault, times int) *Proxy {
 	}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key := r.URL.Path
+		if f == AbortFails {
+			if r.Method == http.MethodDelete && r.URL.Query().Has("uploadId") {
+				p.mu.Lock()
+				p.Faults++
+				p.mu.Unlock()
+				w.Header().Set("Content-Type", "application/xml")
+				w.WriteHeader(http.StatusInternalServerError)
+				fmt.Fprintf(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>InternalError</Code><Message>We encountered an internal error. Please try again.</Message><Resource>%s</Resource></Error>`, key)
+				return
+			}
+			rp.ServeHTTP(w, r)
+			return
+		}
 		sums := strings.HasSuffix(key, "/BLOCKSUMS")
 		if r.Method == http.MethodGet && strings.Contains(key, "/epoch-") && r.Header.Get("Range") != "" &&
 			(f != Overwrite || !sums) && (f != OverwriteSums || sums) {

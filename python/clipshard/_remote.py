@@ -54,6 +54,7 @@ AWS_ENDPOINT_URL).
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -103,18 +104,31 @@ def parse_url(s: str) -> tuple[str, str]:
     return b, p
 
 
+MAX_LIMIT = 1 << 60  # bytes a cache_limit may say at most (an exbibyte)
+
+
 def size_of(s: Union[str, int]) -> int:
-    """Bytes of "40GiB", "512MiB" or a number."""
+    """Bytes of "40GiB", "512MiB", "1.5TB" or a number (ValueError, naming
+    cache_limit, for anything else)."""
+    if isinstance(s, bool) or not isinstance(s, (str, int)):
+        raise ValueError("cache_limit %r: want bytes (an int) or a size such as '40GiB'" % (s,))
     if isinstance(s, int):
-        return s
-    m = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]i?B?|B)?\s*", str(s))
-    if not m:
-        raise ValueError("cache_limit %r: want bytes or a size such as 40GiB" % (s,))
-    mult = {"": 1, "B": 1, "K": 1 << 10, "KiB": 1 << 10, "KB": 10**3, "M": 1 << 20, "MiB": 1 << 20, "MB": 10**6,
-            "G": 1 << 30, "GiB": 1 << 30, "GB": 10**9, "T": 1 << 40, "TiB": 1 << 40, "TB": 10**12}.get(m.group(2) or "")
-    if mult is None:
-        raise ValueError("cache_limit %r: unknown unit" % (s,))
-    return int(float(m.group(1)) * mult)
+        n = s
+    else:
+        m = re.fullmatch(r"\s*([0-9]{1,19})(?:\.([0-9]{1,9}))?\s*([KMGT]i?B?|B)?\s*", s)
+        if not m:
+            raise ValueError("cache_limit %r: want bytes or a size such as '40GiB' (digits, an optional fraction, a unit "
+                             "B, K, KiB, KB, M, MiB, MB, G, GiB, GB, T, TiB or TB)" % (s[:80],))
+        mult = {"": 1, "B": 1, "K": 1 << 10, "KiB": 1 << 10, "KB": 10**3, "M": 1 << 20, "MiB": 1 << 20, "MB": 10**6,
+                "G": 1 << 30, "GiB": 1 << 30, "GB": 10**9, "T": 1 << 40, "TiB": 1 << 40, "TB": 10**12}.get(m.group(3) or "")
+        if mult is None:
+            raise ValueError("cache_limit %r: unknown unit %r (want B, KiB, MiB, GiB, TiB or KB, MB, GB, TB)" % (s[:80], m.group(3)))
+        frac = m.group(2) or ""
+        n = (int(m.group(1)) * 10**len(frac) + int(frac or 0)) * mult // 10**len(frac)  # (exact: no float)
+    if n > MAX_LIMIT:
+        raise ValueError("cache_limit %r: more than %d bytes (an exbibyte): want the bytes the cache's disk may take" % (
+            s if isinstance(s, int) else s[:80], MAX_LIMIT))
+    return n
 
 
 class _Client:
@@ -300,8 +314,11 @@ class BlockSums:
             raise bad("header: not JSON: %s" % e) from None
         if not isinstance(h, dict) or set(h) != {"format", "version", "block", "digests_sha256", "files"}:
             raise bad("header: want the keys format, version, block, digests_sha256, files")
-        if h["format"] != "clipshard.blocksums" or h["version"] != 1 or type(h["version"]) is not int:
-            raise bad("format %r version %r, want 'clipshard.blocksums' version 1" % (h["format"], h["version"]))
+        if h["format"] != "clipshard.blocksums" or h["version"] not in (1, 2) or type(h["version"]) is not int:
+            raise bad("format %r version %r, want 'clipshard.blocksums' version 1 or 2 (a newer clipshard wrote it? upgrade)"
+                      % (h["format"], h["version"]))
+        # (version 2: each file's etag, the object version its push proved)
+        keys = {"name", "size", "sha256", "head"} | ({"etag"} if h["version"] == 2 else set())
         block = h["block"]
         if type(block) is not int or not (64 << 10) <= block <= (64 << 20) or block & (block - 1):
             raise bad("block %r: want a power of two from 64 KiB to 64 MiB" % (block,))
@@ -312,8 +329,10 @@ class BlockSums:
         self.heads: dict[str, bytes] = {}  # name -> the sha256 of its first HEAD bytes
         at, last = 0, ""
         for f in h["files"]:
-            if not isinstance(f, dict) or set(f) != {"name", "size", "sha256", "head"}:
-                raise bad("a file entry %r: want name, size, sha256, head" % (f,))
+            if not isinstance(f, dict) or set(f) != keys:
+                raise bad("a file entry %r: want %s" % (f, ", ".join(sorted(keys))))
+            if "etag" in f and (not isinstance(f["etag"], str) or not re.fullmatch(r"[0-9A-Za-z-]{1,128}", f["etag"])):
+                raise bad("file %r: etag %r" % (f.get("name"), f["etag"]))
             n, size, sha = f["name"], f["size"], f["sha256"]
             if not isinstance(n, str) or not n or n <= last:
                 raise bad("file %r: names not sorted and unique" % (n,))
@@ -366,17 +385,176 @@ def _boot_id() -> str:
         return "unknown"
 
 
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+
+
+def _kind(mode: int) -> str:
+    return ("a FIFO" if stat.S_ISFIFO(mode) else "a symbolic link" if stat.S_ISLNK(mode) else "a directory" if stat.S_ISDIR(mode)
+            else "a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+
+
+def _what_is(dfd: int, name: str) -> str:
+    try:
+        return _kind(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode)
+    except OSError as e:
+        return e.strerror or "cannot be read"
+
+
+def _cache_error(where: str, e: OSError) -> ValueError:
+    """A ValueError of an OSError of the cache's own files: what went wrong
+    there, and what to do."""
+    fix = {errno.ENOSPC: "the cache's disk is full: free space on it, lower cache_limit to what it holds, or give another cache_dir",
+           errno.EDQUOT: "the disk quota is spent: free some of it, lower cache_limit, or give another cache_dir",
+           errno.EROFS: "a read-only file system: give a cache_dir on a writable, node-local disk",
+           errno.EACCES: "permission denied: give a cache_dir this user may write",
+           errno.EPERM: "not permitted: give a cache_dir this user may write"}.get(e.errno or 0, "")
+    return ValueError("%s: %s%s" % (where, e.strerror or e, "; " + fix if fix else ""))
+
+
+def _open_file(dfd: int, name: str, flags: int, where: str, mode: int = 0o644) -> int:
+    """An fd of the regular file name in the open folder dfd: a symbolic
+    link is never followed, a FIFO never waited on, a device never used
+    (ValueError, naming where); FileNotFoundError if it is not there (and
+    flags do not make it), FileExistsError if it is and flags have O_EXCL."""
+    try:
+        fd = os.open(name, flags | _O_NOFOLLOW | os.O_NONBLOCK | _O_CLOEXEC, mode, dir_fd=dfd)
+    except (FileNotFoundError, FileExistsError):
+        raise
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR, errno.ENOTDIR, errno.EWOULDBLOCK):
+            raise ValueError("%s: %s, where the cache keeps a file of its own: refusing to use this cache (it never follows "
+                             "a link out of its folder, nor opens a FIFO or device): remove it" % (where, _what_is(dfd, name))) from None
+        raise _cache_error(where, e) from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise ValueError("%s: %s, where the cache keeps a file of its own: refusing to use this cache (it never opens a "
+                         "FIFO or device): remove it" % (where, _kind(st.st_mode)))
+    return fd
+
+
+def _read_file(dfd: int, name: str, where: str, limit: int = MAX_MANIFEST) -> bytes:
+    """The bytes of the regular file name in dfd (see _open_file), at most
+    limit of them."""
+    fd = _open_file(dfd, name, os.O_RDONLY, where)
+    try:
+        n = os.fstat(fd).st_size
+        if n > limit:
+            raise ValueError("%s: %d bytes, more than the cache writes there (%d): remove it" % (where, n, limit))
+        out = bytearray()
+        while len(out) < n:
+            got = os.pread(fd, n - len(out), len(out))
+            if not got:
+                break
+            out += got
+        return bytes(out)
+    finally:
+        os.close(fd)
+
+
+def _open_dir(dfd: Optional[int], name: str, where: str, create: bool = False) -> int:
+    """An fd of the folder name in the open folder dfd (made if create),
+    never through a symbolic link: anything but a real folder there is
+    refused (ValueError, naming where)."""
+    if create:
+        try:
+            os.mkdir(name, 0o755, dir_fd=dfd)
+        except FileExistsError:
+            pass
+        except OSError as e:
+            raise _cache_error(where, e) from None
+    try:
+        return os.open(name, os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | os.O_NONBLOCK | _O_CLOEXEC, dir_fd=dfd)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise ValueError("%s: %s, where the cache keeps a folder of its own: refusing to use this cache (it never follows "
+                             "a link out of its folder): remove it" % (where, _what_is(dfd, name) if dfd is not None else "not a folder")) from None
+        raise _cache_error(where, e) from None
+
+
+def _write_new(dfd: int, name: str, b: bytes, where: str) -> None:
+    """Write b to name in dfd by a temporary file of this process's
+    (name.tmp.PID.RAND, made create-only) renamed over it."""
+    tmp = "%s.tmp.%d.%d" % (name, os.getpid(), random.getrandbits(32))
+    fd = _open_file(dfd, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, where)
+    try:
+        try:
+            view, done = memoryview(b), 0
+            while done < len(view):
+                done += os.write(fd, view[done:])
+        finally:
+            os.close(fd)
+        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except BaseException as e:
+        try:
+            os.unlink(tmp, dir_fd=dfd)
+        except OSError:
+            pass
+        if isinstance(e, OSError):
+            raise _cache_error(where, e) from None
+        raise
+
+
+def _listdir(dfd: int) -> list[str]:
+    """The names in the open folder dfd, read through an open of its own
+    (os.listdir(fd) reads through a dup of fd, whose position the threads
+    listing it at once would share: each would see part of it)."""
+    fd = os.open(".", os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC, dir_fd=dfd)
+    try:
+        return os.listdir(fd)
+    finally:
+        os.close(fd)
+
+
+def _regular(dfd: int, name: str) -> bool:
+    """Whether name in dfd is a regular file (what the cache deletes: a
+    link, a FIFO or a device is never its own)."""
+    try:
+        return stat.S_ISREG(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def _is_file(dfd: int, name: str, where: str) -> bool:
+    """Whether name in dfd is there (a regular file: anything else there,
+    a link followed by no one, is refused, naming where)."""
+    try:
+        mode = os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISREG(mode):
+        raise ValueError("%s: %s, where the cache keeps a file of its own: refusing to use this cache (it never follows "
+                         "a link out of its folder, nor opens a FIFO or device): remove it" % (where, _kind(mode)))
+    return True
+
+
 class Cache:
     """A node-local cache folder of bucket folders' files (see the module
-    doc). Safe for several processes (ranks, workers) at once."""
+    doc). Safe for several processes (ranks, workers) at once. Every open
+    and walk inside it starts from its folder's fd and follows no link:
+    nothing outside it is ever opened for writing or deleted."""
 
     def __init__(self, path: str, limit: Union[str, int]) -> None:
+        if not isinstance(path, (str, os.PathLike)) or not str(path):
+            raise ValueError("cache_dir %r: want a folder's path" % (path,))
         self.path = os.path.abspath(path)
         self.limit = size_of(limit)
         if self.limit <= 0:
             raise ValueError("cache_limit %r: want a size > 0" % (limit,))
-        os.makedirs(self.path, exist_ok=True)
-        names = os.listdir(self.path)
+        try:
+            os.makedirs(self.path, exist_ok=True)
+        except FileExistsError:
+            raise ValueError("cache_dir %s: not a folder (%s): give a folder of its own for the cache" % (
+                self.path, _kind(os.stat(self.path).st_mode))) from None
+        except OSError as e:
+            raise _cache_error("cache_dir " + self.path, e) from None
+        self._fd: Optional[int] = None
+        self._fd_pid = -1
+        names = _listdir(self.fd)
         if MARK not in names:
             if names:
                 raise ValueError("%s: not a clipshard cache (it holds %s, and no %s): give an empty or new folder, "
@@ -384,24 +562,65 @@ class Cache:
             # Made create-only: readers starting at once on an empty folder
             # (ranks, workers) all find it a cache, whoever made the mark.
             try:
-                fd = os.open(os.path.join(self.path, MARK), os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644)
+                fd = _open_file(self.fd, MARK, os.O_WRONLY | os.O_CREAT | os.O_EXCL, os.path.join(self.path, MARK))
             except FileExistsError:
                 pass
             else:
-                with os.fdopen(fd, "w") as f:
-                    f.write("clipshard cache: every file here may be deleted at any time\n")
-        for n in os.listdir(self.path):
-            if n not in (MARK, LEDGER) and not n.startswith(LEDGER + ".tmp.") and not re.fullmatch(r"[0-9a-f]{32}", n):
+                try:
+                    os.write(fd, b"clipshard cache: every file here may be deleted at any time\n")
+                except OSError as e:
+                    raise _cache_error(os.path.join(self.path, MARK), e) from None
+                finally:
+                    os.close(fd)
+        os.close(_open_file(self.fd, MARK, os.O_RDONLY, os.path.join(self.path, MARK)))  # (a regular file: else refused)
+        for n in _listdir(self.fd):
+            where = os.path.join(self.path, n)
+            if n in (MARK, LEDGER) or n.startswith(LEDGER + ".tmp."):
+                continue
+            if not re.fullmatch(r"[0-9a-f]{32}", n):
                 raise ValueError("%s: holds %r, which is not a cache entry: refusing to use it as a cache" % (self.path, n))
+            try:
+                mode = os.stat(n, dir_fd=self.fd, follow_symlinks=False).st_mode
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISDIR(mode):
+                raise ValueError("%s: %s, where the cache keeps an entry (a folder of its own): refusing to use this cache "
+                                 "(a cache never follows a link out of its folder): remove it" % (where, _kind(mode)))
+
+    @property
+    def fd(self) -> int:
+        """An fd of the cache's folder (opened again in a process other than
+        the one that opened it, and after close)."""
+        if self._fd is None or self._fd_pid != os.getpid():
+            try:
+                self._fd = os.open(self.path, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
+            except OSError as e:
+                raise _cache_error("cache_dir " + self.path, e) from None
+            self._fd_pid = os.getpid()
+        return self._fd
+
+    def __del__(self) -> None:
+        # (closed only when nothing can use it: a fetch thread still
+        # running after a reader's close would otherwise use a number a
+        # later open took)
+        fd = getattr(self, "_fd", None)
+        if fd is not None and self._fd_pid == os.getpid():
+            os.close(fd)
+
+    def _walk(self) -> Iterator[tuple[str, list[str], int]]:
+        """(folder relative to the cache, its file names, its fd) of every
+        folder of the cache, from its fd, following no link."""
+        for root, _, names, rfd in os.fwalk(".", dir_fd=self.fd, follow_symlinks=False):
+            yield os.path.normpath(root), names, rfd
 
     def usage(self) -> int:
         """The bytes the cache takes on disk, as du counts them (a walk of
         it; also recorded in the ledger, see counted)."""
         total = 0
-        for root, _, names in os.walk(self.path):
+        for _, names, rfd in self._walk():
             for n in names:
                 try:
-                    total += os.lstat(os.path.join(root, n)).st_blocks * 512
+                    total += os.stat(n, dir_fd=rfd, follow_symlinks=False).st_blocks * 512
                 except FileNotFoundError:
                     pass
         self.record(total)
@@ -429,12 +648,7 @@ class Cache:
         """An fd of the ledger, a regular file of this cache's: a symlink,
         a FIFO or a device planted under its name is never followed,
         opened for long or written (ValueError, naming it)."""
-        p = os.path.join(self.path, LEDGER)
-        fd = os.open(p, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | _O_CLOEXEC | (os.O_CREAT if create else 0), 0o644)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise ValueError("%s: not a regular file (the cache's ledger is): refusing to use this cache; remove it" % p)
-        return fd
+        return _open_file(self.fd, LEDGER, os.O_RDWR | (os.O_CREAT if create else 0), os.path.join(self.path, LEDGER))
 
     def record(self, usage: int, walk: bool = True) -> None:
         """Write the ledger (under the lock): usage, as a walk found it
@@ -443,10 +657,7 @@ class Cache:
         # spaces): under the lock no reader sees it half written, and one
         # that a death left torn is not JSON (counted: walk). (A temporary
         # file renamed over it cost a new inode a fetched piece.)
-        try:
-            fd = self._ledger(create=True)
-        except OSError as e:  # (ELOOP: a symlink)
-            raise ValueError("%s: %s: refusing to use this cache; remove it" % (os.path.join(self.path, LEDGER), e.strerror)) from None
+        fd = self._ledger(create=True)
         try:
             walked = time.time()
             if not walk:
@@ -458,21 +669,27 @@ class Cache:
             os.pwrite(fd, body.ljust(LEDGER_BYTES), 0)
             if os.fstat(fd).st_size > LEDGER_BYTES:
                 os.ftruncate(fd, LEDGER_BYTES)  # (an older version's, longer)
+        except OSError as e:
+            raise _cache_error(os.path.join(self.path, LEDGER), e) from None
         finally:
             os.close(fd)
 
     def locked(self) -> "_Flock":
         """The cache's own lock (flock of the mark): room is made and
         taken under it."""
-        return _Flock(os.path.join(self.path, MARK))
+        return _Flock(self.fd, MARK, os.path.join(self.path, MARK))
 
 
 class _Flock:
-    def __init__(self, path: str, exclusive: bool = True) -> None:
-        self.path, self.mode = path, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+    """flock of the regular file name in the open folder dfd (made if it is
+    not there), while in the with block."""
+
+    def __init__(self, dfd: int, name: str, where: str, exclusive: bool = True) -> None:
+        self.dfd, self.name, self.where = dfd, name, where
+        self.mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
 
     def __enter__(self) -> "_Flock":
-        self.fd = os.open(self.path, os.O_RDONLY | _O_CLOEXEC)
+        self.fd = _open_file(self.dfd, self.name, os.O_RDONLY | os.O_CREAT, self.where)
         fcntl.flock(self.fd, self.mode)
         return self
 
@@ -506,7 +723,10 @@ class Remote:
         man, self.etag = self.bucket.read_all(manifest)
         self.key = hashlib.sha256(self.bucket.url.encode() + b"\0" + man).hexdigest()[:32]
         self.root = os.path.join(self.cache.path, self.key)
-        os.makedirs(self.root, exist_ok=True)
+        self._lock = threading.Lock()
+        self._dirs: dict[str, int] = {}  # folder of the entry ("" itself) -> its fd, of this process
+        self._dirs_pid = -1
+        self._dir("")  # (made, a real folder)
         self._fresh_boot()
         self._put(manifest, man)
         sums, _ = self.bucket.read_all("SHA256SUMS")
@@ -522,51 +742,82 @@ class Remote:
         self.fetched = 0  # bytes of shard files this process fetched (received) into the cache
         self._listed: set[str] = set()  # folders whose objects were listed
         self._sums: dict[str, Optional[BlockSums]] = {}  # epoch folder -> its BLOCKSUMS (None: none)
-        self._lock = threading.Lock()
         self._ahead: dict[Any, Future[None]] = {}
         self._pool_pid = -1
         self._executor: Optional[ThreadPoolExecutor] = None
-        self._pos_file = os.path.join(self.root, ".pos-%d-%d" % (os.getpid(), id(self)))
+        self._pos_name = ".pos-%d-%d" % (os.getpid(), id(self))
+
+    # -- the entry's folders, from the cache's fd --------------------------
+
+    def _dir(self, folder: str) -> int:
+        """An fd of the entry's folder (e.g. "epoch-0003"; "" the entry
+        itself), made if it is not there, reached from the cache's fd one
+        real folder at a time (a link is refused, never followed); kept
+        open by this process."""
+        with self._lock:
+            if self._dirs_pid != os.getpid():
+                self._dirs, self._dirs_pid = {}, os.getpid()  # (a fork's copies: the parent's to close)
+            fd = self._dirs.get(folder)
+        if fd is not None:
+            return fd
+        if folder == "":
+            fd = _open_dir(self.cache.fd, self.key, self.root, create=True)
+        else:
+            parent, _, name = folder.rpartition("/")
+            if name in ("", ".", "..") or "\0" in name:
+                raise ValueError("%s: %r is not a folder of the entry" % (self.root, folder))
+            fd = _open_dir(self._dir(parent), name, os.path.join(self.root, *folder.split("/")), create=True)
+        with self._lock:
+            old = self._dirs.setdefault(folder, fd)
+        if old != fd:
+            os.close(fd)
+        return old
+
+    def _at(self, rel: str) -> tuple[int, str]:
+        """(the fd of rel's folder, rel's name) in the entry."""
+        folder, _, name = rel.rpartition("/")
+        if name in ("", ".", "..") or "\0" in name:
+            raise ValueError("%s: %r is not a file of the entry" % (self.root, rel))
+        return self._dir(folder), name
 
     def _fresh_boot(self) -> None:
         """Marks of fetched blocks are trusted within the boot that wrote
         them (after a crash, a page the disk never got may read as zeros):
         an entry of another boot has its shard files removed."""
         now = _boot_id()
-        p = os.path.join(self.root, ".boot")
-        try:
-            with open(p) as f:
-                if f.read() == now:
-                    return
-        except FileNotFoundError:
-            pass
-        with self.cache.locked():
+        root = self._dir("")
+        where = os.path.join(self.root, ".boot")
+
+        def same() -> bool:
             try:
-                with open(p) as f:
-                    if f.read() == now:
-                        return
+                return _read_file(root, ".boot", where, 4096).decode("utf-8", "replace") == now
             except FileNotFoundError:
-                pass
-            for d, _, names in os.walk(self.root):
-                for n in names:
-                    if n.endswith((".npy", ".have")) or n == BLOCKSUMS or ".tmp." in n:
-                        os.unlink(os.path.join(d, n))
-            tmp = "%s.tmp.%d" % (p, os.getpid())
-            with open(tmp, "w") as f:
-                f.write(now)
-            os.replace(tmp, p)
+                return False
+        if same():
+            return
+        with self.cache.locked():
+            if same():
+                return
+            try:
+                for _, _, names, rfd in os.fwalk(".", dir_fd=root, follow_symlinks=False):
+                    for n in names:
+                        if (n.endswith((".npy", ".have")) or n == BLOCKSUMS or ".tmp." in n) and _regular(rfd, n):
+                            try:
+                                os.unlink(n, dir_fd=rfd)
+                            except FileNotFoundError:
+                                pass
+            except OSError as e:
+                raise _cache_error(self.root, e) from None
+            _write_new(root, ".boot", now.encode(), where)
 
     def _put(self, rel: str, b: bytes) -> None:
-        p = self.local(rel)
-        if os.path.exists(p):
-            with open(p, "rb") as f:
-                if f.read() == b:
-                    return
-        os.makedirs(os.path.dirname(p), exist_ok=True)
-        tmp = "%s.tmp.%d.%d" % (p, os.getpid(), random.getrandbits(32))
-        with open(tmp, "wb") as f:
-            f.write(b)
-        os.replace(tmp, p)
+        dfd, name = self._at(rel)
+        try:
+            if _read_file(dfd, name, self.local(rel), max(len(b), 1) * 2) == b:
+                return
+        except FileNotFoundError:
+            pass
+        _write_new(dfd, name, b, self.local(rel))
 
     def check_current(self) -> bytes:
         """epochs.json (the manifest) as the bucket holds it now."""
@@ -623,11 +874,12 @@ class Remote:
             listed = self.objects.get(name)
         sums: Optional[BlockSums] = None
         if listed is not None:
-            p = self.local(name)
             b = None
-            if os.path.exists(p):
-                with open(p, "rb") as f:
-                    b = f.read()
+            dfd, base = self._at(name)
+            try:
+                b = _read_file(dfd, base, self.local(name), MAX_MANIFEST + MAX_DIGESTS)
+            except FileNotFoundError:
+                pass
             if b is None or len(b) != listed[0]:
                 if listed[0] > MAX_MANIFEST + MAX_DIGESTS:
                     raise ValueError("%s: %d bytes, more than a BLOCKSUMS may have" % (self.bucket.name(name), listed[0]))
@@ -652,7 +904,7 @@ class Remote:
             self.ensure_range(rel, 0, None)
             return self.local(rel)
         p = self.local(rel)
-        if os.path.exists(p):
+        if _is_file(*self._at(rel), p):
             return p
         # (a fetch thread reading it ahead holds its lock: _fetch_whole
         # waits for that and finds it there)
@@ -760,51 +1012,49 @@ class Remote:
         fetched) and of its marks (NAME.have: a byte a block, then one for
         the head), made if they are not there: the marks first, so that a
         data file is never without them."""
+        dfd, name = self._at(rel)
         p = self.local(rel)
         try:
-            return self._open_pair(p)
+            return self._open_pair(dfd, name, p)
         except FileNotFoundError:
             pass
-        os.makedirs(os.path.dirname(p), exist_ok=True)
-        lockp = p + ".lock"
-        fd = os.open(lockp, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
+        fd = _open_file(dfd, name + ".lock", os.O_RDWR | os.O_CREAT, p + ".lock")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
-                return self._open_pair(p)
+                return self._open_pair(dfd, name, p)
             except FileNotFoundError:
                 pass
-            for q in (p, p + ".have"):
-                try:
-                    os.unlink(q)  # (one without the other: what an eviction or a death left)
-                except FileNotFoundError:
-                    pass
-            _sweep(p)
+            for q in (name, name + ".have"):
+                if _is_file(dfd, q, os.path.join(os.path.dirname(p), q)):  # (anything else there: refused)
+                    os.unlink(q, dir_fd=dfd)  # (one without the other: what an eviction or a death left)
+            _sweep(dfd, name)
+
             def marks() -> None:
-                tmp = "%s.have.tmp.%d.%d" % (p, os.getpid(), random.getrandbits(32))
-                with open(tmp, "wb") as f:
-                    f.write(bytes(n + 1))
-                os.replace(tmp, p + ".have")
+                _write_new(dfd, name + ".have", bytes(n + 1), p + ".have")
             self._reserve(blocks(n + 1), marks)
-            tmp = "%s.tmp.%d.%d" % (p, os.getpid(), random.getrandbits(32))
-            with open(tmp, "wb") as f:
-                f.truncate(size)
-            os.replace(tmp, p)
-            return self._open_pair(p)
+            tmp = "%s.tmp.%d.%d" % (name, os.getpid(), random.getrandbits(32))
+            t = _open_file(dfd, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, p)
+            try:
+                os.ftruncate(t, size)
+            finally:
+                os.close(t)
+            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            return self._open_pair(dfd, name, p)
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
 
     @staticmethod
-    def _open_pair(p: str) -> tuple[int, int]:
-        """fds of p and of its marks, of one making: marks made again
-        between the two opens (an eviction and a new fetch) are not paired
-        with the data file (FileNotFoundError: try again)."""
-        have = os.open(p + ".have", os.O_RDWR | _O_CLOEXEC)
+    def _open_pair(dfd: int, name: str, p: str) -> tuple[int, int]:
+        """fds of name (in dfd) and of its marks, of one making: marks made
+        again between the two opens (an eviction and a new fetch) are not
+        paired with the data file (FileNotFoundError: try again)."""
+        have = _open_file(dfd, name + ".have", os.O_RDWR, p + ".have")
         try:
-            fd = os.open(p, os.O_RDWR | _O_CLOEXEC)
+            fd = _open_file(dfd, name, os.O_RDWR, p)
             try:
-                if os.stat(p + ".have").st_ino != os.fstat(have).st_ino:
+                if os.stat(name + ".have", dir_fd=dfd, follow_symlinks=False).st_ino != os.fstat(have).st_ino:
                     raise FileNotFoundError(p + ".have")
             except BaseException:
                 os.close(fd)
@@ -855,8 +1105,13 @@ class Remote:
         marks is locked: room taken (allocated) for them, fetched, written
         as they come, each block checked against BLOCKSUMS and then marked
         (only a checked block is ever marked)."""
-        fd = os.open(self.local(rel), os.O_RDWR | _O_CLOEXEC)
-        mine = os.open(self.local(rel) + ".have", os.O_RDWR | _O_CLOEXEC)  # (an open of its own: its lock is its own)
+        dfd, name = self._at(rel)
+        fd = _open_file(dfd, name, os.O_RDWR, self.local(rel))
+        try:
+            mine = _open_file(dfd, name + ".have", os.O_RDWR, self.local(rel) + ".have")  # (an open of its own: its lock is its own)
+        except BaseException:
+            os.close(fd)
+            raise
         try:
             if os.fstat(mine).st_ino != os.fstat(have).st_ino or os.fstat(fd).st_ino != os.fstat(data).st_ino:
                 raise ValueError("%s: replaced in the cache while it was being fetched (evicted?): raise cache_limit" % self.local(rel))
@@ -908,28 +1163,28 @@ class Remote:
         want = self.sums.get(rel)
         if want is None:
             raise ValueError("%s: SHA256SUMS does not list it: its bytes cannot be checked" % self.bucket.name(rel))
-        os.makedirs(os.path.dirname(p), exist_ok=True)
-        lock = os.open(p + ".lock", os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
+        dfd, name = self._at(rel)
+        lock = _open_file(dfd, name + ".lock", os.O_RDWR | os.O_CREAT, p + ".lock")
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another process fetching it: wait for its rename (or its death)
-            if os.path.exists(p):
+            if _is_file(dfd, name, p):
                 return
-            _sweep(p)  # the lock is ours: what a fetcher of it left when it died goes
+            _sweep(dfd, name)  # the lock is ours: what a fetcher of it left when it died goes
             size, etag = self._object(rel)
-            tmp = "%s.tmp.%d.%d" % (p, os.getpid(), random.getrandbits(32))
+            tmp = "%s.tmp.%d.%d" % (name, os.getpid(), random.getrandbits(32))
             # Room is made, and taken (the temporary file allocated at its
             # full size), under the cache's lock: fetchers of other
             # processes at once stay under the limit together.
             fds: list[int] = []
 
             def allocate() -> None:
-                fds.append(os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644))
+                fds.append(_open_file(dfd, tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, p))
                 try:
                     if size:
                         os.posix_fallocate(fds[0], 0, size)
                 except BaseException:
                     os.close(fds.pop())
-                    os.unlink(tmp)
+                    os.unlink(tmp, dir_fd=dfd)
                     raise
             self._reserve(blocks(size), allocate)
             fd = fds[0]
@@ -947,11 +1202,15 @@ class Remote:
                 if h.hexdigest() != want:
                     raise ValueError("%s: its bytes (sha256 %s) are not those SHA256SUMS records (%s): refusing them"
                                      % (self.bucket.name(rel), h.hexdigest(), want))
-                os.replace(tmp, p)
+                os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            except OSError as e:
+                raise _cache_error(p, e) from None
             finally:
                 os.close(fd)
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
+                try:
+                    os.unlink(tmp, dir_fd=dfd)
+                except FileNotFoundError:
+                    pass
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
             os.close(lock)
@@ -970,7 +1229,7 @@ class Remote:
         for r in self._pieces(ranges):
             if r in self._ahead and self._pool_pid == os.getpid():
                 continue
-            if r[1] == 0 and r[2] is None and self._sums.get(r[0].rsplit("/", 1)[0]) is None and os.path.exists(self.local(r[0])):
+            if r[1] == 0 and r[2] is None and self._sums.get(r[0].rsplit("/", 1)[0]) is None and _is_file(*self._at(r[0]), self.local(r[0])):
                 continue  # (a whole file there)
             pool = pool or self._pool()
             self._ahead[r] = pool.submit(self._quiet_fetch, *r)
@@ -1027,40 +1286,44 @@ class Remote:
         eviction (what one reads is never evicted; what it reads ahead to
         only when nothing else can go)."""
         body = json.dumps({"pid": os.getpid(), "reading": reading, "ahead": ahead})
-        tmp = self._pos_file + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(body)
-        os.replace(tmp, self._pos_file)
+        _write_new(self._dir(""), self._pos_name, body.encode(), os.path.join(self.root, self._pos_name))
 
     def kept(self) -> tuple[set[str], set[str]]:
         """The files live local readers are at, and those they read ahead
-        to (of every version in the cache)."""
+        to (of every version in the cache), as paths relative to the
+        cache's folder."""
         keep: set[str] = set()
         ahead: set[str] = set()
-        for key in os.listdir(self.cache.path):
-            d = os.path.join(self.cache.path, key)
-            if not os.path.isdir(d):
+        top = self.cache.fd
+        for key in _listdir(top):
+            if not re.fullmatch(r"[0-9a-f]{32}", key):
                 continue
-            for n in os.listdir(d):
-                if not n.startswith(".pos-") or n.endswith(".tmp"):
-                    continue
-                try:
-                    pid = int(n.split("-")[1])
-                    with open(os.path.join(d, n)) as f:
-                        v = json.load(f)
-                except (ValueError, OSError, RecursionError):
-                    continue
-                if not _alive(pid):
+            try:
+                d = _open_dir(top, key, os.path.join(self.cache.path, key))
+            except (OSError, ValueError):
+                continue  # (gone, or not a folder: the cache refuses it when next opened)
+            try:
+                for n in _listdir(d):
+                    if not n.startswith(".pos-") or n.endswith(".tmp") or ".tmp." in n:
+                        continue
                     try:
-                        os.unlink(os.path.join(d, n))
-                    except OSError:
-                        pass
-                    continue
-                if not isinstance(v, dict):
-                    continue
-                for into, what in ((keep, v.get("reading")), (ahead, v.get("ahead"))):
-                    if isinstance(what, list):  # (a reader's, or anything: each a name inside the entry)
-                        into.update(os.path.join(d, *r.split("/")) for r in what if isinstance(r, str) and ".." not in r.split("/"))
+                        pid = int(n.split("-")[1])
+                        v = json.loads(_read_file(d, n, os.path.join(self.cache.path, key, n), 1 << 24))
+                    except (ValueError, OSError, RecursionError, IndexError):
+                        continue
+                    if not _alive(pid):
+                        try:
+                            os.unlink(n, dir_fd=d)
+                        except OSError:
+                            pass
+                        continue
+                    if not isinstance(v, dict):
+                        continue
+                    for into, what in ((keep, v.get("reading")), (ahead, v.get("ahead"))):
+                        if isinstance(what, list):  # (a reader's, or anything: each a name inside the entry)
+                            into.update(os.path.join(key, *r.split("/")) for r in what if isinstance(r, str) and ".." not in r.split("/"))
+            finally:
+                os.close(d)
         return keep, ahead - keep
 
     def _reserve(self, need: int, allocate: Any) -> None:
@@ -1077,7 +1340,10 @@ class Remote:
             with self.cache.locked():
                 used = self._make_room(need, limit)
                 if used + need <= limit:
-                    allocate()
+                    try:
+                        allocate()
+                    except OSError as e:
+                        raise _cache_error("cache_dir %s (taking %d bytes of cache_limit %d)" % (self.cache.path, need, self.cache.limit), e) from None
                     self.cache.record(used + need, walk=False)
                     return
             if time.monotonic() > deadline:
@@ -1097,14 +1363,18 @@ class Remote:
             return used
         keep, ahead = self.kept()
         victims = []
-        for root, _, names in os.walk(self.cache.path):
+        for root, names, rfd in self.cache._walk():
+            if root == ".":
+                continue  # (the mark and the ledger)
             for n in names:
                 p = os.path.join(root, n)
+                if not _regular(rfd, n):
+                    continue  # (not the cache's: a reader refuses it, naming it)
                 if (n.endswith(".npy") or n == BLOCKSUMS) and p not in keep:
                     try:
                         # What no reader needs first, oldest first; then
                         # what readers read ahead to, farthest first.
-                        t = os.stat(p).st_mtime
+                        t = os.stat(n, dir_fd=rfd, follow_symlinks=False).st_mtime
                         victims.append((p in ahead, -t if p in ahead else t, p))
                     except FileNotFoundError:
                         pass
@@ -1112,8 +1382,8 @@ class Remote:
                     pid = n.split(".tmp.")[1].split(".")[0]
                     if pid.isdigit() and not _alive(int(pid)):
                         try:
-                            used -= os.lstat(p).st_blocks * 512
-                            os.unlink(p)  # a dead fetcher's
+                            used -= os.stat(n, dir_fd=rfd, follow_symlinks=False).st_blocks * 512
+                            os.unlink(n, dir_fd=rfd)  # a dead fetcher's
                         except FileNotFoundError:
                             pass
         victims.sort()
@@ -1124,51 +1394,76 @@ class Remote:
         return used
 
     def _evict(self, p: str) -> int:
-        """Remove cache file p (and its marks), unless it is being made
-        (its NAME.lock held); the bytes freed."""
+        """Remove cache file p (relative to the cache's folder) and its
+        marks, unless it is being made (its NAME.lock held); the bytes
+        freed."""
+        folder, name = os.path.split(p)
+        try:
+            dfd = self.cache.fd
+            opened = []
+            for part in folder.split(os.sep):
+                dfd = _open_dir(dfd, part, os.path.join(self.cache.path, folder))
+                opened.append(dfd)
+        except (OSError, ValueError):
+            for d in opened:
+                os.close(d)
+            return 0
         freed = 0
         lock = None
-        if p.endswith(".npy"):
-            try:
-                lock = os.open(p + ".lock", os.O_RDONLY | _O_CLOEXEC)
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(lock) if lock is not None else None
-                return 0
-            except FileNotFoundError:
-                lock = None
         try:
-            for q in (p, p + ".have"):  # the data first: a file is never without its marks
+            if name.endswith(".npy"):
                 try:
-                    freed += os.lstat(q).st_blocks * 512
-                    os.unlink(q)
+                    lock = _open_file(dfd, name + ".lock", os.O_RDONLY, os.path.join(self.cache.path, p) + ".lock")
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(lock) if lock is not None else None
+                    return 0
                 except FileNotFoundError:
-                    pass
+                    lock = None
+            try:
+                for q in (name, name + ".have"):  # the data first: a file is never without its marks
+                    try:
+                        st = os.stat(q, dir_fd=dfd, follow_symlinks=False)
+                        if stat.S_ISREG(st.st_mode):
+                            os.unlink(q, dir_fd=dfd)
+                            freed += st.st_blocks * 512
+                    except FileNotFoundError:
+                        pass
+            finally:
+                if lock is not None:
+                    fcntl.flock(lock, fcntl.LOCK_UN)
+                    os.close(lock)
         finally:
-            if lock is not None:
-                fcntl.flock(lock, fcntl.LOCK_UN)
-                os.close(lock)
+            for d in opened:
+                os.close(d)
         return freed
 
     def close(self) -> None:
         try:
-            os.unlink(self._pos_file)
-        except OSError:
+            os.unlink(self._pos_name, dir_fd=self._dir(""))
+        except (OSError, ValueError):
             pass
 
+    def __del__(self) -> None:
+        # (the folders' fds closed only when nothing can use them: a fetch
+        # thread still running after close would otherwise use a number a
+        # later open took, writing into another folder)
+        if getattr(self, "_dirs_pid", None) == os.getpid():
+            for fd in self._dirs.values():
+                os.close(fd)
 
-def _sweep(p: str) -> None:
-    """Remove the temporary files of cache file p (p.tmp.PID.*,
-    p.have.tmp.PID.*) that dead processes, or this one, left. Called
-    holding p's lock."""
-    d, base = os.path.split(p)
-    for n in os.listdir(d):
+
+def _sweep(dfd: int, base: str) -> None:
+    """Remove the temporary files of cache file base in the open folder
+    dfd (base.tmp.PID.*, base.have.tmp.PID.*) that dead processes, or this
+    one, left. Called holding base's lock."""
+    for n in _listdir(dfd):
         for head in (base + ".tmp.", base + ".have.tmp."):
             if n.startswith(head):
                 pid = n[len(head):].split(".")[0]
-                if pid.isdigit() and (int(pid) == os.getpid() or not _alive(int(pid))):
+                if pid.isdigit() and (int(pid) == os.getpid() or not _alive(int(pid))) and _regular(dfd, n):
                     try:
-                        os.unlink(os.path.join(d, n))
+                        os.unlink(n, dir_fd=dfd)
                     except FileNotFoundError:
                         pass
 

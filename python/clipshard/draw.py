@@ -459,8 +459,8 @@ class Drawn:
             window=window, seed=seed, sampling=sampling, per_clip=per_clip, short=short, weights=weights,
             epoch_samples=epoch_samples, block=block, buffer=buffer, group=group, hold=hold, read=read,
             cache_dir=cache_dir, cache_limit=cache_limit))
-        if type(window) is not int or window < 1:
-            raise ValueError("window %r: want an int >= 1 (frames of each window)" % (window,))
+        if type(window) is not int or not 1 <= window < 1 << 31:
+            raise ValueError("window %r: want an int in [1, 2**31) (frames of each window)" % (window,))
         if sampling not in ("tile", "random"):
             raise ValueError("sampling %r: want 'tile' or 'random'" % (sampling,))
         if short not in ("pad", "skip"):

@@ -34,7 +34,7 @@ import numpy as np
 
 from . import _remote
 from ._remote import blocks as _disk_blocks
-from ._files import MAX_SAMPLE, Npy, cached, confined, read_json
+from ._files import MAX_MANIFEST, MAX_SAMPLE, Npy, cached, confined, open_regular, pread_all, read_json
 
 __all__ = ["EpochReader", "load_epochs", "source_names"]
 
@@ -80,6 +80,46 @@ def load_epochs(edir: str) -> dict[str, Any]:
         if not names or any(not isinstance(n, str) or not n for n in names) or len(set(names)) != len(names):
             raise ValueError("%s: epochs.json: version 3 without a list of named sources (%r)" % (edir, src))
     return man
+
+
+def check_datasets(man: Mapping[str, Any], edir: str) -> None:
+    """The datasets epochs were cut from (their dataset, or each source of
+    mixed epochs), where present at the folder epochs.json records, must be
+    those recorded (the sha256 of their dataset.json): a dataset converted
+    again in place under its epochs is refused, naming both (each sample's
+    clip row would name a clip of another dataset). A dataset that is not
+    there (moved, or on another machine) is not checked."""
+    refs = []
+    if man.get("version") == 3:
+        for s in man.get("sources") or []:
+            if isinstance(s, dict):
+                refs.append(("source %s" % s.get("name"), s.get("dir"), s.get("manifest_sha256")))
+    elif isinstance(man.get("dataset"), dict):
+        refs.append(("dataset", man["dataset"].get("dir"), man["dataset"].get("manifest_sha256")))
+    for what, d, want in refs:
+        if not isinstance(d, str) or not os.path.isabs(d) or not isinstance(want, str) or "\0" in d:
+            continue
+        p = os.path.join(d, "dataset.json")
+        try:
+            os.stat(p)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as e:
+            raise ValueError("%s: the %s the epochs were cut from, %s: its dataset.json cannot be read to check that it is "
+                             "still that dataset: %s" % (edir, what, d, e.strerror)) from None
+        try:
+            fd, st = open_regular(p)
+            try:
+                now = hashlib.sha256(pread_all(fd, min(st.st_size, MAX_MANIFEST + 1), 0, p)).hexdigest()
+            finally:
+                os.close(fd)
+        except ValueError as e:
+            raise ValueError("%s: the %s the epochs were cut from: %s" % (edir, what, e)) from None
+        if now != want:
+            raise ValueError("%s: cut from the %s %s when its dataset.json had sha256 %s; it now has %s: the dataset was "
+                             "converted again (or replaced) since the shuffle, and the samples' clip rows name the clips of "
+                             "the dataset they were cut from, not of this one: shuffle again from %s (into a new folder, or "
+                             "--force), or restore the dataset they were cut from" % (edir, what, d, want, now, d))
 
 
 def epoch_identity(man: Mapping[str, Any], epoch: int) -> str:
@@ -173,7 +213,11 @@ class EpochReader:
             edir, self._remote = _remote.root, _remote
         else:
             edir, self._remote = open_epochs(edir, cache_dir, cache_limit)
-        man = load_epochs(edir) if _manifest is None else _manifest
+        if _manifest is None:
+            man = load_epochs(edir)
+            check_datasets(man, self.url)
+        else:
+            man = _manifest
         entries = man.get("epochs")
         if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
             raise ValueError("%s: epochs.json: 'epochs' is not a list of epochs" % edir)

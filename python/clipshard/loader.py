@@ -19,9 +19,10 @@ from typing import Any, Generator, Iterable, Iterator, Mapping, Optional, Union
 
 import numpy as np
 
-from ._files import pread_into
+from ._files import memory_limit, pread_into
 from .draw import STATE_FORMAT as DRAWN_STATE, Drawn, DrawnReader, _rows
-from .epochs import _sources, STATE_FORMAT as READER_STATE, STATE_VERSION, EpochReader, check_state, epoch_identity, load_epochs, open_epochs
+from .epochs import (_sources, STATE_FORMAT as READER_STATE, STATE_VERSION, EpochReader, check_datasets, check_state, epoch_identity,
+                     load_epochs, open_epochs)
 
 __all__ = ["Loader"]
 
@@ -133,6 +134,7 @@ class Loader:
                 raise ValueError("%s: unexpected arguments %s (window, seed, sampling, ... are for dataset=)" % (edir, sorted(draw)))
             local, self._remote = open_epochs(edir, cache_dir, cache_limit)  # a bucket's: its entry in the node-local cache
             man = load_epochs(local)
+            check_datasets(man, edir)
             entries = man.get("epochs")
             if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
                 raise ValueError("%s: epochs.json: 'epochs' is not a list of epochs" % edir)
@@ -217,6 +219,12 @@ class Loader:
         raw = (sum(math.prod(self._src[n][1]) * self._src[n][0].itemsize for n in self._casting)
                if self._drawn is not None else SCRATCH * self.threads * bool(self._casting))
         self.host_bytes = (self.prefetch + 2) * self.batch_bytes + raw  # at most, held by the loader
+        room = memory_limit() or 1 << 47
+        if self.host_bytes > room:
+            raise ValueError("batch_size %d: batches of %d samples of %s take %d bytes each, and the loader holds up to %d "
+                             "(prefetch %d + 2 batches): more than this machine's memory (%d bytes): lower batch_size or "
+                             "prefetch, or cut shorter windows" % (self.batch_size, self.batch_size, dict(self.shapes),
+                                                                    self.batch_bytes, self.host_bytes, self.prefetch, room))
         self._pool: dict[str, list[Any]] = {n: [] for n in self.names}  # per modality; free when nothing else refers to it
         self._pool_refs: dict[str, list[int]] = {n: [] for n in self.names}
         self._raw: dict[str, Any] = {}  # the thread's scratch of the shards' dtype, when casting

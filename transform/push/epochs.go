@@ -34,7 +34,7 @@ func pushEpochs(ctx context.Context, o Options) (*Result, error) {
 		return nil, err
 	}
 	res := &Result{Kind: "epochs"}
-	if err := oursAll(ctx, o, manifests.EpochsFile, man.Files.Sums, man.Files.Shards); err != nil {
+	if err := oursAll(ctx, o, manifests.EpochsFile, man.Files.Sums, man.Files.Shards, manifests.ClaimFile); err != nil {
 		return nil, err
 	}
 	key := shuffle.OptionsKey(man)
@@ -42,23 +42,20 @@ func pushEpochs(ctx context.Context, o Options) (*Result, error) {
 	switch {
 	case err == nil && shuffle.OptionsKey(remote) != key && !o.Force:
 		return nil, fmt.Errorf("%w: %s holds epochs cut with other options (or from another dataset): use --force to replace them, or another prefix", ErrUsage, o.Dest)
-	case err == nil && shuffle.OptionsKey(remote) != key:
-		if err := o.Client.Remove(ctx, o.Dest, manifests.EpochsFile); err != nil { // uncommitted first
-			return nil, err
-		}
-		if err := o.Client.Remove(ctx, o.Dest, man.Files.Sums); err != nil {
-			return nil, err
-		}
 	case err != nil && !errors.Is(err, bucket.ErrNotFound):
 		return nil, err
 	}
+	other := err == nil && shuffle.OptionsKey(remote) != key
 	var objs []object
 	var groups []*blockGroup
+	mine := map[string]bool{}
+	var dirs []string
 	for _, e := range man.Epochs {
 		var data []string
 		for _, s := range e.Shards {
 			for _, f := range s.Files {
 				data = append(data, f)
+				mine[f] = true
 			}
 		}
 		sort.Strings(data)
@@ -67,17 +64,83 @@ func pushEpochs(ctx context.Context, o Options) (*Result, error) {
 			return nil, err
 		}
 		groups = append(groups, groupOf(ctx, o, e.Dir+"/"+manifests.BlockSumsFile, eobjs))
+		mine[e.Dir+"/"+manifests.BlockSumsFile] = true
 		objs = append(objs, eobjs...)
+		dirs = append(dirs, e.Dir)
 	}
-	res.Objects = len(objs) + len(groups) + 3
+	// What the prefix holds besides: the epochs committed (of these
+	// options: left; of others: another content's), and objects in
+	// epoch folders that no epochs.json lists yet, another push's: of
+	// these options (x-amz-meta-claim: an array task's, running, or to
+	// be run again), left; of others, or by a push of before claims when
+	// the prefix holds other options' epochs, another content's.
+	listedThere := map[string]bool{}
+	if remote != nil {
+		for _, e := range remote.Epochs {
+			listedThere[e.Dir+"/"+manifests.BlockSumsFile] = true
+			for _, s := range e.Shards {
+				for _, f := range s.Files {
+					listedThere[f] = true
+				}
+			}
+		}
+	}
+	c := manifests.EpochsClaim(man)
+	manifestNames := map[string]bool{manifests.EpochsFile: true, man.Files.Sums: true, man.Files.Shards: true, manifests.ClaimFile: true}
+	stale, err := survey(ctx, o, "epochs", func(rel string) bool {
+		return manifestNames[rel] || mine[rel] || (listedThere[rel] && !other)
+	}, func(rel string, st bucket.Object) bool {
+		return epochLayout.MatchString(rel) && !listedThere[rel] && (st.Claim == c.Identity || (st.Claim == "" && !other))
+	})
+	if err != nil {
+		return nil, err
+	}
+	claimETag, claimed, replaced, err := claim(ctx, o, c)
+	if err != nil {
+		return nil, err
+	}
+	o.Client = o.Client.WithClaim(c.Identity)
+	if claimed {
+		res.Sent++
+	}
+	if replaced && !other {
+		// The claim was another content's: the epochs committed may have
+		// had their objects overwritten by that push; they are uncommitted
+		// below and removed.
+		for rel := range listedThere {
+			if !mine[rel] {
+				stale = append(stale, rel)
+			}
+		}
+		sort.Strings(stale)
+	}
+	if other || replaced {
+		// Another content's epochs committed: uncommitted first.
+		faults.Point("push.uncommit")
+		if err := o.Client.Remove(ctx, o.Dest, manifests.EpochsFile); err != nil {
+			return nil, err
+		}
+		if err := o.Client.Remove(ctx, o.Dest, man.Files.Sums); err != nil {
+			return nil, err
+		}
+	}
+	if err := removeStale(ctx, o, stale); err != nil {
+		return nil, err
+	}
+	res.Objects = len(objs) + len(groups) + 4
 	n, b, err := upload(ctx, o, objs)
-	res.Sent, res.Bytes = n, b
+	res.Sent, res.Bytes = res.Sent+n, res.Bytes+b
 	if err != nil {
 		return res, err
 	}
-	n, b, err = writeBlockSums(ctx, o, groups)
+	proofs := map[string]bucket.Object{}
+	proofsOf(groups, proofs)
+	n, b, err = writeBlockSums(ctx, o, groups, proofs)
 	res.Sent, res.Bytes = res.Sent+n, res.Bytes+b
 	if err != nil {
+		return res, err
+	}
+	if err := stillOurs(ctx, o, dirs, proofs, claimETag); err != nil {
 		return res, err
 	}
 	ours := map[string]string{}

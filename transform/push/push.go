@@ -141,15 +141,11 @@ func pushDataset(ctx context.Context, o Options) (*Result, error) {
 	case err == nil && !o.Force:
 		return nil, fmt.Errorf("%w: %s holds another dataset (its dataset.json differs from %s's): use --force to replace it, or another prefix",
 			ErrUsage, o.Dest, o.Dir)
-	case err == nil:
-		// Uncommitted first: no dataset.json ever names objects of two builds.
-		if err := o.Client.Remove(ctx, o.Dest, manifests.DatasetFile); err != nil {
-			return nil, err
-		}
-	case !errors.Is(err, bucket.ErrNotFound):
+	case err != nil && !errors.Is(err, bucket.ErrNotFound):
 		return nil, err
 	}
 	committed := err == nil && bytes.Equal(remote, local)
+	replace := err == nil && !committed
 	own := d.OwnFiles()
 	var names []string
 	for rel := range own {
@@ -157,7 +153,34 @@ func pushDataset(ctx context.Context, o Options) (*Result, error) {
 			names = append(names, rel)
 		}
 	}
-	if err := oursAll(ctx, o, names...); err != nil {
+	if err := oursAll(ctx, o, append(names, manifests.ClaimFile)...); err != nil {
+		return nil, err
+	}
+	stale, err := survey(ctx, o, "dataset", func(rel string) bool {
+		return own[rel] || rel == manifests.DatasetFile || rel == manifests.BlockSumsFile || rel == manifests.ClaimFile
+	}, nil)
+	if err != nil {
+		return nil, err
+	}
+	// The claim, before any other write: a push of another dataset is
+	// refused before it overwrites anything.
+	c := manifests.DatasetClaim(local)
+	claimETag, wrote, _, err := claim(ctx, o, c)
+	if err != nil {
+		return nil, err
+	}
+	o.Client = o.Client.WithClaim(c.Identity)
+	if wrote {
+		res.Sent++
+	}
+	if replace {
+		// Uncommitted first: no dataset.json ever names objects of two builds.
+		faults.Point("push.uncommit")
+		if err := o.Client.Remove(ctx, o.Dest, manifests.DatasetFile); err != nil {
+			return nil, err
+		}
+	}
+	if err := removeStale(ctx, o, stale); err != nil {
 		return nil, err
 	}
 	var data, small []string
@@ -176,20 +199,22 @@ func pushDataset(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	res.Objects = len(own) + 1
+	res.Objects = len(own) + 2 // (and BLOCKSUMS, CLAIM)
 	g := groupOf(ctx, o, manifests.BlockSumsFile, objs)
 	n, b, err := upload(ctx, o, objs)
 	res.Sent, res.Bytes = res.Sent+n, res.Bytes+b
 	if err != nil {
 		return res, err
 	}
-	n, b, err = writeBlockSums(ctx, o, []*blockGroup{g})
+	proofs := map[string]bucket.Object{}
+	proofsOf([]*blockGroup{g}, proofs)
+	n, b, err = writeBlockSums(ctx, o, []*blockGroup{g}, proofs)
 	res.Sent, res.Bytes = res.Sent+n, res.Bytes+b
 	if err != nil {
 		return res, err
 	}
-	// The other manifests (SHA256SUMS lists the blobs: after them), then
-	// the commit.
+	// The other manifests (SHA256SUMS lists the blobs: after them), each
+	// left only if the bucket holds its very bytes, then the commit.
 	for _, rel := range small {
 		want := sums[rel]
 		if rel == d.Files.Sums {
@@ -199,18 +224,23 @@ func pushDataset(ctx context.Context, o Options) (*Result, error) {
 		if err != nil {
 			return res, err
 		}
-		sum := hashOf(b)
-		if st, err := o.Client.Stat(ctx, o.Dest, rel); err == nil && st.Size == int64(len(b)) && st.SHA256 == sum {
+		if now, etag, err := o.Client.ReadAll(ctx, o.Dest, rel, manifests.MaxManifest); err == nil && bytes.Equal(now, b) {
+			proofs[rel] = bucket.Object{Size: int64(len(b)), ETag: etag}
 			continue
 		}
 		faults.Point("push.manifest")
-		if _, err := o.Client.PutBytes(ctx, o.Dest, rel, b, sum, ""); err != nil {
+		etag, err := o.Client.PutBytes(ctx, o.Dest, rel, b, hashOf(b), "")
+		if err != nil {
 			return res, err
 		}
+		proofs[rel] = bucket.Object{Size: int64(len(b)), ETag: etag}
 		res.Sent++
 		res.Bytes += int64(len(b))
 	}
 	if !committed {
+		if err := stillOurs(ctx, o, []string{""}, proofs, claimETag); err != nil {
+			return res, err
+		}
 		faults.Point("push.commit")
 		_, err := o.Client.PutBytes(ctx, o.Dest, manifests.DatasetFile, local, hashOf(local), bucket.CreateOnly)
 		if errors.Is(err, bucket.ErrPrecondition) {

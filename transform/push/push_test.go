@@ -55,11 +55,13 @@ func pushedTree(t *testing.T, dir string, got map[string][]byte) map[string][]by
 		for _, m := range d.Modalities {
 			groups[manifests.BlockSumsFile] = append(groups[manifests.BlockSumsFile], m.File)
 		}
+		want[manifests.ClaimFile] = manifests.DatasetClaim(want[manifests.DatasetFile]).Marshal()
 	} else {
 		man, err := manifests.LoadEpochs(dir)
 		if err != nil {
 			t.Fatal(err)
 		}
+		want[manifests.ClaimFile] = manifests.EpochsClaim(man).Marshal()
 		for _, e := range man.Epochs {
 			for _, s := range e.Shards {
 				for _, f := range s.Files {
@@ -267,6 +269,15 @@ func TestPushKilled(t *testing.T) {
 		want := bucketTree(t, filepath.Join(s.Root, "bkt", prefix))
 		clitest.SameTree(t, want, pushedTree(t, dir, want), "a clean push")
 		points := []int{1, 2, len(names) / 3, len(names) / 2, len(names) - 2, len(names) - 1, len(names)}
+		// (#60) and the first of each point it added: the claim, an
+		// object's completion, the check before the commit.
+		for _, p := range []string{"push.claim", "push.complete", "push.recheck"} {
+			at := slices.Index(names, p)
+			if at < 0 {
+				t.Fatalf("no %s point in a clean push: %v", p, names)
+			}
+			points = append(points, at+1)
+		}
 		for range clitest.Exhaustive(1, 4) { // (points drawn at random besides)
 			points = append(points, 1+rand.IntN(len(names)))
 		}

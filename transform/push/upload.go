@@ -42,8 +42,10 @@ func files(dir string, rels []string, sums map[string]string) ([]object, error) 
 	return out, nil
 }
 
-// upload sends every object not already at dest with its size and
-// sha256, o.Objects at once, and returns how many it sent and the bytes.
+// upload sends every object the bucket does not hold, proven, with its
+// size and sha256, o.Objects at once, and returns how many it sent and
+// their bytes. Each object it sent or proved is recorded in its group
+// (its ETag with it).
 func upload(ctx context.Context, o Options, objs []object) (int, int64, error) {
 	var total int64
 	for _, x := range objs {
@@ -71,27 +73,31 @@ func upload(ctx context.Context, o Options, objs []object) (int, int64, error) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
+			fail := func(err error) {
+				errs <- err
+				cancel()
+			}
 			st, err := o.Client.Stat(cctx, o.Dest, x.rel)
 			if err == nil && st.Size == x.size && st.SHA256 == x.sha {
-				if err := x.group.digests(o, x); err != nil {
-					errs <- err
-					cancel()
+				ok, err := x.group.proven(o, x, st)
+				if err != nil {
+					fail(err)
 					return
 				}
-				report(x.size) // there, intact: not sent again
-				return
-			}
-			if err == nil {
+				if ok {
+					report(x.size) // there, proven intact: not sent again
+					return
+				}
+				// (its metadata says so, its bytes are not proven: sent again)
+			} else if err == nil {
 				err = ours(o, x.rel, st)
 			}
 			if err != nil && !errors.Is(err, bucket.ErrNotFound) {
-				errs <- err
-				cancel()
+				fail(err)
 				return
 			}
 			if err := send(cctx, o, x, report); err != nil {
-				errs <- err
-				cancel()
+				fail(err)
 				return
 			}
 			mu.Lock()
@@ -136,8 +142,9 @@ func oursAll(ctx context.Context, o Options, rels ...string) error {
 	return nil
 }
 
-// send uploads one object, hashing its bytes as they are read; an object
-// whose bytes are not the recorded ones is removed.
+// send uploads one object, hashing its bytes as they are read: the
+// object is made only if they are the recorded ones (else its upload is
+// aborted and the push fails, naming the file).
 func send(ctx context.Context, o Options, x object, report func(int64)) error {
 	p := filepath.Join(o.Dir, filepath.FromSlash(x.rel))
 	f, fi, err := regfile.Open(p)
@@ -148,20 +155,22 @@ func send(ctx context.Context, o Options, x object, report func(int64)) error {
 	if fi.Size() != x.size {
 		return fmt.Errorf("%s: %d bytes, %d a moment ago (changed while it was pushed)", p, fi.Size(), x.size)
 	}
-	o.Client.AbortUploads(ctx, o.Dest, x.rel) // the parts of a killed push, if any
+	o.Client.AbortUploads(ctx, o.Dest, x.rel) // the parts of a killed push, if any (a server without the listing: left)
 	h, bh := sha256.New(), manifests.NewBlockHasher(x.group.block)
-	r := &counting{r: io.TeeReader(io.LimitReader(f, x.size), io.MultiWriter(h, bh)), report: report}
+	r := &counting{r: io.TeeReader(io.LimitReader(f, x.size), io.MultiWriter(h, bh)), report: report, path: p, size: x.size}
 	faults.Point("push.object")
-	err = o.Client.PutStream(ctx, o.Dest, x.rel, r, x.size, x.sha, uint64(o.PartSize), uint(o.Parts))
+	check := func() error {
+		if got := hex.EncodeToString(h.Sum(nil)); got != x.sha || r.n != x.size {
+			return fmt.Errorf("%s: its bytes (sha256 %s, %d bytes) are not those SHA256SUMS records (%s): damaged, or changed while pushed (verify %s)",
+				p, got, r.n, x.sha, o.Dir)
+		}
+		return nil
+	}
+	etag, err := o.Client.PutChecked(ctx, o.Dest, x.rel, r, x.size, x.sha, o.PartSize, o.Parts, check)
 	if err != nil {
 		return err
 	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != x.sha || r.n != x.size {
-		o.Client.Remove(context.Background(), o.Dest, x.rel)
-		return fmt.Errorf("%s: its bytes (sha256 %s, %d bytes) are not those SHA256SUMS records (%s): damaged or changed while pushed; the object was removed (verify %s)",
-			p, got, r.n, x.sha, o.Dir)
-	}
-	x.group.add(manifests.BlockFile{Name: x.rel, Size: x.size, SHA256: x.sha, Head: bh.Head(), Digests: bh.Digests()})
+	x.group.add(manifests.BlockFile{Name: x.rel, Size: x.size, SHA256: x.sha, Head: bh.Head(), ETag: etag, Digests: bh.Digests()})
 	return nil
 }
 
@@ -169,10 +178,15 @@ type counting struct {
 	r      io.Reader
 	n      int64
 	report func(int64)
+	path   string
+	size   int64
 }
 
 func (c *counting) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
+	if err == io.EOF && c.n+int64(n) < c.size {
+		err = fmt.Errorf("%s: ended at byte %d of %d (changed while it was pushed)", c.path, c.n+int64(n), c.size)
+	}
 	if (c.n+int64(n))/(4<<20) != c.n/(4<<20) {
 		faults.Point("push.part") // every 4 MiB read: a kill in the middle of an object
 	}

@@ -23,34 +23,13 @@ import (
 var ErrConflict = fmt.Errorf("%w: conflicting run", ErrUsage)
 
 // optionsKey identifies the options that decide an epochs directory's
-// bytes: runs with the same key may share a directory (each with its own
-// epochs), runs with different keys may not.
-//
-// A mixed run's dataset is its sources (name:sha256, in order), and its
-// key ends with its weight schedule and epoch size.
-func optionsKey(m *manifests.Epochs) string {
-	key := fmt.Sprintf("dataset=%s seed=%d window=%d sampling=%s per_clip=%d short=%s shard_samples=%d",
-		datasetKey(m), m.Seed, m.Window, m.Sampling, m.PerClip, m.Short, m.ShardSamples)
-	if m.Mix != nil {
-		key += " weights=" + m.Mix.Key()
-	}
-	return key
-}
+// bytes (manifests.Epochs.OptionsKey): runs with the same key may share a
+// directory (each with its own epochs), runs with different keys may not.
+func optionsKey(m *manifests.Epochs) string { return m.OptionsKey() }
 
 // OptionsKey is optionsKey for other packages (push compares a bucket's
 // epochs.json with a folder's by it).
-func OptionsKey(m *manifests.Epochs) string { return optionsKey(m) }
-
-func datasetKey(m *manifests.Epochs) string {
-	if m.Version != manifests.EpochsVersionMix {
-		return m.Dataset.SHA256
-	}
-	var parts []string
-	for _, s := range m.Sources {
-		parts = append(parts, s.Name+":"+s.SHA256)
-	}
-	return strings.Join(parts, ",")
-}
+func OptionsKey(m *manifests.Epochs) string { return m.OptionsKey() }
 
 // scheduleWords words a weights token of an options key (MixWeights.Key:
 // "N/A:B@name=w,.../...", B 0 when open-ended) as the flags that give it:

@@ -22,13 +22,17 @@ const usage = `usage: push [--force] [--objects N] [--parts N] [--part-size SIZE
 Upload a dataset (convert's) or an epochs folder (shuffle's) to an
 S3-compatible bucket, as the same files under the same names (so that
 "aws s3 sync" and verify's checks carry over): data objects first
-(multipart, parallel parts), each hashed as it is read and checked
-against SHA256SUMS, then the manifests; the commit is the last write
-(dataset.json create-only; epochs.json by compare-and-swap, so that array
-tasks pushing their epochs into one prefix lose none). A killed push is
-resumed by running it again: objects there with the recorded size and
-sha256 are not sent again. A prefix holding another dataset, or epochs
-cut with other options, is refused (--force replaces it).
+(multipart, parallel parts), each hashed as it is read and made only if
+its bytes are those SHA256SUMS records, then the manifests; the commit is
+the last write (dataset.json create-only; epochs.json by compare-and-swap,
+so that array tasks pushing their epochs into one prefix lose none). The
+first write claims the prefix (CLAIM, create-only): a push of other
+content into it, at once or later, is refused before it writes anything.
+A killed push is resumed by running it again: objects there whose bytes
+are proven the file's (an ETag a push checked, or the file's own) are not
+sent again. A prefix holding another dataset, epochs cut with other
+options, or another content's claim, is refused (--force replaces it); an
+object no clipshard push wrote, at any name, always is.
 
 Credentials and endpoint the standard way: AWS_ACCESS_KEY_ID and
 AWS_SECRET_ACCESS_KEY (AWS_SESSION_TOKEN), or AWS_PROFILE in
