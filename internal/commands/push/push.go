@@ -121,11 +121,15 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 		return 0
 	}
 	if res.UpToDate {
-		fmt.Fprintf(stdout, "up to date: %s holds %s (%d objects, each with its recorded size and sha256)\n", res.Dest, o.Dir, res.Objects)
+		fmt.Fprintf(stdout, "up to date: %s holds %s (%d objects, each proven intact: its size, its sha256, and a version whose bytes a push checked)\n", res.Dest, o.Dir, res.Objects)
 		return 0
 	}
-	fmt.Fprintf(stdout, "pushed %s %s to %s in %.1fs: %d of %d objects sent (%s); the others were there, intact\n",
-		res.Kind, o.Dir, res.Dest, res.Elapsed.Seconds(), res.Sent, res.Objects, ui.Bytes(res.Bytes))
+	others := ""
+	if res.Sent < res.Objects {
+		others = "; the others were there, proven intact"
+	}
+	fmt.Fprintf(stdout, "pushed %s %s to %s in %.1fs: %d of %d objects sent (%s)%s\n",
+		res.Kind, o.Dir, res.Dest, res.Elapsed.Seconds(), min(res.Sent, res.Objects), res.Objects, ui.Bytes(res.Bytes), others)
 	if res.Kind == "epochs" {
 		fmt.Fprintf(stdout, "  the bucket lists epochs %v\n", res.Epochs)
 	}
