@@ -413,7 +413,7 @@ def _cache_error(where: str, e: OSError) -> ValueError:
     return ValueError("%s: %s%s" % (where, e.strerror or e, "; " + fix if fix else ""))
 
 
-def _open_file(dfd: int, name: str, flags: int, where: str, mode: int = 0o644) -> int:
+def _open_file(dfd: int, name: str, flags: int, where: str, mode: int = 0o666) -> int:
     """An fd of the regular file name in the open folder dfd: a symbolic
     link is never followed, a FIFO never waited on, a device never used
     (ValueError, naming where); FileNotFoundError if it is not there (and
@@ -460,7 +460,7 @@ def _open_dir(dfd: Optional[int], name: str, where: str, create: bool = False) -
     refused (ValueError, naming where)."""
     if create:
         try:
-            os.mkdir(name, 0o755, dir_fd=dfd)
+            os.mkdir(name, 0o777, dir_fd=dfd)  # (less the umask, as makedirs made them)
         except FileExistsError:
             pass
         except OSError as e:
@@ -562,7 +562,7 @@ class Cache:
             # Made create-only: readers starting at once on an empty folder
             # (ranks, workers) all find it a cache, whoever made the mark.
             try:
-                fd = _open_file(self.fd, MARK, os.O_WRONLY | os.O_CREAT | os.O_EXCL, os.path.join(self.path, MARK))
+                fd = _open_file(self.fd, MARK, os.O_WRONLY | os.O_CREAT | os.O_EXCL, os.path.join(self.path, MARK), 0o644)
             except FileExistsError:
                 pass
             else:
@@ -648,7 +648,7 @@ class Cache:
         """An fd of the ledger, a regular file of this cache's: a symlink,
         a FIFO or a device planted under its name is never followed,
         opened for long or written (ValueError, naming it)."""
-        return _open_file(self.fd, LEDGER, os.O_RDWR | (os.O_CREAT if create else 0), os.path.join(self.path, LEDGER))
+        return _open_file(self.fd, LEDGER, os.O_RDWR | (os.O_CREAT if create else 0), os.path.join(self.path, LEDGER), 0o644)
 
     def record(self, usage: int, walk: bool = True) -> None:
         """Write the ledger (under the lock): usage, as a walk found it
@@ -1018,7 +1018,7 @@ class Remote:
             return self._open_pair(dfd, name, p)
         except FileNotFoundError:
             pass
-        fd = _open_file(dfd, name + ".lock", os.O_RDWR | os.O_CREAT, p + ".lock")
+        fd = _open_file(dfd, name + ".lock", os.O_RDWR | os.O_CREAT, p + ".lock", 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
@@ -1164,7 +1164,7 @@ class Remote:
         if want is None:
             raise ValueError("%s: SHA256SUMS does not list it: its bytes cannot be checked" % self.bucket.name(rel))
         dfd, name = self._at(rel)
-        lock = _open_file(dfd, name + ".lock", os.O_RDWR | os.O_CREAT, p + ".lock")
+        lock = _open_file(dfd, name + ".lock", os.O_RDWR | os.O_CREAT, p + ".lock", 0o644)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another process fetching it: wait for its rename (or its death)
             if _is_file(dfd, name, p):
