@@ -28,6 +28,7 @@ import os
 import shutil
 import signal
 import stat
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
@@ -97,12 +98,15 @@ k = 0
 
 
 def fresh():
-    """A cache folder of its own, filled by one good read."""
+    """A cache folder of its own, filled by one good read, in a process
+    of its own (its fetch threads, which may run on after the last batch,
+    end with it: nothing writes into the folder after)."""
     global k
     k += 1
     c = os.path.join(work, "cache-%d" % k)
-    n = read(c)
-    assert n > 0
+    subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, %r); import clipshard; "
+                    "assert sum(len(b['samples']) for b in clipshard.EpochReader(%r, 0, rank=0, world_size=1, batch_size=5, "
+                    "cache_dir=%r, cache_limit='1GiB'))" % (sys.path[0], url, c)], check=True, timeout=120)
     return c
 
 
@@ -121,8 +125,7 @@ checks += 1
 
 c = fresh()
 ed = os.path.join(c, KEY, "epoch-0000")
-while os.path.lexists(ed):  # (the reader's fetch threads may still be finishing what they read ahead)
-    shutil.rmtree(ed, ignore_errors=True)
+shutil.rmtree(ed)
 mine2 = os.path.join(work, "users-own-2")
 files2 = users_folder(mine2)
 os.symlink(mine2, ed)
