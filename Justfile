@@ -94,6 +94,10 @@ bench-read:
 bench-s3-clients:
     docs/bench_s3_clients.sh
 
+# clipshard push before and after a change (BENCH_OLD, default HEAD~1), against a plain boto3 multipart upload, on versitygw over loopback (docs/bench_push.sh).
+bench-push:
+    docs/bench_push.sh
+
 # Epochs in a bucket on versitygw over loopback: the floor (boto3 ranged GETs), the Loader cold and warm, a 20 ms step's wait, push against a plain multipart upload; then (as root) the floors and the cold Loader behind links of 2, 4 and 6 Gbit/s and an unshaped one (docs/bench_link.sh; docs/BENCHMARKS.md).
 bench-s3:
     if [ "$(id -u)" = 0 ]; then BENCH_LINKS="${BENCH_LINKS:-2gbit 4gbit 6gbit none}" docs/bench_s3.sh; else docs/bench_s3.sh; fi

@@ -34,6 +34,11 @@ const (
 	// AbortFails answers every abort of a multipart upload (a DELETE with
 	// uploadId) 500 InternalError, and every other request unchanged.
 	AbortFails Fault = "abort-500"
+	// PutSlowDown answers the first `times` PUTs of each part (or whole
+	// object) of a .npy 503 SlowDown; PutReset reads half of each such
+	// PUT's body, then drops the connection.
+	PutSlowDown Fault = "put-503"
+	PutReset    Fault = "put-reset"
 )
 
 // MaxFaulted is how many objects a proxy injects faults into (the first
@@ -84,6 +89,37 @@ func StartProxy(t testing.TB, s *Server, f Fault, times int) *Proxy {
 	}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key := r.URL.Path
+		if (f == PutSlowDown || f == PutReset) && r.Method == http.MethodPut && strings.HasSuffix(key, ".npy") {
+			p.mu.Lock()
+			part := key + "?" + r.URL.Query().Get("partNumber")
+			p.seen[part]++
+			hit := p.seen[part] <= times
+			if hit {
+				p.Faults++
+			}
+			p.mu.Unlock()
+			if hit && f == PutSlowDown {
+				io.Copy(io.Discard, r.Body)
+				w.Header().Set("Content-Type", "application/xml")
+				w.WriteHeader(http.StatusServiceUnavailable)
+				fmt.Fprintf(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message><Resource>%s</Resource></Error>`, key)
+				return
+			}
+			if hit {
+				if n := r.ContentLength / 2; n > 0 {
+					io.CopyN(io.Discard, r.Body, n)
+				}
+				if hj, ok := w.(http.Hijacker); ok {
+					if conn, _, err := hj.Hijack(); err == nil {
+						conn.Close()
+						return
+					}
+				}
+				panic(http.ErrAbortHandler)
+			}
+			rp.ServeHTTP(w, r)
+			return
+		}
 		if f == AbortFails {
 			if r.Method == http.MethodDelete && r.URL.Query().Has("uploadId") {
 				p.mu.Lock()

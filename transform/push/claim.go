@@ -27,16 +27,18 @@ var epochLayout = regexp.MustCompile(`^epoch-[0-9]{4,}/(BLOCKSUMS|shard-[0-9]+\.
 // survey lists the prefix and returns the names there that this push
 // does not write (allowed says which it writes, or may leave) but a
 // clipshard push wrote (x-amz-meta-sha256), unless keep, given their
-// heads, keeps them: another folder's, which --force removes. A name no
+// heads, keeps them: another folder's, which --force removes (with the
+// ETag each had: removeStale removes only that version). A name no
 // clipshard push wrote (the user's own, another tool's) is refused, even
 // with --force: verify of the prefix would refuse it forever, and push
 // never removes what it did not write.
-func survey(ctx context.Context, o Options, kind string, allowed func(rel string) bool, keep func(rel string, st bucket.Object) bool) ([]string, error) {
+func survey(ctx context.Context, o Options, kind string, allowed func(rel string) bool, keep func(rel string, st bucket.Object) bool) (map[string]string, error) {
 	objs, err := o.Client.List(ctx, o.Dest)
 	if err != nil {
 		return nil, err
 	}
-	var foreign, stale []string
+	var foreign []string
+	stale := map[string]string{}
 	for _, rel := range slices.Sorted(maps.Keys(objs)) {
 		if allowed(rel) {
 			continue
@@ -50,7 +52,7 @@ func survey(ctx context.Context, o Options, kind string, allowed func(rel string
 			foreign = append(foreign, o.Dest.Name(rel))
 		case keep != nil && keep(rel, st):
 		default:
-			stale = append(stale, rel)
+			stale[rel] = st.ETag
 		}
 	}
 	if len(foreign) > 0 {
@@ -59,7 +61,7 @@ func survey(ctx context.Context, o Options, kind string, allowed func(rel string
 	}
 	if len(stale) > 0 && !o.Force {
 		var full []string
-		for _, rel := range stale {
+		for _, rel := range slices.Sorted(maps.Keys(stale)) {
 			full = append(full, o.Dest.Name(rel))
 		}
 		return nil, fmt.Errorf("%w: %s holds %s, left by a push of another %s (not a file of this one): verify of the prefix would refuse it: --force removes what another push left, or push to another prefix",
@@ -77,10 +79,24 @@ func names(n []string) string {
 }
 
 // removeStale removes objects of the prefix that another push wrote
-// (survey's stale ones, under --force), if they are still the version
-// listed.
-func removeStale(ctx context.Context, o Options, stale []string) error {
-	for _, rel := range stale {
+// (survey's stale ones, under --force): each only if its head still says
+// a clipshard push wrote it (x-amz-meta-sha256) and, where the ETag it
+// had is known, it is still that version; one that is not (the user's,
+// or replaced since it was listed) fails the push, naming it, and is
+// left as it is.
+func removeStale(ctx context.Context, o Options, stale map[string]string) error {
+	for _, rel := range slices.Sorted(maps.Keys(stale)) {
+		st, err := o.Client.Stat(ctx, o.Dest, rel)
+		if errors.Is(err, bucket.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if st.SHA256 == "" || (stale[rel] != "" && st.ETag != stale[rel]) {
+			return fmt.Errorf("%w: %s: replaced since it was listed (by the user, or another tool: no longer what another push left): not removed; remove it yourself, or push to another prefix",
+				ErrUsage, o.Dest.Name(rel))
+		}
 		faults.Point("push.stale")
 		if err := o.Client.Remove(ctx, o.Dest, rel); err != nil {
 			return fmt.Errorf("removing what another push left (--force): %w", err)
@@ -95,9 +111,25 @@ func removeStale(ctx context.Context, o Options, stale []string) error {
 // now, or killed before its commit) is refused, exit 2, before a byte of
 // it is overwritten; --force takes it (compare-and-swap on the claim
 // read: of two forced pushes at once, one wins, the other is refused).
-// It returns the claim's ETag (checked again before the commit), and
-// whether it wrote it, and whether that replaced another content's claim.
-func claim(ctx context.Context, o Options, c manifests.Claim) (string, bool, bool, error) {
+// It returns the claim's ETag (checked again before the commit) and
+// whether it replaced another content's claim; a claim it wrote is
+// counted in res, and o's client then records c on every object it writes
+// (x-amz-meta-claim).
+func claim(ctx context.Context, o *Options, c manifests.Claim, res *Result) (string, bool, error) {
+	etag, wrote, replaced, err := takeClaim(ctx, *o, c)
+	if err != nil {
+		return "", false, err
+	}
+	if wrote {
+		res.Sent++
+	}
+	o.Client = o.Client.WithClaim(c.Identity)
+	return etag, replaced, nil
+}
+
+// takeClaim is claim's compare-and-swap: the claim's ETag, whether it
+// wrote it, whether that replaced another content's.
+func takeClaim(ctx context.Context, o Options, c manifests.Claim) (string, bool, bool, error) {
 	body := c.Marshal()
 	sum := hashOf(body)
 	cond := bucket.CreateOnly

@@ -95,24 +95,19 @@ func pushEpochs(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	claimETag, claimed, replaced, err := claim(ctx, o, c)
+	claimETag, replaced, err := claim(ctx, &o, c, res)
 	if err != nil {
 		return nil, err
-	}
-	o.Client = o.Client.WithClaim(c.Identity)
-	if claimed {
-		res.Sent++
 	}
 	if replaced && !other {
 		// The claim was another content's: the epochs committed may have
 		// had their objects overwritten by that push; they are uncommitted
 		// below and removed.
 		for rel := range listedThere {
-			if !mine[rel] {
-				stale = append(stale, rel)
+			if _, ok := stale[rel]; !ok && !mine[rel] {
+				stale[rel] = "" // (its version unknown: removed if a push wrote it)
 			}
 		}
-		sort.Strings(stale)
 	}
 	if other || replaced {
 		// Another content's epochs committed: uncommitted first.

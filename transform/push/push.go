@@ -164,14 +164,9 @@ func pushDataset(ctx context.Context, o Options) (*Result, error) {
 	}
 	// The claim, before any other write: a push of another dataset is
 	// refused before it overwrites anything.
-	c := manifests.DatasetClaim(local)
-	claimETag, wrote, _, err := claim(ctx, o, c)
+	claimETag, _, err := claim(ctx, &o, manifests.DatasetClaim(local), res)
 	if err != nil {
 		return nil, err
-	}
-	o.Client = o.Client.WithClaim(c.Identity)
-	if wrote {
-		res.Sent++
 	}
 	if replace {
 		// Uncommitted first: no dataset.json ever names objects of two builds.

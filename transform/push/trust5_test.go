@@ -335,6 +335,35 @@ func TestPushForeignObjects(t *testing.T) {
 		t.Fatal(r.Stderr)
 	}
 	clitest.SameTree(t, bucketTree(t, filepath.Join(s.Root, "bkt", "claimed")), want, "--force over another content's claim")
+	// --force removes another push's objects only if their heads still
+	// say a push wrote them: epochs 0 and 1 committed, the claim then
+	// taken by other content, one of epoch 1's shard files replaced by the
+	// user's own; a forced push of epoch 0 alone refuses to remove it,
+	// naming it, and leaves it as it is.
+	two := cutEpochs(t, ds, "3", "2")
+	if r := pushRun(t, s, nil, two, "s3://bkt/ep-claimed"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	one := filepath.Join(t.TempDir(), "ep")
+	if r := clip(t, "shuffle", "--quiet", "--dataset", ds, "--out", one, "--window", "2", "--shard-samples", "16", "--epoch-range", "0:1", "--seed", "3"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	eu := bucket.URL{Bucket: "bkt", Prefix: "ep-claimed"}
+	if _, err := c.PutBytes(ctx, eu, manifests.ClaimFile, body, hashHex(body), ""); err != nil {
+		t.Fatal(err)
+	}
+	users := "epoch-0001/shard-00000.samples.npy"
+	if _, err := c.PutBytes(ctx, eu, users, []byte("the user's own"), "", ""); err != nil {
+		t.Fatal(err)
+	}
+	r = run("push", "--quiet", "--force", one, "s3://bkt/ep-claimed")
+	oneLine(t, r, 2, "clipshard push: ")
+	if !strings.Contains(r.Stderr, "s3://bkt/ep-claimed/"+users) || !strings.Contains(r.Stderr, "not removed") {
+		t.Fatal(r.Stderr)
+	}
+	if b, _ := os.ReadFile(filepath.Join(s.Root, "bkt", "ep-claimed", filepath.FromSlash(users))); string(b) != "the user's own" {
+		t.Fatal("the user's object was removed or changed")
+	}
 }
 
 func hashHex(b []byte) string {
@@ -441,4 +470,38 @@ func TestCacheHostile(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out)
 	}
 	t.Logf("%s", out)
+}
+
+// TestPushUnderFaults (#60.1): the checked upload against a flaky server
+// (the fault proxy in front of versitygw): each part and each object of
+// one PUT of a dataset's blobs and of an epochs folder's shard files
+// answered 503 SlowDown twice, or cut off half-way through its body
+// (the connection dropped) twice, is sent again; the push succeeds and the
+// bucket is byte-identical to a clean push's.
+func TestPushUnderFaults(t *testing.T) {
+	s := s3test.Start(t, "bkt")
+	ds := bigDataset(t, 0)
+	ep := filepath.Join(t.TempDir(), "ep")
+	if r := clip(t, "shuffle", "--quiet", "--dataset", ds, "--out", ep, "--window", "5", "--epochs", "1", "--shard-samples", "4096"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	for _, dir := range []string{ds, ep} {
+		clean := "clean-" + filepath.Base(dir)
+		if r := pushRun(t, s, nil, dir, "s3://bkt/"+clean); r.Code != 0 {
+			t.Fatal(r.Stderr)
+		}
+		want := bucketTree(t, filepath.Join(s.Root, "bkt", clean))
+		for _, f := range []s3test.Fault{s3test.PutSlowDown, s3test.PutReset} {
+			p := s3test.StartProxy(t, s, f, 2)
+			prefix := fmt.Sprintf("%s-%s", filepath.Base(dir), f)
+			r := clitest.Run(t, bin, append(s.Env(), "AWS_ENDPOINT_URL="+p.URL), "push", "--quiet", "--part-size", "5MiB", dir, "s3://bkt/"+prefix)
+			if r.Code != 0 {
+				t.Fatalf("%s under %s: %d %s", dir, f, r.Code, r.Stderr)
+			}
+			if p.Faults == 0 {
+				t.Fatalf("%s: the proxy injected no fault: the case proved nothing", f)
+			}
+			clitest.SameTree(t, bucketTree(t, filepath.Join(s.Root, "bkt", prefix)), want, fmt.Sprintf("%s pushed under %s (%d faults)", dir, f, p.Faults))
+		}
+	}
 }
