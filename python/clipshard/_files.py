@@ -53,10 +53,15 @@ def open_regular(path: str, dir_fd: Optional[int] = None, name: Optional[str] = 
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a character device" if stat.S_ISCHR(st.st_mode) else \
-            "a directory" if stat.S_ISDIR(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a file"
-        raise ValueError("%s: not a regular file (%s)" % (path, kind))
+        raise ValueError("%s: not a regular file (%s)" % (path, kind_of(st.st_mode)))
     return fd, st
+
+
+def kind_of(mode: int) -> str:
+    """What a file of st_mode mode is, for a message."""
+    return ("a FIFO" if stat.S_ISFIFO(mode) else "a symbolic link" if stat.S_ISLNK(mode) else "a directory" if stat.S_ISDIR(mode)
+            else "a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "a regular file" if stat.S_ISREG(mode) else "not a file")
 
 
 def pread_into(fd: int, view: memoryview, off: int) -> int:

@@ -68,6 +68,8 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterable, Iterator, Optional, Union
 
+from ._files import kind_of
+
 MARK = "CLIPSHARD-CACHE"
 LEDGER = ".usage"  # the cache's usage as last counted (Cache.counted)
 LEDGER_AGE = 2.0  # seconds a count is trusted before the cache is walked again
@@ -389,15 +391,9 @@ _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 
 
-def _kind(mode: int) -> str:
-    return ("a FIFO" if stat.S_ISFIFO(mode) else "a symbolic link" if stat.S_ISLNK(mode) else "a directory" if stat.S_ISDIR(mode)
-            else "a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
-            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
-
-
 def _what_is(dfd: int, name: str) -> str:
     try:
-        return _kind(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode)
+        return kind_of(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode)
     except OSError as e:
         return e.strerror or "cannot be read"
 
@@ -431,7 +427,7 @@ def _open_file(dfd: int, name: str, flags: int, where: str, mode: int = 0o666) -
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise ValueError("%s: %s, where the cache keeps a file of its own: refusing to use this cache (it never opens a "
-                         "FIFO or device): remove it" % (where, _kind(st.st_mode)))
+                         "FIFO or device): remove it" % (where, kind_of(st.st_mode)))
     return fd
 
 
@@ -528,7 +524,7 @@ def _is_file(dfd: int, name: str, where: str) -> bool:
         return False
     if not stat.S_ISREG(mode):
         raise ValueError("%s: %s, where the cache keeps a file of its own: refusing to use this cache (it never follows "
-                         "a link out of its folder, nor opens a FIFO or device): remove it" % (where, _kind(mode)))
+                         "a link out of its folder, nor opens a FIFO or device): remove it" % (where, kind_of(mode)))
     return True
 
 
@@ -549,7 +545,7 @@ class Cache:
             os.makedirs(self.path, exist_ok=True)
         except FileExistsError:
             raise ValueError("cache_dir %s: not a folder (%s): give a folder of its own for the cache" % (
-                self.path, _kind(os.stat(self.path).st_mode))) from None
+                self.path, kind_of(os.stat(self.path).st_mode))) from None
         except OSError as e:
             raise _cache_error("cache_dir " + self.path, e) from None
         self._fd: Optional[int] = None
@@ -585,7 +581,7 @@ class Cache:
                 continue
             if not stat.S_ISDIR(mode):
                 raise ValueError("%s: %s, where the cache keeps an entry (a folder of its own): refusing to use this cache "
-                                 "(a cache never follows a link out of its folder): remove it" % (where, _kind(mode)))
+                                 "(a cache never follows a link out of its folder): remove it" % (where, kind_of(mode)))
 
     @property
     def fd(self) -> int:
