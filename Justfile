@@ -21,6 +21,7 @@ fuzz FUZZTIME="10m":
     cd formats/pickle && go test -run '^$' -fuzz '^FuzzDecode$' -fuzztime {{FUZZTIME}} -fuzzminimizetime 10s
     cd formats/pickle && go test -run '^$' -fuzz '^FuzzFast$' -fuzztime {{FUZZTIME}} -fuzzminimizetime 10s
     cd manifests && go test -run '^$' -fuzz '^FuzzLoadDataset$' -fuzztime {{FUZZTIME}} -fuzzminimizetime 10s
+    cd manifests && go test -run '^$' -fuzz '^FuzzReadWhere$' -fuzztime {{FUZZTIME}} -fuzzminimizetime 10s
     cd manifests && go test -run '^$' -fuzz '^FuzzReadClips$' -fuzztime {{FUZZTIME}} -fuzzminimizetime 10s
     cd manifests && go test -run '^$' -fuzz '^FuzzReadSums$' -fuzztime {{FUZZTIME}} -fuzzminimizetime 10s
     cd manifests && go test -run '^$' -fuzz '^FuzzLoadEpochs$' -fuzztime {{FUZZTIME}} -fuzzminimizetime 10s
@@ -56,6 +57,10 @@ bench-convert:
 # Incremental convert vs a full rebuild, warm and cold page cache (docs/BENCHMARKS.md).
 bench-incremental:
     docs/bench_incremental.sh
+
+# Appending 1 % of clips: convert --segments vs the same line without it, a full convert, and the new clips alone (docs/BENCHMARKS.md).
+bench-append:
+    docs/bench_append.sh
 
 # external shuffle vs cp, and the training-read simulation (docs/BENCHMARKS.md).
 bench-shuffle:

@@ -73,6 +73,10 @@ type Dataset struct {
 	// Part is set on the dataset of one part of a partitioned convert
 	// (convert --part); a merged or single-process dataset has none.
 	Part *Part `json:"part,omitempty"`
+	// DatasetVersion is the version's number (format 2; format 1 is
+	// version 1), Previous the version it was made from.
+	DatasetVersion int       `json:"dataset_version,omitempty"`
+	Previous       *Previous `json:"previous,omitempty"`
 }
 
 // Part describes one part of a partitioned convert: clips
@@ -96,22 +100,27 @@ type Files struct {
 	// IDs lists the clip ids, one a line in row order, for readers
 	// without Parquet (numpy alone); datasets of earlier versions lack it.
 	IDs string `json:"ids,omitempty"`
+	// Where (format 2) locates every clip's rows in the blobs.
+	Where string `json:"where,omitempty"`
 }
 
 // Modality describes one blob.
 type Modality struct {
 	Name        string `json:"name"`
-	File        string `json:"file"`
+	File        string `json:"file,omitempty"` // format 1: the one blob (format 2: Blobs)
 	DType       string `json:"dtype"`
 	SourceDType string `json:"source_dtype"`
 	FrameShape  []int  `json:"frame_shape"`
 	Rate        int    `json:"rate"`
 	Rows        int64  `json:"rows"`
-	DataOffset  int64  `json:"data_offset"`
-	Size        int64  `json:"size"`
-	SHA256      string `json:"sha256"`
+	DataOffset  int64  `json:"data_offset,omitempty"`
+	Size        int64  `json:"size,omitempty"`
+	SHA256      string `json:"sha256,omitempty"`
 	Template    string `json:"template"`
 	Keys        string `json:"keys"`
+	// Blobs (format 2) are the modality's blobs: where.npy says which
+	// holds each clip's rows.
+	Blobs []Blob `json:"blobs,omitempty"`
 	// PerClip marks a per-clip modality (convert's NAME@clip=...): the
 	// blob holds one row per clip, row i being clip i's value (FrameShape
 	// is the value's shape, [] for a scalar), and Rate is 0.
@@ -265,13 +274,19 @@ func LoadDataset(dir string) (*Dataset, error) {
 		}
 		return nil, fmt.Errorf("%w: %w", ErrManifest, err)
 	}
-	var d Dataset
-	dec := json.NewDecoder(bytes.NewReader(b))
-	if err := dec.Decode(&d); err != nil {
-		return nil, fmt.Errorf("%w: %s: %w", ErrManifest, p, err)
-	}
-	if d.Format != DatasetFormat || d.Version != 1 {
-		return nil, fmt.Errorf("%w: %s: format %q version %d, want %q version 1", ErrManifest, p, d.Format, d.Version, DatasetFormat)
+	return ParseDataset(p, b)
+}
+
+// check checks a parsed dataset.json (read from p): format, version, and
+// that every path in it is relative and inside its folder.
+func (d *Dataset) check(p string) error {
+	switch {
+	case d.Format != DatasetFormat || (d.Version != 1 && d.Version != 2):
+		return fmt.Errorf("%w: %s: format %q version %d, want %q version 1 or 2", ErrManifest, p, d.Format, d.Version, DatasetFormat)
+	case d.Version == 1 && (d.DatasetVersion > 1 || d.Files.Where != ""):
+		return fmt.Errorf("%w: %s: format 1 with a dataset_version or where.npy (format 2's)", ErrManifest, p)
+	case d.Version == 2 && (d.DatasetVersion < 2 || d.Files.Where == ""):
+		return fmt.Errorf("%w: %s: format 2 needs a dataset_version of 2 or more and files.where", ErrManifest, p)
 	}
 	paths := []string{d.Files.Clips, d.Files.Index, d.Files.Sums}
 	if d.Files.Skipped != "" {
@@ -280,20 +295,29 @@ func LoadDataset(dir string) (*Dataset, error) {
 	if d.Files.IDs != "" {
 		paths = append(paths, d.Files.IDs)
 	}
+	if d.Files.Where != "" {
+		paths = append(paths, d.Files.Where)
+	}
 	seen := map[string]bool{}
 	for _, m := range d.Modalities {
 		if m.Name == "" || seen[m.Name] {
-			return nil, fmt.Errorf("%w: %s: modality name %q empty or repeated", ErrManifest, p, m.Name)
+			return fmt.Errorf("%w: %s: modality name %q empty or repeated", ErrManifest, p, m.Name)
 		}
 		seen[m.Name] = true
-		paths = append(paths, m.File)
+		if (d.Version == 2) != (m.Blobs != nil) || (d.Version == 2 && (len(m.Blobs) == 0 || m.File != "")) {
+			return fmt.Errorf("%w: %s: modality %q: format %d wants %s", ErrManifest, p, m.Name, d.Version,
+				map[bool]string{true: "a list of blobs and no file", false: "a file and no list of blobs"}[d.Version == 2])
+		}
+		for _, b := range m.BlobList() {
+			paths = append(paths, b.File)
+		}
 	}
 	for _, f := range paths {
 		if err := CheckRelPath(f); err != nil {
-			return nil, fmt.Errorf("%s: %w", p, err)
+			return fmt.Errorf("%s: %w", p, err)
 		}
 	}
-	return &d, nil
+	return nil
 }
 
 // Write writes d to DIR/dataset.json atomically.

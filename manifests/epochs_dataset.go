@@ -32,7 +32,9 @@ func (c DatasetChanged) Error() string {
 
 // DatasetsChanged checks each dataset man was cut from (its dataset, or
 // each source of a mixed run) that is present at the folder recorded: it
-// must be the one recorded (dataset.json's sha256). A dataset that is not
+// must be the one recorded (dataset.json's sha256), or hold it as a kept
+// version (versions/N/dataset.json, of a dataset grown by convert
+// --segments). A dataset that is not
 // there (moved, or on another machine) is not checked.
 func DatasetsChanged(man *Epochs) []DatasetChanged {
 	type ref struct{ what, dir, sha string }
@@ -55,6 +57,9 @@ func DatasetsChanged(man *Epochs) []DatasetChanged {
 		case err != nil:
 			out = append(out, DatasetChanged{What: x.what, Dir: x.dir, Want: x.sha, Problem: oneLine(err)})
 		case sum != x.sha:
+			if v, err := FindVersion(x.dir, x.sha); err == nil && v != nil {
+				continue // a kept version (convert --segments): the epochs read it
+			}
 			out = append(out, DatasetChanged{What: x.what, Dir: x.dir, Want: x.sha, Now: sum})
 		}
 	}

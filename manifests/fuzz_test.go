@@ -25,14 +25,55 @@ func writeTemp(t *testing.T, name string, data []byte) string {
 func FuzzLoadDataset(f *testing.F) {
 	f.Add([]byte(`{"format":"clipshard.dataset","version":1,"files":{"clips":"clips.parquet","index":"index.npy","sha256sums":"SHA256SUMS"},"modalities":[{"name":"m","file":"m.npy"}]}`))
 	f.Add([]byte(`{"format":"clipshard.dataset","version":1,"modalities":[{"name":"m","file":"../m.npy"}]}`))
+	f.Add([]byte(`{"format":"clipshard.dataset","version":2,"dataset_version":2,"files":{"clips":"versions/2/clips.parquet","index":"versions/2/index.npy","where":"versions/2/where.npy","sha256sums":"versions/2/SHA256SUMS"},"modalities":[{"name":"m","blobs":[{"file":"m.npy","rows":3},{"file":"segments/0123456789abcdef/m.npy","rows":2}]}]}`))
+	f.Add([]byte(`{"format":"clipshard.dataset","version":2,"dataset_version":2,"files":{"where":"w.npy"},"modalities":[{"name":"m","blobs":[{"file":"/etc/m.npy"}]}]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		d, err := manifests.LoadDataset(writeTemp(t, "dataset.json", data))
 		if err != nil {
 			return
 		}
-		for _, m := range d.Modalities {
-			if manifests.CheckRelPath(m.File) != nil {
-				t.Fatalf("accepted %q", m.File)
+		for _, f := range append(d.BlobFiles(), d.Files.Where) {
+			if (f != "" || d.Segmented()) && manifests.CheckRelPath(f) != nil {
+				t.Fatalf("accepted %q", f)
+			}
+		}
+		if d.Segmented() != (d.Files.Where != "") {
+			t.Fatalf("format %d with where %q", d.Version, d.Files.Where)
+		}
+	})
+}
+
+// FuzzReadWhere: any where.npy of a dataset of format 2 (2 clips, 2
+// modalities of 2 and 1 blobs) is read, with every clip's rows inside the
+// blob it names, or refused; never a panic.
+func FuzzReadWhere(f *testing.F) {
+	d := &manifests.Dataset{Format: manifests.DatasetFormat, Version: 2, DatasetVersion: 2, Clips: 2, Frames: 5, Modalities: []manifests.Modality{
+		{Name: "a", Rate: 2, Blobs: []manifests.Blob{{File: "a.npy", Rows: 6}, {File: "s/a.npy", Rows: 4}}},
+		{Name: "c", PerClip: true, Blobs: []manifests.Blob{{File: "c.npy", Rows: 2}}},
+	}}
+	starts, lengths := []int64{0, 3}, []int64{3, 2}
+	ok := manifests.NewWhere(2, 2)
+	ok.Set(0, 0, 0, 0)
+	ok.Set(1, 0, 1, 0)
+	ok.Set(1, 1, 0, 1)
+	dir := f.TempDir()
+	if err := manifests.WriteWhere(filepath.Join(dir, "w.npy"), ok); err != nil {
+		f.Fatal(err)
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, "w.npy"))
+	f.Add(b)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		w, err := manifests.ReadWhere(filepath.Join(writeTemp(t, "w.npy", data), "w.npy"), d, starts, lengths)
+		if err != nil {
+			return
+		}
+		for i := range 2 {
+			for k := range 2 {
+				blob, first, n := d.Locate(w, k, i, starts[i], lengths[i])
+				bl := d.Modalities[k].BlobList()
+				if blob < 0 || blob >= len(bl) || first < 0 || first+n > bl[blob].Rows {
+					t.Fatalf("clip %d modality %d: blob %d rows %d..%d accepted", i, k, blob, first, first+n)
+				}
 			}
 		}
 	})

@@ -28,8 +28,14 @@ func (d *Dataset) OwnFiles() map[string]bool {
 	if d.Files.IDs != "" {
 		own[d.Files.IDs] = true
 	}
-	for _, m := range d.Modalities {
-		own[m.File] = true
+	if d.Files.Where != "" {
+		own[d.Files.Where] = true
+	}
+	if d.Segmented() {
+		own[VersionFile(d.Number())] = true
+	}
+	for _, f := range d.BlobFiles() {
+		own[f] = true
 	}
 	return own
 }

@@ -4,13 +4,16 @@
 package manifests
 
 import (
+	"bytes"
 	"cmp"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/cespare/xxhash/v2"
 
@@ -79,14 +82,50 @@ func verifyDataset(dir string, d *Dataset, o VerifyOptions) (*Report, []ClipRow,
 	// Expected files: the manifests, the blobs, nothing else.
 	want := d.OwnFiles()
 	present := map[string]bool{}
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, nil, fmt.Errorf("%w: %w", ErrManifest, err)
-	}
-	for _, e := range entries {
-		present[e.Name()] = true
-		if !want[e.Name()] && e.Name() != BlockSumsFile && e.Name() != ClaimFile { // (a bucket's, synced down: checked below)
-			r.add(Problem{File: e.Name(), What: "unexpected file (not in dataset.json)"})
+	if d.Segmented() {
+		var err error
+		if want, err = DirFiles(dir, d); err != nil {
+			return nil, nil, fmt.Errorf("%w: %w", ErrManifest, err)
+		}
+		err = WalkRel(dir, func(rel string, e fs.DirEntry) error {
+			switch {
+			case e.IsDir() && (rel == SegmentsDir || rel == VersionsDir || wantsUnder(want, rel)):
+				return nil
+			case e.IsDir() && Leftover(rel, true):
+				r.add(Problem{File: rel + "/", What: "left by a convert --segments killed before its commit (no version lists it; a re-run of convert removes it)"})
+				return fs.SkipDir
+			case e.IsDir():
+				r.add(Problem{File: rel + "/", What: "unexpected folder (not in dataset.json)"})
+				return fs.SkipDir
+			}
+			present[rel] = true
+			if !want[rel] && rel != BlockSumsFile && rel != ClaimFile {
+				r.add(Problem{File: rel, What: "unexpected file (not in dataset.json)"})
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, nil, fmt.Errorf("%w: %w", ErrManifest, err)
+		}
+		top, err1 := regfile.ReadFile(filepath.Join(dir, DatasetFile), MaxManifest)
+		ver, err2 := regfile.ReadFile(filepath.Join(dir, filepath.FromSlash(VersionFile(d.Number()))), MaxManifest)
+		if err1 == nil && err2 == nil && !bytes.Equal(top, ver) {
+			r.add(Problem{File: VersionFile(d.Number()), What: fmt.Sprintf("differs from %s (the current version's manifest, which it must equal)", DatasetFile)})
+		}
+	} else {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%w: %w", ErrManifest, err)
+		}
+		for _, e := range entries {
+			present[e.Name()] = true
+			switch {
+			case want[e.Name()] || e.Name() == BlockSumsFile || e.Name() == ClaimFile: // (a bucket's, synced down: checked below)
+			case e.IsDir() && (e.Name() == SegmentsDir || e.Name() == VersionsDir):
+				r.add(Problem{File: e.Name() + "/", What: "left by a convert --segments killed before its commit (no version lists it; a re-run of convert --segments removes it)"})
+			default:
+				r.add(Problem{File: e.Name(), What: "unexpected file (not in dataset.json)"})
+			}
 		}
 	}
 	for f := range want {
@@ -94,8 +133,16 @@ func verifyDataset(dir string, d *Dataset, o VerifyOptions) (*Report, []ClipRow,
 			r.add(Problem{File: f, What: "missing"})
 		}
 	}
+	// The version's own files: those its SHA256SUMS lists (a format 2
+	// version lists its dataset.json under versions/N, the top one being
+	// the current version's copy).
+	mine := d.OwnFiles()
+	if d.Segmented() {
+		delete(mine, DatasetFile)
+	}
 
 	// SHA256SUMS lists every file but itself, and every listed hash holds.
+	var err error
 	sums, err := ReadSums(filepath.Join(dir, d.Files.Sums))
 	if err != nil {
 		if present[d.Files.Sums] {
@@ -104,20 +151,22 @@ func verifyDataset(dir string, d *Dataset, o VerifyOptions) (*Report, []ClipRow,
 		sums = nil
 	}
 	if sums != nil {
-		for f := range want {
+		for f := range mine {
 			if _, ok := sums[f]; !ok && f != d.Files.Sums {
 				r.add(Problem{File: d.Files.Sums, What: fmt.Sprintf("does not list %s", f)})
 			}
 		}
 		for f := range sums {
-			if !want[f] {
+			if !mine[f] {
 				r.add(Problem{File: d.Files.Sums, What: fmt.Sprintf("lists %s, which is not part of the dataset", f)})
 			}
 		}
 	}
 	for _, m := range d.Modalities {
-		if sums != nil && sums[m.File] != "" && sums[m.File] != m.SHA256 {
-			r.add(Problem{File: DatasetFile, What: fmt.Sprintf("modality %q sha256 differs from %s", m.Name, d.Files.Sums)})
+		for _, b := range m.BlobList() {
+			if sums != nil && sums[b.File] != "" && sums[b.File] != b.SHA256 {
+				r.add(Problem{File: DatasetFile, What: fmt.Sprintf("modality %q: %s's sha256 differs from %s", m.Name, b.File, d.Files.Sums)})
+			}
 		}
 	}
 
@@ -138,11 +187,7 @@ func verifyDataset(dir string, d *Dataset, o VerifyOptions) (*Report, []ClipRow,
 	// The blobs' block sums, if a push wrote them (checked as the blobs
 	// are hashed).
 	if present[BlockSumsFile] {
-		var blobs []string
-		for _, m := range d.Modalities {
-			blobs = append(blobs, m.File)
-		}
-		checkBlockSums(dir, BlockSumsFile, blobs, sums, r)
+		checkBlockSums(dir, BlockSumsFile, d.BlobFiles(), sums, r)
 	}
 	if present[ClaimFile] {
 		if js, err := regfile.ReadFile(filepath.Join(dir, DatasetFile), MaxManifest); err == nil {
@@ -154,8 +199,8 @@ func verifyDataset(dir string, d *Dataset, o VerifyOptions) (*Report, []ClipRow,
 	// for Vouch).
 	if o.manifestsOnly {
 		blobs := map[string]bool{}
-		for _, m := range d.Modalities {
-			blobs[m.File] = true
+		for _, f := range d.BlobFiles() {
+			blobs[f] = true
 		}
 		small := map[string]string{}
 		for f, h := range sums {
@@ -179,34 +224,13 @@ func verifyDataset(dir string, d *Dataset, o VerifyOptions) (*Report, []ClipRow,
 
 func checkBlobs(dir string, d *Dataset, present map[string]bool, r *Report) {
 	for _, m := range d.Modalities {
-		if !present[m.File] {
-			continue
+		total := int64(0)
+		for _, b := range m.BlobList() {
+			total += b.Rows
+			checkBlob(dir, m, b, present, r)
 		}
-		f, st, err := regfile.Open(filepath.Join(dir, m.File))
-		if err != nil {
-			r.add(Problem{File: m.File, What: oneLine(err)})
-			continue
-		}
-		if st.Size() != m.Size {
-			r.add(Problem{File: m.File, What: fmt.Sprintf("size %d, dataset.json says %d (truncated or extended)", st.Size(), m.Size)})
-		}
-		h, err := npy.ReadHeader(f, st.Size())
-		f.Close()
-		if err != nil {
-			if st.Size() == m.Size {
-				r.add(Problem{File: m.File, What: oneLine(err)})
-			}
-			continue
-		}
-		if h.Descr != m.DType {
-			r.add(Problem{File: m.File, What: fmt.Sprintf("header dtype %s, dataset.json says %s", h.Descr, m.DType)})
-		}
-		wantShape := append([]int{int(m.Rows)}, m.FrameShape...)
-		if !slices.Equal(h.Shape, wantShape) || h.Fortran {
-			r.add(Problem{File: m.File, What: fmt.Sprintf("header shape %s (fortran=%v), dataset.json says %s", array.FormatShape(h.Shape), h.Fortran, array.FormatShape(wantShape))})
-		}
-		if h.DataOffset != m.DataOffset || h.DataOffset%npy.DataAlign != 0 {
-			r.add(Problem{File: m.File, What: fmt.Sprintf("data at offset %d, dataset.json says %d (must be 4096-aligned)", h.DataOffset, m.DataOffset)})
+		if d.Segmented() && total < m.Rows {
+			r.add(Problem{File: DatasetFile, What: fmt.Sprintf("modality %q: its blobs hold %d rows, fewer than its %d", m.Name, total, m.Rows)})
 		}
 		switch {
 		case m.PerClip && (m.Rate != 0 || m.Rows != d.Clips):
@@ -214,6 +238,39 @@ func checkBlobs(dir string, d *Dataset, present map[string]bool, r *Report) {
 		case !m.PerClip && (m.Rate < 1 || m.Rows != d.Frames*int64(m.Rate)):
 			r.add(Problem{File: DatasetFile, What: fmt.Sprintf("modality %q has %d rows, but %d frames at rate %d make %d", m.Name, m.Rows, d.Frames, m.Rate, d.Frames*int64(m.Rate))})
 		}
+	}
+}
+
+// checkBlob checks one blob's header and size against dataset.json.
+func checkBlob(dir string, m Modality, b Blob, present map[string]bool, r *Report) {
+	if !present[b.File] {
+		return
+	}
+	f, st, err := regfile.Open(filepath.Join(dir, b.File))
+	if err != nil {
+		r.add(Problem{File: b.File, What: oneLine(err)})
+		return
+	}
+	if st.Size() != b.Size {
+		r.add(Problem{File: b.File, What: fmt.Sprintf("size %d, dataset.json says %d (truncated or extended)", st.Size(), b.Size)})
+	}
+	h, err := npy.ReadHeader(f, st.Size())
+	f.Close()
+	if err != nil {
+		if st.Size() == b.Size {
+			r.add(Problem{File: b.File, What: oneLine(err)})
+		}
+		return
+	}
+	if h.Descr != m.DType {
+		r.add(Problem{File: b.File, What: fmt.Sprintf("header dtype %s, dataset.json says %s", h.Descr, m.DType)})
+	}
+	wantShape := append([]int{int(b.Rows)}, m.FrameShape...)
+	if !slices.Equal(h.Shape, wantShape) || h.Fortran {
+		r.add(Problem{File: b.File, What: fmt.Sprintf("header shape %s (fortran=%v), dataset.json says %s", array.FormatShape(h.Shape), h.Fortran, array.FormatShape(wantShape))})
+	}
+	if h.DataOffset != b.DataOffset || h.DataOffset%npy.DataAlign != 0 {
+		r.add(Problem{File: b.File, What: fmt.Sprintf("data at offset %d, dataset.json says %d (must be 4096-aligned)", h.DataOffset, b.DataOffset)})
 	}
 }
 
@@ -246,6 +303,11 @@ func checkOffsets(dir string, d *Dataset, present map[string]bool, parquetOK boo
 		}
 		if next != d.Frames {
 			r.add(Problem{File: d.Files.Index, What: fmt.Sprintf("lengths add up to %d frames, dataset.json says %d", next, d.Frames)})
+		}
+		if d.Segmented() && present[d.Files.Where] {
+			if _, err := ReadWhere(filepath.Join(dir, d.Files.Where), d, starts, lengths); err != nil {
+				r.add(Problem{File: d.Files.Where, What: oneLine(err)})
+			}
 		}
 	}
 	if !parquetOK {
@@ -304,21 +366,35 @@ func checkIDs(dir, name string, rows []ClipRow, r *Report) {
 
 // deepClips checks every clip's xxHash64 in every blob.
 func deepClips(dir string, d *Dataset, rows []ClipRow, r *Report) {
+	wh, err := rowsWhere(dir, d, rows)
+	if err != nil {
+		return // reported by checkOffsets
+	}
 	for k, m := range d.Modalities {
-		f, _, err := regfile.Open(filepath.Join(dir, m.File))
-		if err != nil {
-			continue // reported already
-		}
 		fb, err := array.ByteSize(m.FrameShape, dtypeSize(m.DType))
 		if err != nil {
-			f.Close()
 			continue
 		}
-		off := m.DataOffset
+		blobs := m.BlobList()
+		files := make([]*os.File, len(blobs))
+		opened := make([]bool, len(blobs))
 		var sum Stats // over the clips, as recorded
 		audited := len(rows) > 0
 		for i, row := range rows {
-			first, nr := m.ClipRows(i, row.Start, row.Length)
+			b, first, nr := d.Locate(wh, k, i, row.Start, row.Length)
+			if !opened[b] {
+				opened[b] = true
+				files[b], _, _ = regfile.Open(filepath.Join(dir, blobs[b].File))
+				if files[b] != nil {
+					defer files[b].Close()
+				}
+			}
+			f := files[b]
+			if f == nil {
+				audited = false
+				continue // reported already
+			}
+			off := blobs[b].DataOffset + first*fb
 			n := nr * fb
 			h := xxhash.New()
 			audit, aerr := NewRowAudit(m.DType)
@@ -327,12 +403,12 @@ func deepClips(dir string, d *Dataset, rows []ClipRow, r *Report) {
 			}
 			got, err := io.Copy(io.MultiWriter(h, audit), io.NewSectionReader(f, off, n))
 			if err != nil || got != n {
-				r.add(Problem{File: m.File, Clip: row.Clip, What: fmt.Sprintf("rows past the end of the file (%d of %d bytes)", got, n)})
+				r.add(Problem{File: blobs[b].File, Clip: row.Clip, What: fmt.Sprintf("rows past the end of the file (%d of %d bytes)", got, n)})
 				audited = false
-				break
+				continue
 			}
 			if h.Sum64() != row.Sources[k].XXH64 {
-				r.add(Problem{File: m.File, Clip: row.Clip, What: fmt.Sprintf("xxh64 mismatch: rows %d..%d (bytes %d..%d) differ from what convert wrote",
+				r.add(Problem{File: blobs[b].File, Clip: row.Clip, What: fmt.Sprintf("xxh64 mismatch: rows %d..%d (bytes %d..%d) differ from what convert wrote",
 					first, first+nr, off, off+n)})
 			}
 			// The clip's recorded figures against what its rows determine.
@@ -348,9 +424,7 @@ func deepClips(dir string, d *Dataset, rows []ClipRow, r *Report) {
 			} else {
 				audited = false
 			}
-			off += n
 		}
-		f.Close()
 		// dataset.json's totals are the clips' figures added up.
 		if tot, ok := d.Stats[m.Name]; audited && (!ok || tot != sum) {
 			r.add(Problem{File: DatasetFile, What: fmt.Sprintf("stats of %q: nan %d, inf_in %d, overflow %d, underflow %d, max_abs %v; the clips' figures in %s add up to %d, %d, %d, %d, %v",
@@ -361,4 +435,27 @@ func deepClips(dir string, d *Dataset, rows []ClipRow, r *Report) {
 		}
 	}
 	checkAlign(d, rows, r)
+}
+
+// wantsUnder reports whether want lists a file under folder rel.
+func wantsUnder(want map[string]bool, rel string) bool {
+	for f := range want {
+		if strings.HasPrefix(f, rel+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// rowsWhere reads d's where.npy (nil for format 1) against the starts and
+// lengths of its clip rows.
+func rowsWhere(dir string, d *Dataset, rows []ClipRow) (*Where, error) {
+	if !d.Segmented() {
+		return nil, nil
+	}
+	starts, lengths := make([]int64, len(rows)), make([]int64, len(rows))
+	for i, row := range rows {
+		starts[i], lengths[i] = row.Start, row.Length
+	}
+	return LoadWhere(dir, d, starts, lengths)
 }

@@ -22,21 +22,20 @@ type deepSource struct {
 	starts  []int64
 	lengths []int64
 	clipID  func(int64) string
-	blobs   []*os.File // per epochs.json modality
+	where   *Where       // format 2's where.npy
+	blobs   [][]*os.File // per epochs.json modality: its blobs
+	mods    []int        // per epochs.json modality: its index in d
 	rowB    []int64
 }
 
 // openDeepSource loads and opens the dataset in dir for the modalities
 // of man, or reports why it cannot (named as what).
 func openDeepSource(dir, sha, fingerprint, what string, man *Epochs, r *Report) *deepSource {
-	sum, err := HashFile(filepath.Join(dir, DatasetFile))
-	if err != nil || sum != sha {
-		r.Add(Problem{File: EpochsFile, What: fmt.Sprintf("%s %s is gone or changed since shuffling (dataset.json sha256)", what, dir)})
-		return nil
-	}
-	d, err := LoadDataset(dir)
-	if err != nil {
-		r.Add(Problem{File: EpochsFile, What: err.Error()})
+	// The version the epochs were cut from: the current one, or one kept
+	// (a dataset grown by convert --segments).
+	d, err := FindVersion(dir, sha)
+	if err != nil || d == nil {
+		r.Add(Problem{File: EpochsFile, What: fmt.Sprintf("%s %s is gone or changed since shuffling (no version of it has the dataset.json sha256 recorded)", what, dir)})
 		return nil
 	}
 	if d.Fingerprint != fingerprint {
@@ -45,6 +44,12 @@ func openDeepSource(dir, sha, fingerprint, what string, man *Epochs, r *Report) 
 	}
 	src := &deepSource{d: d}
 	src.starts, src.lengths, err = ReadIndex(filepath.Join(dir, d.Files.Index))
+	if err == nil && int64(len(src.starts)) != d.Clips {
+		err = fmt.Errorf("%w: %s: %d clips, dataset.json says %d", ErrManifest, d.Files.Index, len(src.starts), d.Clips)
+	}
+	if err == nil {
+		src.where, err = LoadWhere(dir, d, src.starts, src.lengths)
+	}
 	if err != nil {
 		r.Add(Problem{File: EpochsFile, What: err.Error()})
 		return nil
@@ -79,13 +84,19 @@ func openDeepSource(dir, sha, fingerprint, what string, man *Epochs, r *Report) 
 			src.close()
 			return nil
 		}
-		f, _, err := regfile.Open(filepath.Join(dir, dm.File))
-		if err != nil {
-			r.Add(Problem{File: EpochsFile, What: err.Error()})
-			src.close()
-			return nil
+		var files []*os.File
+		for _, b := range dm.BlobList() {
+			f, _, err := regfile.Open(filepath.Join(dir, b.File))
+			if err != nil {
+				r.Add(Problem{File: EpochsFile, What: err.Error()})
+				src.blobs = append(src.blobs, files)
+				src.close()
+				return nil
+			}
+			files = append(files, f)
 		}
-		src.blobs = append(src.blobs, f)
+		src.blobs = append(src.blobs, files)
+		src.mods = append(src.mods, slices.IndexFunc(d.Modalities, func(x Modality) bool { return x.Name == m.Name }))
 		rb, _ := array.ByteSize(m.FrameShape, dtypeSize(m.DType))
 		src.rowB = append(src.rowB, rb)
 	}
@@ -93,8 +104,10 @@ func openDeepSource(dir, sha, fingerprint, what string, man *Epochs, r *Report) 
 }
 
 func (s *deepSource) close() {
-	for _, f := range s.blobs {
-		f.Close()
+	for _, fs := range s.blobs {
+		for _, f := range fs {
+			f.Close()
+		}
 	}
 }
 
@@ -233,13 +246,13 @@ func deepEpochs(dir string, man *Epochs, r *Report) {
 						continue // the sample list check reports it
 					}
 					dm := src.d.Modality(m.Name)
-					first, rows := dm.ClipRows(int(smp.Clip), src.starts[smp.Clip]+smp.Start, smp.Valid)
+					b, first, rows := src.d.SampleRows(src.where, src.mods[k], int(smp.Clip), src.starts[smp.Clip], smp.Start, smp.Valid)
 					n := rows * src.rowB[k]
 					if n > wb || dm.PerClip != m.PerClip {
 						continue // the sample list check reports it
 					}
 					wantB := make([]byte, n)
-					src.blobs[k].ReadAt(wantB, dm.DataOffset+first*src.rowB[k])
+					src.blobs[k][b].ReadAt(wantB, dm.BlobList()[b].DataOffset+first*src.rowB[k])
 					w := make([]byte, wb)
 					if _, err := wins[k].ReadAt(w, offs[k]+int64(i)*wb); err != nil {
 						r.Add(Problem{File: sh.Files[m.Name], What: fmt.Sprintf("sample %d: %v", i, err)})

@@ -65,20 +65,38 @@ func checkSources(dir string, d *Dataset, rows []ClipRow, mem int64, r *Report) 
 	// A .npy source larger than piece is compared a piece at a time: its
 	// rows, their conversion and the blob's rows take about 4 pieces.
 	piece := max(1<<20, mem/8)
-	blobs := make([]*os.File, len(d.Modalities))
+	wh, err := rowsWhere(dir, d, rows)
+	if err != nil {
+		return // reported by checkOffsets
+	}
+	files := map[string]*os.File{}
+	open := func(name string) *os.File {
+		f, ok := files[name]
+		if !ok {
+			f, _, _ = regfile.Open(filepath.Join(dir, name))
+			files[name] = f // nil: reported by the structure checks
+		}
+		return f
+	}
+	defer func() {
+		for _, f := range files {
+			if f != nil {
+				f.Close()
+			}
+		}
+	}()
 	rowBytes := make([]int64, len(d.Modalities))
 	for k, m := range d.Modalities {
-		f, _, err := regfile.Open(filepath.Join(dir, m.File))
-		if err != nil {
-			continue // reported by the structure checks
-		}
-		defer f.Close()
-		blobs[k] = f
 		rowBytes[k], _ = array.ByteSize(m.FrameShape, dtypeSize(m.DType))
 	}
 	var blobRows []byte
 	for i, row := range rows {
-		for k, m := range d.Modalities {
+		for k := range d.Modalities {
+			m := d.Modalities[k]
+			b, first, n := d.Locate(wh, k, i, row.Start, row.Length)
+			blob := m.BlobList()[b]
+			m.File, m.DataOffset = blob.File, blob.DataOffset // (the clip's blob, in the messages below)
+			blobF := open(blob.File)
 			s := row.Sources[k]
 			st := Stamp(s.Path)
 			if st.Size < 0 {
@@ -86,10 +104,9 @@ func checkSources(dir string, d *Dataset, rows []ClipRow, mem int64, r *Report) 
 				continue
 			}
 			changed := s.Stamp().Differs(st)
-			if f, _ := formats.FormatOf(s.Path); f == formats.NPY && !m.PerClip && st.Size > piece && blobs[k] != nil {
+			if f, _ := formats.FormatOf(s.Path); f == formats.NPY && !m.PerClip && st.Size > piece && blobF != nil {
 				// Too large to hold with its conversion: a piece at a time.
-				first, n := m.ClipRows(i, row.Start, row.Length)
-				streamSource(d, m, row, s, changed, blobs[k], m.DataOffset+first*rowBytes[k], first, n, piece, r)
+				streamSource(d, m, row, s, changed, blobF, m.DataOffset+first*rowBytes[k], first, n, piece, r)
 				continue
 			}
 			a, err := formats.Load(s.Path, m.Keys)
@@ -97,7 +114,6 @@ func checkSources(dir string, d *Dataset, rows []ClipRow, mem int64, r *Report) 
 				r.add(Problem{File: s.Path, Clip: row.Clip, What: "source no longer decodes: " + oneLine(err)})
 				continue
 			}
-			first, n := m.ClipRows(i, row.Start, row.Length)
 			if m.PerClip {
 				a = a.OneRow() // one row: the whole value
 			}
@@ -111,7 +127,7 @@ func checkSources(dir string, d *Dataset, rows []ClipRow, mem int64, r *Report) 
 				continue
 			}
 			checkRecorded(d, m, row, s, audit, a.SourceDescr, r)
-			if blobs[k] == nil {
+			if blobF == nil {
 				continue
 			}
 			off := m.DataOffset + first*rowBytes[k]
@@ -119,7 +135,7 @@ func checkSources(dir string, d *Dataset, rows []ClipRow, mem int64, r *Report) 
 				blobRows = make([]byte, len(got))
 			}
 			blobRows = blobRows[:len(got)]
-			if k, err := blobs[k].ReadAt(blobRows, off); k != len(got) {
+			if k, err := blobF.ReadAt(blobRows, off); k != len(got) {
 				r.add(Problem{File: m.File, Clip: row.Clip, What: fmt.Sprintf("rows %d..%d (bytes %d..%d): %v", first, first+n, off, off+int64(len(got)), err)})
 				continue
 			}

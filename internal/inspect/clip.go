@@ -36,15 +36,16 @@ type FeatureReport struct {
 	Infinite int64      `json:"inf"`
 }
 
-func clipReport(dir string, d *manifests.Dataset, i int, id string, start, length int64, open Opener) (*ClipReport, error) {
+func clipReport(dir string, d *manifests.Dataset, wh *manifests.Where, i int, id string, start, length int64, open Opener) (*ClipReport, error) {
 	c := &ClipReport{Clip: id, Row: i, Start: start, Frames: length}
-	for _, m := range d.Modalities {
-		blob, err := manifests.Join(dir, m.File)
+	for k, m := range d.Modalities {
+		b, first, n := d.Locate(wh, k, i, start, length)
+		bl := m.BlobList()[b]
+		blob, err := manifests.Join(dir, bl.File)
 		if err != nil {
 			return nil, err
 		}
-		first, n := m.ClipRows(i, start, length)
-		fr, err := featureStats(blob, m.Name, m.DType, m.FrameShape, m.DataOffset, first, n, open)
+		fr, err := featureStats(blob, m.Name, m.DType, m.FrameShape, bl.DataOffset, first, n, open)
 		if err != nil {
 			return nil, err
 		}

@@ -114,14 +114,48 @@ func Dataset(dir, clip string, fps float64, maxRows int, open Opener) (*DatasetR
 			r.SourceSize += max(0, s.Size)
 		}
 	}
-	for _, m := range d.Modalities {
+	wh, err := manifests.LoadWhere(dir, d, starts, lengths)
+	if err != nil {
+		return nil, err
+	}
+	for k, m := range d.Modalities {
 		mr := ModalityReport{Name: m.Name, DType: m.DType, FrameShape: m.FrameShape, Rate: m.Rate, PerClip: m.PerClip,
-			Rows: m.Rows, Bytes: m.Size, Stats: d.Stats[m.Name]}
-		blob, err := manifests.Join(dir, m.File)
+			Rows: m.Rows, Stats: d.Stats[m.Name]}
+		for _, b := range m.BlobList() {
+			mr.Bytes += b.Size
+		}
+		_, size, err := decoder(m.DType)
 		if err != nil {
 			return nil, err
 		}
-		if mr.Sampled, mr.Values, err = sampleValues(blob, m, maxRows, open); err != nil {
+		rb := int64(size)
+		for _, x := range m.FrameShape {
+			rb *= int64(x)
+		}
+		at := func(first, n int64) (string, int64, int64, error) {
+			// The clip that holds row first (in clip order), and its rows
+			// from there on (format 1: the blob's rows, one after the other).
+			c := int(first)
+			if !m.PerClip {
+				c = sort.Search(len(starts), func(c int) bool { return (starts[c]+lengths[c])*int64(m.Rate) > first })
+			}
+			within := first
+			if wh != nil && c < len(starts) {
+				if !m.PerClip {
+					within = first - starts[c]*int64(m.Rate)
+				} else {
+					within = 0
+				}
+				b, f0, rows := d.Locate(wh, k, c, starts[c], lengths[c])
+				blob := m.BlobList()[b]
+				p, err := manifests.Join(dir, blob.File)
+				return p, blob.DataOffset + (f0+within)*rb, max(1, min(n, rows-within)), err
+			}
+			blob := m.BlobList()[0]
+			p, err := manifests.Join(dir, blob.File)
+			return p, blob.DataOffset + first*rb, n, err
+		}
+		if mr.Sampled, mr.Values, err = sampleValues(dir, m, at, maxRows, open); err != nil {
 			return nil, err
 		}
 		r.Modalities = append(r.Modalities, mr)
@@ -135,7 +169,7 @@ func Dataset(dir, clip string, fps float64, maxRows int, open Opener) (*DatasetR
 				return nil, UsageError{Msg: fmt.Sprintf("--clip %q: no such clip in %s (give an id of its clips.txt, or #ROW)", clip, dir)}
 			}
 		}
-		if r.Clip, err = clipReport(dir, d, i, id(i), starts[i], lengths[i], open); err != nil {
+		if r.Clip, err = clipReport(dir, d, wh, i, id(i), starts[i], lengths[i], open); err != nil {
 			return nil, err
 		}
 	}

@@ -46,10 +46,15 @@ func decoder(descr string) (func(b []byte, j int) float64, int, error) {
 // maxValues bounds the values a histogram holds (32 MiB of float64).
 const maxValues = 4 << 20
 
-// sampleValues reads up to maxRows rows of the blob, in 64 runs spread
-// evenly over it, and histograms their values (two passes over what was
-// read: range, then counts).
-func sampleValues(blob string, m manifests.Modality, maxRows int, open Opener) (int64, Histogram, error) {
+// rowsAt locates up to n of a modality's rows from its row first (in clip
+// order): the blob's path, the byte offset and how many rows lie there one
+// after the other (at least 1 if n is).
+type rowsAt func(first, n int64) (path string, off int64, rows int64, err error)
+
+// sampleValues reads up to maxRows rows of the modality m, in 64 runs
+// spread evenly over its rows in clip order (at), and histograms their
+// values (two passes over what was read: range, then counts).
+func sampleValues(blob string, m manifests.Modality, at rowsAt, maxRows int, open Opener) (int64, Histogram, error) {
 	dec, size, err := decoder(m.DType)
 	if err != nil {
 		return 0, Histogram{}, fmt.Errorf("%s: %w", blob, err)
@@ -59,11 +64,12 @@ func sampleValues(blob string, m manifests.Modality, maxRows int, open Opener) (
 		per *= x
 	}
 	rowBytes := int64(per * size)
-	f, err := open(blob)
-	if err != nil {
-		return 0, Histogram{}, err
-	}
-	defer f.Close()
+	files := map[string]ReaderAt{}
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
 	var vals []float64
 	var h Histogram
 	// At most maxRows rows, and at most maxValues values (8 bytes each
@@ -81,20 +87,34 @@ func sampleValues(blob string, m manifests.Modality, maxRows int, open Opener) (
 		if n <= 0 {
 			continue
 		}
-		buf := make([]byte, n*rowBytes)
-		if _, err := f.ReadAt(buf, m.DataOffset+first*rowBytes); err != nil {
-			return 0, Histogram{}, fmt.Errorf("%s: rows %d..%d: %w", blob, first, first+n, err)
-		}
-		read += n
-		for j := 0; j < int(n)*per; j++ {
-			v := dec(buf, j)
-			switch {
-			case math.IsNaN(v):
-				h.NaN++
-			case math.IsInf(v, 0):
-				h.Inf++
-			default:
-				vals = append(vals, v)
+		for n > 0 { // (in pieces where the rows lie in several blobs)
+			path, off, got, err := at(first, n)
+			if err != nil {
+				return 0, Histogram{}, err
+			}
+			f := files[path]
+			if f == nil {
+				if f, err = open(path); err != nil {
+					return 0, Histogram{}, err
+				}
+				files[path] = f
+			}
+			buf := make([]byte, got*rowBytes)
+			if _, err := f.ReadAt(buf, off); err != nil {
+				return 0, Histogram{}, fmt.Errorf("%s: rows %d..%d: %w", path, first, first+got, err)
+			}
+			read += got
+			first, n = first+got, n-got
+			for j := 0; j < int(got)*per; j++ {
+				v := dec(buf, j)
+				switch {
+				case math.IsNaN(v):
+					h.NaN++
+				case math.IsInf(v, 0):
+					h.Inf++
+				default:
+					vals = append(vals, v)
+				}
 			}
 		}
 	}

@@ -115,6 +115,12 @@ def dataset_top(where: str, man: Any) -> tuple[dict[str, Any], list[Any], int, i
     modality, two ints."""
     if not isinstance(man, dict) or man.get("format") != "clipshard.dataset":
         raise ValueError("%s: not a clipshard dataset (dataset.json's format)" % where)
+    if man.get("version") == 2:
+        raise ValueError("%s: dataset.json is format 2 (a dataset in segments and versions, from convert --segments): this "
+                         "reader reads format 1 so far (epochs cut from it read fine); run the same clipshard convert "
+                         "without --segments to write it as one segment again" % where)
+    if man.get("version") != 1:
+        raise ValueError("%s: dataset.json: format version %r, this reader knows version 1" % (where, man.get("version")))
     for k in ("files", "modalities", "clips", "frames"):
         if k not in man:
             raise ValueError("%s: dataset.json: no %r" % (where, k))

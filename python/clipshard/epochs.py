@@ -108,18 +108,45 @@ def check_datasets(man: Mapping[str, Any], edir: str) -> None:
             raise ValueError("%s: the %s the epochs were cut from, %s: its dataset.json cannot be read to check that it is "
                              "still that dataset: %s" % (edir, what, d, e.strerror)) from None
         try:
-            fd, st = open_regular(p)
-            try:
-                now = hashlib.sha256(pread_all(fd, min(st.st_size, MAX_MANIFEST + 1), 0, p)).hexdigest()
-            finally:
-                os.close(fd)
+            now = _sha_of(p)
         except ValueError as e:
             raise ValueError("%s: the %s the epochs were cut from: %s" % (edir, what, e)) from None
+        if now != want and _kept_version(d, want):
+            continue  # a version convert --segments kept: the epochs read it
         if now != want:
             raise ValueError("%s: cut from the %s %s when its dataset.json had sha256 %s; it now has %s: the dataset was "
                              "converted again (or replaced) since the shuffle, and the samples' clip rows name the clips of "
                              "the dataset they were cut from, not of this one: shuffle again from %s (into a new folder, or "
                              "--force), or restore the dataset they were cut from" % (edir, what, d, want, now, d))
+
+
+def _sha_of(p: str) -> str:
+    """The sha256 of the manifest at p (a regular file of at most
+    MAX_MANIFEST bytes, else ValueError)."""
+    fd, st = open_regular(p)
+    try:
+        return hashlib.sha256(pread_all(fd, min(st.st_size, MAX_MANIFEST + 1), 0, p)).hexdigest()
+    finally:
+        os.close(fd)
+
+
+def _kept_version(d: str, want: str) -> bool:
+    """Whether the dataset in d keeps a version (versions/N/dataset.json,
+    of a dataset grown by convert --segments) whose dataset.json has sha256
+    want."""
+    try:
+        names = os.listdir(os.path.join(d, "versions"))
+    except OSError:
+        return False
+    for n in names:
+        if not n.isdigit() or n.startswith("0") or len(n) > 9:
+            continue
+        try:
+            if _sha_of(os.path.join(d, "versions", n, "dataset.json")) == want:
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
 
 
 def epoch_identity(man: Mapping[str, Any], epoch: int) -> str:

@@ -43,6 +43,7 @@ type modOut struct {
 	size        int64   // bytes of converted rows
 	stream      bool    // data is nil: the writer reads the source again (see processClip)
 	reuse       *reused // data is nil: the writer copies the rows from the previous dataset
+	ref         *rowRef // data is nil: the rows stay where they are (convert --segments)
 	stats       f16.Stats
 	src         manifests.ClipSource
 }
@@ -222,6 +223,14 @@ func (j *job) convertClip(ctx context.Context, i int, plan *reusePlan) *clipOut 
 		rows := length * int64(m.Rate)
 		if m.PerClip {
 			rows = 1
+		}
+		if reused(k) && j.segmented {
+			if !j.refMod(plan, k, rows, mo) {
+				out.release()
+				return nil
+			}
+			out.reused++
+			continue
 		}
 		if reused(k) {
 			ok, err := j.reuseMod(ctx, plan, k, rows, mo)

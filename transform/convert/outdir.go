@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/clipshard/clipshard/formats/atomicfile"
@@ -60,8 +61,13 @@ func checkOut(out string) (map[string]bool, error) {
 		}
 		return nil, fmt.Errorf("%w: --out %s is not a clipshard dataset (%v): refusing to replace it (choose another --out)", ErrUsage, out, err)
 	}
-	own := d.OwnFiles()
-	extra, err := manifests.Unlisted(out, own, nil)
+	// Every kept version's files (format 2), and what a convert
+	// --segments killed before its commit left, are ours.
+	own, err := manifests.DirFiles(out, d)
+	if err != nil {
+		return nil, fmt.Errorf("%w: --out %s: %w: refusing to replace it (choose another --out)", ErrUsage, out, err)
+	}
+	extra, err := unlistedOrLeft(out, own)
 	if err != nil {
 		return nil, err
 	}
@@ -105,6 +111,22 @@ func removeStaging(dir string) error {
 	own := map[string]bool{}
 	var extra []string
 	for _, e := range entries {
+		if e.IsDir() && e.Name() == "version" {
+			// convert --segments' staged version manifests.
+			inner, err := os.ReadDir(filepath.Join(dir, e.Name()))
+			if err != nil {
+				return err
+			}
+			for _, f := range inner {
+				if f.Type().IsRegular() && (stagingName(f.Name()) || f.Name() == manifests.WhereFile) {
+					own["version/"+f.Name()] = true
+				} else {
+					extra = append(extra, "version/"+f.Name())
+				}
+			}
+			own["version/"] = true
+			continue
+		}
 		if e.Type().IsRegular() && stagingName(e.Name()) {
 			own[e.Name()] = true
 		} else {
@@ -132,4 +154,86 @@ func sweepTemp(dir string) error {
 		}
 	}
 	return nil
+}
+
+// unlistedOrLeft returns the paths under out that are neither in own nor
+// left by a convert --segments killed before its commit; the latter are
+// added to own (folders with a final "/"), to be removed with the rest.
+// Left: the temporary files of atomic writes in out, and folders under
+// segments/ and versions/ that no kept version lists, holding plain files
+// of the names convert gives.
+func unlistedOrLeft(out string, own map[string]bool) ([]string, error) {
+	var left []string
+	extra, err := manifests.Unlisted(out, own, func(rel string, isDir bool) bool {
+		switch {
+		case isDir && (rel == manifests.SegmentsDir || rel == manifests.VersionsDir):
+			left = append(left, rel)
+			return true
+		case !isDir && !strings.Contains(rel, "/") && strings.HasPrefix(rel, atomicfile.TempPrefix):
+			own[rel] = true
+			return true
+		}
+		return false
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, top := range left {
+		entries, err := os.ReadDir(filepath.Join(out, top))
+		if err != nil {
+			return nil, err
+		}
+		listedUnder := false
+		for _, e := range entries {
+			rel := top + "/" + e.Name()
+			if !e.IsDir() || !hasUnder(own, rel) {
+				continue
+			}
+			listedUnder = true
+			more, err := manifests.Unlisted(filepath.Join(out, rel), under(own, rel), nil)
+			if err != nil {
+				return nil, err
+			}
+			for _, m := range more {
+				extra = append(extra, rel+"/"+m)
+			}
+		}
+		for _, e := range entries {
+			rel := top + "/" + e.Name()
+			switch {
+			case e.IsDir() && hasUnder(own, rel):
+			case e.IsDir() && manifests.Leftover(rel, true):
+				files, err := os.ReadDir(filepath.Join(out, filepath.FromSlash(rel)))
+				if err != nil {
+					return nil, err
+				}
+				for _, f := range files {
+					if f.Type().IsRegular() && (leftoverFile.MatchString(f.Name()) || strings.HasPrefix(f.Name(), atomicfile.TempPrefix)) {
+						own[rel+"/"+f.Name()] = true
+					} else {
+						extra = append(extra, rel+"/"+f.Name())
+					}
+				}
+				own[rel+"/"] = true
+			default:
+				extra = append(extra, rel)
+			}
+		}
+		if !listedUnder {
+			own[top+"/"] = true
+		}
+	}
+	slices.Sort(extra)
+	return extra, nil
+}
+
+// under returns the paths of own under folder rel, relative to it.
+func under(own map[string]bool, rel string) map[string]bool {
+	out := map[string]bool{}
+	for f := range own {
+		if r, ok := strings.CutPrefix(f, rel+"/"); ok {
+			out[r] = true
+		}
+	}
+	return out
 }

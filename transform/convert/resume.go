@@ -24,7 +24,7 @@ func (j *job) prepare(jf *os.File) (*writer, error) {
 		w.mods[k] = &modState{}
 	}
 	var recs []journalRecord
-	if !j.opts.Force {
+	if !j.opts.Force && !j.segmented { // (a segmented run starts over: it writes only the change)
 		if fp, rs, err := readJournal(j.journalPath); err == nil && fp == j.fingerprint {
 			if _, err := os.Stat(j.staging); err == nil {
 				recs = j.verifyRecords(rs)

@@ -28,9 +28,11 @@ type previous struct {
 	ds       *manifests.Dataset
 	rows     map[string]int // clip id -> row
 	clips    []manifests.ClipRow
-	mods     []int // per modality of the run: its index in ds, or -1
-	blobs    []*os.File
+	mods     []int        // per modality of the run: its index in ds, or -1
+	blobs    [][]*os.File // per modality of the run: its blobs (BlobList), open
 	rowBytes []int64
+	where    *manifests.Where // format 2's where.npy (nil for format 1)
+	raw      []byte           // its dataset.json
 	// sameFrames: ds's modalities with frames are the run's (by name),
 	// so that a clip it trimmed is trimmed alike when all its sources
 	// are reused.
@@ -52,8 +54,21 @@ func (j *job) openPrevious() *previous {
 		j.prevRefused = err
 		return nil
 	}
+	raw, err := regfile.ReadFile(filepath.Join(j.opts.Out, manifests.DatasetFile), manifests.MaxManifest)
+	if err != nil {
+		j.prevRefused = err
+		return nil
+	}
 	p := &previous{ds: d, clips: rows, rows: make(map[string]int, len(rows)), mods: make([]int, len(j.opts.Modalities)),
-		blobs: make([]*os.File, len(j.opts.Modalities)), rowBytes: make([]int64, len(j.opts.Modalities))}
+		blobs: make([][]*os.File, len(j.opts.Modalities)), rowBytes: make([]int64, len(j.opts.Modalities)), raw: raw}
+	starts, lengths := make([]int64, len(rows)), make([]int64, len(rows))
+	for i, r := range rows {
+		starts[i], lengths[i] = r.Start, r.Length
+	}
+	if p.where, err = manifests.LoadWhere(j.opts.Out, d, starts, lengths); err != nil {
+		j.prevRefused = err
+		return nil
+	}
 	for i, r := range rows {
 		p.rows[r.Clip] = i
 	}
@@ -75,16 +90,25 @@ func (j *job) openPrevious() *previous {
 				len(rows) == 0 || !rows[0].Sources[i].Audited {
 				break
 			}
-			// (a FIFO or device put there is refused, not waited on)
-			f, st, err := regfile.Open(filepath.Join(j.opts.Out, om.File))
-			if err != nil {
+			var files []*os.File
+			for _, b := range om.BlobList() {
+				// (a FIFO or device put there is refused, not waited on)
+				f, st, err := regfile.Open(filepath.Join(j.opts.Out, b.File))
+				if err != nil {
+					break
+				}
+				files = append(files, f)
+				if st.Size() != b.Size {
+					break
+				}
+			}
+			if len(files) != len(om.BlobList()) || files[len(files)-1] == nil {
+				for _, f := range files {
+					f.Close()
+				}
 				break
 			}
-			if st.Size() != om.Size {
-				f.Close()
-				break
-			}
-			p.mods[k], p.blobs[k], p.rowBytes[k] = i, f, rb
+			p.mods[k], p.blobs[k], p.rowBytes[k] = i, files, rb
 			found = true
 		}
 	}
@@ -108,8 +132,8 @@ func (p *previous) close() {
 	if p == nil {
 		return
 	}
-	for _, f := range p.blobs {
-		if f != nil {
+	for _, fs := range p.blobs {
+		for _, f := range fs {
 			f.Close()
 		}
 	}
@@ -202,16 +226,17 @@ func (j *job) reuseMod(ctx context.Context, plan *reusePlan, k int, rows int64, 
 	p := j.prev
 	om := &p.ds.Modalities[p.mods[k]]
 	s := plan.row.Sources[p.mods[k]]
-	first, n := om.ClipRows(plan.index, plan.row.Start, plan.row.Length)
+	b, first, n := p.ds.Locate(p.where, p.mods[k], plan.index, plan.row.Start, plan.row.Length)
 	if n != rows {
 		return false, nil
 	}
+	blob := om.BlobList()[b]
 	dt, _, _ := array.ParseDescr(om.DType)
 	mo.rows, mo.dtype, mo.frameShape = rows, dt, append([]int{}, om.FrameShape...)
 	mo.sourceDescr, mo.stats, mo.xxh = s.Descr, f16.Stats(s.Stats), s.XXH64
 	mo.size = rows * p.rowBytes[k]
 	mo.src = s
-	off := om.DataOffset + first*p.rowBytes[k]
+	off := blob.DataOffset + first*p.rowBytes[k]
 	// The rows are audited as they are read: a clips.parquet whose figures
 	// were edited (a NaN recorded as none) would have this run accept rows
 	// it refuses when it decodes them.
@@ -220,16 +245,16 @@ func (j *job) reuseMod(ctx context.Context, plan *reusePlan, k int, rows int64, 
 		return false, nil
 	}
 	if mo.size <= j.streamMin {
-		b := getBuf(int(mo.size))
-		mo.bufs = []*[]byte{b}
-		mo.data = *b
-		if _, err := p.blobs[k].ReadAt(mo.data, off); err != nil || xxhash.Sum64(mo.data) != s.XXH64 {
+		buf := getBuf(int(mo.size))
+		mo.bufs = []*[]byte{buf}
+		mo.data = *buf
+		if _, err := p.blobs[k][b].ReadAt(mo.data, off); err != nil || xxhash.Sum64(mo.data) != s.XXH64 {
 			return false, nil
 		}
 		audit.Write(mo.data)
 		return s.Stats.Disagrees(audit.Stats(), om.DType) == "", nil
 	}
-	mo.reuse = &reused{f: p.blobs[k], off: off}
+	mo.reuse = &reused{f: p.blobs[k][b], off: off}
 	if err := j.copyReused(ctx, mo, func(b []byte) error { audit.Write(b); return nil }); err != nil || s.Stats.Disagrees(audit.Stats(), om.DType) != "" {
 		mo.reuse = nil
 		return false, nil

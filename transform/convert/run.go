@@ -22,6 +22,7 @@ import (
 	"github.com/clipshard/clipshard/formats/atomicfile"
 	"github.com/clipshard/clipshard/formats/blob"
 	"github.com/clipshard/clipshard/formats/f16"
+	"github.com/clipshard/clipshard/internal/faults"
 	"github.com/clipshard/clipshard/manifests"
 )
 
@@ -42,6 +43,9 @@ type Result struct {
 	// EarlyHashed counts the blobs whose sha256 was computed while they
 	// were written (see predictRows), not read back at the end.
 	EarlyHashed int
+	// Segment names the segment a convert --segments wrote ("" if no
+	// rows were new: the version is a new manifest only).
+	Segment string
 	// ReuseRefused says why the dataset being replaced was not reused
 	// (manifests.Vouch's error), if it was not.
 	ReuseRefused string
@@ -67,6 +71,9 @@ type job struct {
 	// the budget whatever their size.
 	streamMin int64
 	blobMem   int64 // buffer memory of each blob writer (BlobMemory)
+	// segmented: convert --segments over a dataset it can reuse: only
+	// the rows decoded are written, as a new segment of a new version.
+	segmented bool
 }
 
 // modState is what the writer knows about a modality so far.
@@ -77,6 +84,7 @@ type modState struct {
 	firstClip  string // the clip that set dtype and frame shape
 	descrs     []string
 	rows       int64
+	refRows    int64 // of rows, those left where they are (convert --segments)
 	stats      f16.Stats
 }
 
@@ -101,7 +109,7 @@ func Run(ctx context.Context, o Options) (res *Result, err error) {
 		// --out after a quick mistake.
 		if err != nil && !errors.Is(err, ErrUsage) && ctx.Err() == nil {
 			if _, serr := os.Stat(j.staging); serr == nil {
-				if fresh && time.Since(began) < KeepAfter {
+				if (fresh && time.Since(began) < KeepAfter) || j.segmented {
 					if ok, cerr := Clean(j.opts.Out); ok && cerr == nil {
 						err = fmt.Errorf("%w (nothing kept: a re-run starts over)", err)
 						return
@@ -128,10 +136,33 @@ func Run(ctx context.Context, o Options) (res *Result, err error) {
 		return nil, err
 	}
 	defer jf.Close()
+	if o.Segments && !o.Force {
+		// What a convert --segments killed before its commit left (under
+		// the lock: no run is writing it now), before the dataset is
+		// vouched for.
+		if d, err := manifests.LoadDataset(j.opts.Out); err == nil {
+			if err := removeLeftovers(j.opts.Out, d); err != nil {
+				return nil, err
+			}
+		}
+	}
 	if !o.Force {
 		// Under the lock: no other convert replaces it meanwhile.
 		j.prev = j.openPrevious()
 		defer j.prev.close()
+		j.segmented = o.Segments && j.prev != nil
+		if o.Segments && j.prev == nil {
+			// A dataset in segments that cannot be grown is not silently
+			// rebuilt: that would drop the versions its epochs read.
+			if d, err := manifests.LoadDataset(j.opts.Out); err == nil && d.Segmented() {
+				why := "it shares no modality with this run"
+				if j.prevRefused != nil {
+					why = j.prevRefused.Error()
+				}
+				return nil, fmt.Errorf("%w: --segments: the dataset in %s (version %d) cannot be grown: %s; run verify on it, or convert without --segments to rebuild it as one segment (its kept versions are then removed)",
+					ErrInput, j.opts.Out, d.Number(), why)
+			}
+		}
 	}
 	res = &Result{Dir: o.Out}
 	if j.prevRefused != nil {
@@ -147,12 +178,30 @@ func Run(ctx context.Context, o Options) (res *Result, err error) {
 	defer j.dirs.Close()
 	pctx, pcancel := context.WithCancel(ctx)
 	defer pcancel()
-	w.pred = make(chan []int64, 1)
-	from, base := w.next, w.frames
-	go func() { w.pred <- j.predictRows(pctx, from, base) }()
-	w.awaitPrediction(ctx, predictWait)
+	if !j.segmented { // (a segment's blobs hold only some of the clips' rows)
+		w.pred = make(chan []int64, 1)
+		from, base := w.next, w.frames
+		go func() { w.pred <- j.predictRows(pctx, from, base) }()
+		w.awaitPrediction(ctx, predictWait)
+	}
 	if err := j.pipeline(ctx, w, res); err != nil {
 		return nil, err
+	}
+	if j.segmented {
+		d, js, seg, err := j.finalizeSegments(w)
+		if err != nil {
+			return nil, err
+		}
+		if err := j.commitSegments(d, js, seg); err != nil {
+			return nil, err
+		}
+		faults.Point("convert.committed")
+		if removeStaging(j.staging) == nil {
+			os.Remove(j.journalPath)
+		}
+		res.Dataset, res.Segment = d, seg
+		res.Elapsed = time.Since(began)
+		return res, nil
 	}
 	d, err := j.finalize(w)
 	if err != nil {
@@ -254,9 +303,13 @@ func newJob(o Options) (*job, error) {
 		Align      string
 		Flags      [4]bool
 		MaxTrim    int64 `json:",omitempty"`
-	}{clips, o.Modalities, root, o.Align, [4]bool{o.AllowInt, o.AllowNonFinite, o.AllowOverflow, o.SkipBadClips}, trimBound})
+		Segments   bool  `json:",omitempty"`
+	}{clips, o.Modalities, root, o.Align, [4]bool{o.AllowInt, o.AllowNonFinite, o.AllowOverflow, o.SkipBadClips}, trimBound, o.Segments})
 	sum := sha256.Sum256(fp)
 	j.fingerprint = hex.EncodeToString(sum[:])
+	if o.Parts > 0 && o.Segments {
+		return nil, fmt.Errorf("%w: --segments with --part: a part is converted whole (merge the parts, then grow the merged dataset with --segments)", ErrUsage)
+	}
 	if o.Parts > 0 {
 		if o.Part < 0 || o.Part >= o.Parts || o.Parts > len(clips) {
 			return nil, fmt.Errorf("%w: part %d of %d: want 0 <= I < N <= %d clips", ErrUsage, o.Part, o.Parts, len(clips))

@@ -151,6 +151,10 @@ type Options struct {
 	AllowOverflow    bool
 	SkipBadClips     bool // --on-error skip
 	Force            bool
+	// Segments: over a dataset this run can reuse, write only the rows it
+	// decodes, as a new segment, and commit a new version in place
+	// (format 2), leaving every earlier version as it is.
+	Segments bool
 
 	// Part and Parts select part Part (0-based) of Parts contiguous ranges
 	// of the clip list (convert --part I/N); Parts 0 converts everything.

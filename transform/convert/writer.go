@@ -23,6 +23,7 @@ type writer struct {
 	journal  *journal
 	mods     []*modState
 	rows     []manifests.ClipRow
+	where    [][]segLoc // convert --segments: per clip, per modality
 	skipped  []manifests.Skipped
 	next     int   // next clip index to write
 	frames   int64 // clip frames written
@@ -120,7 +121,11 @@ type journalMark struct {
 func (w *writer) checkpoint() error {
 	m := journalMark{cut: w.journal.size()}
 	for _, st := range w.mods {
-		m.ends = append(m.ends, st.w.End())
+		end := int64(0)
+		if st.w != nil { // (convert --segments: a modality none of whose rows are new has none)
+			end = st.w.End()
+		}
+		m.ends = append(m.ends, end)
 	}
 	w.marks = append(w.marks, m)
 	w.unsynced = 0
@@ -132,7 +137,7 @@ func (w *writer) checkpoint() error {
 func (w *writer) settle() error {
 	inFiles := func(m journalMark) bool {
 		for k, st := range w.mods {
-			if st.w.Written() < m.ends[k] {
+			if st.w != nil && st.w.Written() < m.ends[k] {
 				return false
 			}
 		}
@@ -189,9 +194,27 @@ func (w *writer) write(c *clipOut) error {
 		return nil
 	}
 	row := manifests.ClipRow{Clip: id, Start: w.frames, Length: c.length, Trimmed: c.trimmed, Sources: make([]manifests.ClipSource, len(c.mods))}
+	var locs []segLoc
+	if j.segmented {
+		locs = make([]segLoc, len(c.mods))
+	}
 	for k := range c.mods {
 		mo := &c.mods[k]
 		st := w.mods[k]
+		if mo.ref != nil {
+			locs[k] = segLoc{file: mo.ref.file, first: mo.ref.first}
+			st.rows += mo.rows
+			st.refRows += mo.rows
+			st.stats.Add(mo.stats)
+			if !slices.Contains(st.descrs, mo.sourceDescr) {
+				st.descrs = append(st.descrs, mo.sourceDescr)
+			}
+			row.Sources[k] = mo.src
+			continue
+		}
+		if locs != nil {
+			locs[k] = segLoc{first: st.rows - st.refRows}
+		}
 		if st.w == nil {
 			var err error
 			if st.w, err = blob.OpenMem(j.blobPath(k), st.dtype, st.frameShape, 0, j.blobMem); err != nil {
@@ -243,6 +266,9 @@ func (w *writer) write(c *clipOut) error {
 		}
 	}
 	w.rows = append(w.rows, row)
+	if locs != nil {
+		w.where = append(w.where, locs)
+	}
 	w.frames += c.length
 	w.trimmed += c.trimmed
 	w.next++

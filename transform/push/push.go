@@ -124,6 +124,10 @@ func pushDataset(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	if d.Segmented() {
+		return nil, fmt.Errorf("%w: %s is a dataset in segments and versions (format 2, from convert --segments, version %d): push sends format 1 so far; run the same convert without --segments to write it as one segment, then push it (epochs cut from it push as they are)",
+			ErrUsage, o.Dir, d.Number())
+	}
 	sums, err := manifests.ReadSums(filepath.Join(o.Dir, d.Files.Sums))
 	if err != nil {
 		return nil, err

@@ -14,11 +14,11 @@ import (
 
 // gatherInMemory loads every blob; the workers fill their shards from it.
 func (j *job) gatherInMemory(ctx context.Context, s *sink) error {
-	blobs := make([][][]byte, len(j.srcs)) // [source][modality]
-	for s, src := range j.srcs {
+	blobs := make([][][]byte, len(j.runs)) // [run][modality]
+	for s, run := range j.runs {
 		blobs[s] = make([][]byte, len(j.mods))
 		for k, m := range j.mods {
-			sf := src.files[k]
+			sf := run.files[k]
 			f, _, err := regfile.Open(sf.path)
 			if err != nil {
 				return err

@@ -28,8 +28,9 @@ type epochPlan struct {
 type job struct {
 	o       Options
 	srcs    []srcInfo
-	mixed   bool    // several sources (or --source): epochs format version 3
-	starts  []int64 // per global clip, its first global frame
+	runs    []runInfo // the sources' clips in runs the readers cut from
+	mixed   bool      // several sources (or --source): epochs format version 3
+	starts  []int64   // per global clip, its first global frame
 	lengths []int64
 	mods    []modInfo
 	rec     int64  // bytes of one sample across modalities

@@ -46,24 +46,26 @@ func (c *chunk) release() { c.free <- c }
 // every sample that starts in a run lies whole in it. The buffers are
 // bounded by limit plus a window, whatever the size of a clip.
 func (j *job) readChunks(limit int64) (<-chan *chunk, func(), error) {
-	// Every blob is opened (and checked a regular file) before the read
-	// starts; each source's are closed once it is read.
-	files := make([][]*os.File, len(j.srcs))
+	// Every blob is opened (and checked a regular file) once, before the
+	// read starts; a run's files are those of its blobs.
+	files := make([][]*os.File, len(j.runs))
+	open := map[string]*os.File{}
 	closeFiles := func() {
-		for _, fs := range files {
-			for _, f := range fs {
-				if f != nil {
-					f.Close()
-				}
-			}
+		for p, f := range open {
+			f.Close()
+			delete(open, p)
 		}
 	}
-	for s, src := range j.srcs {
-		for _, sf := range src.files {
-			f, _, err := regfile.Open(sf.path)
-			if err != nil {
-				closeFiles()
-				return nil, nil, err
+	for s, run := range j.runs {
+		for _, sf := range run.files {
+			f := open[sf.path]
+			if f == nil {
+				var err error
+				if f, _, err = regfile.Open(sf.path); err != nil {
+					closeFiles()
+					return nil, nil, err
+				}
+				open[sf.path] = f
 			}
 			files[s] = append(files[s], f)
 		}
@@ -93,8 +95,8 @@ func (j *job) readChunks(limit int64) (<-chan *chunk, func(), error) {
 		defer close(finished)
 		defer close(out)
 		defer closeFiles()
-		for s, src := range j.srcs {
-			total := src.frame0 + src.ds.Frames // one past the source's last frame
+		for s, src := range j.runs {
+			total := src.frame0 + src.frames // one past the run's last frame
 			for g0, g1 := src.frame0, src.frame0; g0 < total; g0 = g1 {
 				g1 = min(total, g0+step)
 				if clipBytes > 0 {
@@ -132,7 +134,7 @@ func (j *job) readChunks(limit int64) (<-chan *chunk, func(), error) {
 					}
 					ch.rows[k] = ch.rows[k][:n]
 					if _, err := files[s][k].ReadAt(ch.rows[k], sf.dataOffset+first*m.rowBytes); err != nil {
-						ch.err = readErr(sf.path, sf.dataOffset+first*m.rowBytes, clipAt(g0)-int(src.clip0), err)
+						ch.err = readErr(sf.path, sf.dataOffset+first*m.rowBytes, clipAt(g0)-int(j.srcs[src.src].clip0), err)
 						break
 					}
 				}
@@ -144,9 +146,6 @@ func (j *job) readChunks(limit int64) (<-chan *chunk, func(), error) {
 				if ch.err != nil {
 					return
 				}
-			}
-			for _, f := range files[s] {
-				f.Close()
 			}
 			files[s] = nil
 		}

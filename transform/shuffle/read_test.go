@@ -27,6 +27,7 @@ func TestReadChunksPerClip(t *testing.T) {
 	j := &job{o: Options{Dataset: dir, Sampling: manifests.Sampling{Window: 3}}}
 	j.srcs = []srcInfo{{dir: dir, ds: &manifests.Dataset{Frames: clips * length, Clips: clips},
 		files: []srcFile{{path: filepath.Join(dir, "f.npy")}, {path: filepath.Join(dir, "p.npy")}}}}
+	j.runs = []runInfo{{clip0: 0, frame0: 0, clips: clips, frames: clips * length, files: j.srcs[0].files}}
 	for c := range clips {
 		j.starts = append(j.starts, int64(c*length))
 		j.lengths = append(j.lengths, length)

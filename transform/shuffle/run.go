@@ -124,9 +124,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		res.Planned = satAdd(res.Planned, j.epochBytes(n))
 		files = satAdd(files, j.epochFiles(n))
 	}
-	for _, src := range j.srcs {
+	for _, run := range j.runs {
 		for k, m := range j.mods {
-			res.DataBytes += src.files[k].rows * m.rowBytes
+			res.DataBytes += run.files[k].rows * m.rowBytes
 		}
 	}
 	var totalSamples int64

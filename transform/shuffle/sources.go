@@ -41,11 +41,22 @@ type srcInfo struct {
 	files  []srcFile
 }
 
-// srcFile is a source's blob of one modality (in the order of job.mods).
+// srcFile is a source's blob of one modality (in the order of job.mods),
+// or the part of one that a run reads: from byte dataOffset, rows rows.
 type srcFile struct {
 	path       string
 	dataOffset int64
 	rows       int64
+}
+
+// runInfo is a run of a source's clips whose rows lie one after the other
+// in one blob of each modality: all of a dataset of format 1, and each
+// stretch of a segmented version (format 2) that stays in the same blobs.
+// The readers cut samples from runs; clip0 and frame0 are global numbers.
+type runInfo struct {
+	src                          int
+	clip0, frame0, clips, frames int64
+	files                        []srcFile // per modality: the run's rows
 }
 
 // Source is one --source NAME=DIR of a mixed run.
@@ -125,17 +136,34 @@ func (j *job) addSource(name, dir string) error {
 		if m.PerClip {
 			mi.rate, mi.winBytes = 0, rb
 		}
-		f := srcFile{path: filepath.Join(dir, m.File), dataOffset: m.DataOffset, rows: m.Rows}
-		if err := checkBlob(ds, starts, lengths, mi, f); err != nil {
-			return err
+		if ds.Segmented() {
+			for _, b := range m.BlobList() {
+				if err := checkSegmentBlob(mi, srcFile{path: filepath.Join(dir, b.File), dataOffset: b.DataOffset, rows: b.Rows}); err != nil {
+					return err
+				}
+			}
+		} else {
+			f := srcFile{path: filepath.Join(dir, m.File), dataOffset: m.DataOffset, rows: m.Rows}
+			if err := checkBlob(ds, starts, lengths, mi, f); err != nil {
+				return err
+			}
+			src.files = append(src.files, f)
 		}
 		mods = append(mods, mi)
-		src.files = append(src.files, f)
 	}
 	if len(j.srcs) == 0 {
 		j.mods = mods
 	} else if err := j.compareMods(name, dir, mods); err != nil {
 		return err
+	}
+	if ds.Segmented() {
+		wh, err := manifests.LoadWhere(dir, ds, starts, lengths)
+		if err != nil {
+			return err
+		}
+		j.addRuns(len(j.srcs), &src, ds, wh, mods, starts, lengths)
+	} else {
+		j.runs = append(j.runs, runInfo{src: len(j.srcs), clip0: src.clip0, frame0: src.frame0, clips: ds.Clips, frames: ds.Frames, files: src.files})
 	}
 	for i := range starts {
 		j.starts = append(j.starts, src.frame0+starts[i])
@@ -143,6 +171,80 @@ func (j *job) addSource(name, dir string) error {
 	j.lengths = append(j.lengths, lengths...)
 	j.srcs = append(j.srcs, src)
 	return nil
+}
+
+// addRuns splits a segmented version's clips into runs: a run goes on
+// while each modality's rows of the next clip follow the last one's in
+// the same blob.
+func (j *job) addRuns(s int, src *srcInfo, ds *manifests.Dataset, wh *manifests.Where, mods []modInfo, starts, lengths []int64) {
+	var cur *runInfo
+	blob := make([]int, len(mods))
+	next := make([]int64, len(mods))
+	for i := range starts {
+		cont := cur != nil
+		for k := range mods {
+			b, first, n := ds.Locate(wh, k, i, starts[i], lengths[i])
+			if n > 0 && (b != blob[k] || first != next[k]) {
+				cont = false
+			}
+		}
+		if !cont {
+			j.runs = append(j.runs, runInfo{src: s, clip0: src.clip0 + int64(i), frame0: src.frame0 + starts[i], files: make([]srcFile, len(mods))})
+			cur = &j.runs[len(j.runs)-1]
+			for k := range mods {
+				b, first, _ := ds.Locate(wh, k, i, starts[i], lengths[i])
+				bl := ds.Modalities[k].BlobList()[b]
+				blob[k], next[k] = b, first
+				cur.files[k] = srcFile{path: filepath.Join(src.dir, bl.File), dataOffset: bl.DataOffset + first*mods[k].rowBytes}
+			}
+		}
+		for k := range mods {
+			_, _, n := ds.Locate(wh, k, i, starts[i], lengths[i])
+			next[k] += n
+			cur.files[k].rows += n
+		}
+		cur.clips++
+		cur.frames += lengths[i]
+	}
+}
+
+// checkSegmentBlob checks one blob of a segmented version against its
+// entry in dataset.json: header, data offset and size (where.npy's clips
+// were checked to lie within its rows).
+func checkSegmentBlob(m modInfo, sf srcFile) error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s: %s (run verify)", manifests.ErrManifest, sf.path, fmt.Sprintf(format, args...))
+	}
+	if m.rowBytes <= 0 {
+		return bad("modality %q: frame shape %v holds no values", m.name, m.frameShape)
+	}
+	f, fi, err := regfile.Open(sf.path)
+	if err != nil {
+		return err
+	}
+	h, err := npy.ReadHeader(f, fi.Size())
+	f.Close()
+	if err != nil {
+		return bad("%v", err)
+	}
+	wantShape := append([]int{int(sf.rows)}, m.frameShape...)
+	switch need := sf.dataOffset + sf.rows*m.rowBytes; {
+	case h.Descr != m.dtype.Descr() || h.Fortran || !slices.Equal(h.Shape, wantShape):
+		return bad("the header says %s %s, dataset.json %s %s", h.Descr, array.FormatShape(h.Shape), m.dtype.Descr(), array.FormatShape(wantShape))
+	case h.DataOffset != sf.dataOffset:
+		return bad("data at byte %d, dataset.json says %d", h.DataOffset, sf.dataOffset)
+	case fi.Size() != need:
+		return bad("%d bytes, dataset.json says %d", fi.Size(), need)
+	}
+	return nil
+}
+
+// runOf returns the run of global clip c.
+func (j *job) runOf(c int64) int {
+	if len(j.runs) == 1 {
+		return 0
+	}
+	return sort.Search(len(j.runs), func(r int) bool { return j.runs[r].clip0 > c }) - 1
 }
 
 // compareMods refuses a source whose modality schema differs from the
@@ -254,17 +356,17 @@ func (j *job) srcOf(c int64) int {
 	return sort.Search(len(j.srcs), func(s int) bool { return j.srcs[s].clip0 > c }) - 1
 }
 
-// sampleRows returns the source of sample smp and the rows of that
-// source's blob of modality k that it takes: its window's valid rows, or,
-// for a per-clip modality, its clip's row.
-func (j *job) sampleRows(k int, smp manifests.Sample) (src int, first, n int64) {
-	src = j.srcOf(smp.Clip)
-	s := &j.srcs[src]
+// sampleRows returns the run of sample smp and the rows of that run's
+// rows of modality k that it takes: its window's valid rows, or, for a
+// per-clip modality, its clip's row.
+func (j *job) sampleRows(k int, smp manifests.Sample) (run int, first, n int64) {
+	run = j.runOf(smp.Clip)
+	r := &j.runs[run]
 	m := &j.mods[k]
 	if m.perClip {
-		return src, smp.Clip - s.clip0, 1
+		return run, smp.Clip - r.clip0, 1
 	}
-	return src, (j.starts[smp.Clip] - s.frame0 + smp.Start) * m.rate, smp.Valid * m.rate
+	return run, (j.starts[smp.Clip] - r.frame0 + smp.Start) * m.rate, smp.Valid * m.rate
 }
 
 // readErr words a failed read of a blob from byte off on, where clip

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/clipshard/clipshard/internal/ui"
+	"github.com/clipshard/clipshard/manifests"
 	"github.com/clipshard/clipshard/transform/convert"
 )
 
@@ -147,6 +148,7 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 	fs.StringVar(&memFlag, "mem", "256MiB", "memory for the clips in flight, a `SIZE` such as 256MiB or 1GiB (peak RSS: SIZE + 64 MiB, plus one pickle clip per worker)")
 	fs.StringVar(&checkpointFlag, "checkpoint", "16MiB", "journal finished clips every `SIZE` of output, once their rows are on file (0: every clip, waiting for it); a kill loses about twice that much work")
 	fs.StringVar(&onError, "on-error", "fail", "`fail|skip`: stop at the first bad clip, or skip it (listed in skipped.tsv)")
+	fs.BoolVar(&o.Segments, "segments", false, "over a dataset already in --out: write only what changed (new clips, a new modality, changed sources) as a new segment, and commit it as a new version in place, keeping every earlier version (format 2: read by shuffle, verify and inspect; the Python reader, push and merge read format 1 only so far, and a convert without --segments writes format 1 again)")
 	fs.BoolVar(&o.Force, "force", false, "rebuild even if the dataset is up to date, decoding every clip (without it, clips whose sources are unchanged are copied from the dataset being replaced)")
 	fs.BoolVar(&quiet, "quiet", false, "no progress on stderr")
 	fs.BoolVar(&jsonOut, "json", false, "print the summary as JSON")
@@ -311,6 +313,9 @@ func summary(w io.Writer, r *convert.Result, asJSON bool) {
 		if r.ReuseRefused != "" {
 			out["reuse_refused"] = r.ReuseRefused
 		}
+		if d.Segmented() {
+			out["dataset_version"], out["segment"] = d.Number(), r.Segment
+		}
 		if err := ui.WriteJSON(w, out); err != nil {
 			fmt.Fprintf(os.Stderr, "clipshard convert: %v\n", err)
 		}
@@ -338,7 +343,22 @@ func summary(w io.Writer, r *convert.Result, asJSON bool) {
 		if r.ReusedPart > 0 {
 			part = fmt.Sprintf(", and some modalities of %s", ui.Count(int64(r.ReusedPart), "more clip"))
 		}
-		fmt.Fprintf(w, "reused from the previous dataset (sources unchanged, not decoded): all the rows of %s%s\n", ui.Count(int64(r.Reused), "clip"), part)
+		how := "not decoded"
+		if d.Segmented() {
+			how = "not decoded, not copied: their rows stay where they are"
+		}
+		fmt.Fprintf(w, "reused from the previous dataset (sources unchanged, %s): all the rows of %s%s\n", how, ui.Count(int64(r.Reused), "clip"), part)
+	}
+	if d.Segmented() {
+		seg := "no new rows: the version is a new manifest"
+		if r.Segment != "" {
+			seg = fmt.Sprintf("the new rows are in %s/%s/", manifests.SegmentsDir, r.Segment)
+		}
+		kept := "version 1 is kept"
+		if d.Number() > 2 {
+			kept = fmt.Sprintf("versions 1-%d are kept", d.Number()-1)
+		}
+		fmt.Fprintf(w, "committed version %d of %s (%s); %s, and epochs cut from them read them\n", d.Number(), r.Dir, seg, kept)
 	}
 	for _, m := range d.Modalities {
 		s := d.Stats[m.Name]

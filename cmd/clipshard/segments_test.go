@@ -1,0 +1,64 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/clipshard/clipshard/internal/clitest"
+	"github.com/clipshard/clipshard/internal/numpytest"
+)
+
+// TestEpochsOfKeptVersions (#61): a dataset grown by convert --segments
+// keeps the version its epochs were cut from: verify (plain and --deep)
+// and every Python reader (testdata/check_changed.py) read those epochs
+// through; inspect reads the grown dataset; the Python Dataset and
+// drawn epochs, and push, refuse format 2 naming the fix. The same
+// convert without --segments writes format 1 again, and the epochs are
+// then refused as cut from a dataset converted again (#60.5).
+func TestEpochsOfKeptVersions(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "src")
+	clitest.CopyTree(t, clitest.DemoDir(), src)
+	ids := []string{"clip000", "clip001", "clip002", "clip003", "clip004", "clip005", "clip006", "clip007"}
+	l8 := filepath.Join(src, "l8.txt")
+	if err := os.WriteFile(l8, []byte(strings.Join(ids, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	ds, ep := filepath.Join(dir, "ds"), filepath.Join(dir, "ep")
+	convert := func(list string, extra ...string) clitest.Result {
+		return clip(t, append([]string{"convert", "--quiet", "--clips", list, "--root", src, "--out", ds,
+			"-m", "motion=motion/{clip}.pkl:exp+pose", "-m", "whisper@2=whisper/{clip}.npy"}, extra...)...)
+	}
+	if r := convert(l8); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	if r := clip(t, "shuffle", "--quiet", "--dataset", ds, "--out", ep, "--window", "5", "--epochs", "1", "--shard-samples", "8"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	if r := convert(filepath.Join(src, "clips.txt"), "--segments"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	for _, v := range [][]string{{"verify", ep}, {"verify", "--deep", ep}, {"verify", "--deep", "--sources", ds}, {"inspect", ds}} {
+		if r := clip(t, v...); r.Code != 0 {
+			t.Fatalf("%v after the dataset grew: exit %d: %s %s", v, r.Code, r.Stdout, r.Stderr)
+		}
+	}
+	py := filepath.Join("..", "..", "testdata")
+	numpytest.Run(t, filepath.Join(py, "check_changed.py"), ep, ds, "ok")
+	numpytest.Run(t, filepath.Join(py, "check_format2.py"), ds)
+	r := clip(t, "push", ds, "s3://bkt/ds")
+	oneLine(t, r, 2, "clipshard push: ")
+	if !strings.Contains(r.Stderr, "format 2") || !strings.Contains(r.Stderr, "without --segments") {
+		t.Fatalf("push of format 2: %s", r.Stderr)
+	}
+	// Written as one segment again: version 1 is gone with the rest.
+	if r := convert(filepath.Join(src, "clips.txt")); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	if r := clip(t, "verify", ep); r.Code != 1 || !strings.Contains(r.Stdout, "converted again") {
+		t.Fatalf("verify of epochs whose version was dropped: exit %d: %s", r.Code, r.Stdout)
+	}
+	numpytest.Run(t, filepath.Join(py, "check_changed.py"), ep, ds)
+}

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Appending 1 % of clips to a dataset (just bench-append, #61), side by
+# side in one run, rows interleaved: on the mixed set (docs/bench_gen_mixed.py:
+# motion pickles, whisper @2, w2v 1024-dim, emotion) at 3 sizes, each
+# round times, with the page cache warm:
+#   full      a full convert of the grown list into a new folder
+#   new-only  a convert of the new clips alone into a new folder (the floor)
+#   copy      the same convert line over the old dataset (reuse by copy: format 1)
+#   segments  the same line with --segments over the old dataset (a new segment)
+# and counts the bytes each run wrote (the sizes of the files it made or
+# replaced under its folder). The old dataset is copied into place,
+# untimed, before each run over it. The segmented output is checked
+# against the full one: verify --deep, and shuffle's shards byte-identical.
+# Usage: docs/bench_append.sh [WORKDIR]   (default /tmp/clipshard-bench; needs python3-numpy)
+#   SIZES="200 400 800" (clips), RUNS=3
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. docs/bench_lib.sh
+go build -o "$W/clipshard" ./cmd/clipshard
+B="$W/clipshard"
+RUNS=${RUNS:-3}
+mods=(-m 'motion=motion/{clip}.pkl:exp+pose' -m 'whisper@2=whisper/{clip}.npy' -m 'w2v=w2v/{clip}.npy' -m 'emotion=emotion/{clip}.npy')
+export SOURCE_DATE_EPOCH=1700000000
+
+# written DIR MARK: bytes of the regular files under DIR newer than MARK.
+written() { find "$1" -type f -newer "$2" -printf '%s\n' | awk '{s+=$1} END{print s+0}'; }
+# run LABEL DIR COMMAND...: times COMMAND (which writes DIR), appends "secs bytes" to $W/LABEL.rows.
+run() {
+  local label=$1 dir=$2; shift 2
+  touch "$W/mark"; sleep 0.01
+  local t0 t1
+  t0=$(date +%s%N); "$@" >/dev/null; t1=$(date +%s%N)
+  echo "$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.3f", (b-a)/1e9}') $(written "$dir" "$W/mark")" >> "$W/$label.rows"
+}
+mib() { awk -v b="$1" 'BEGIN{printf "%.1f MiB", b/1048576}'; }
+med() { sort -g | awk '{a[NR]=$1} END{printf "%s", a[int((NR+1)/2)]}'; }
+rng() { sort -g | awk '{a[NR]=$1} END{printf "%s-%s", a[1], a[NR]}'; }
+
+for n in ${SIZES:-200 400 800}; do
+  S="$W/append-$n"
+  [ -f "$S/clips.txt" ] || "$PY" docs/bench_gen_mixed.py "$S" "$n" >/dev/null
+  add=$(( n / 100 > 2 ? n / 100 : 2 ))
+  head -n $(( n - add )) "$S/clips.txt" > "$S/old.txt"
+  tail -n "$add" "$S/clips.txt" > "$S/new.txt"
+  rm -rf "$W/old-$n"
+  "$B" convert --quiet --clips "$S/old.txt" --root "$S" --out "$W/old-$n" "${mods[@]}" >/dev/null
+  rm -f "$W"/{full,new-only,copy,segments}.rows
+  cat "$S"/*/* > /dev/null
+  l0=$(cut -d' ' -f1 /proc/loadavg)
+  for r in $(seq "$RUNS"); do
+    rm -rf "$W/full"; run full "$W/full" "$B" convert --quiet --clips "$S/clips.txt" --root "$S" --out "$W/full" "${mods[@]}"
+    rm -rf "$W/new-only"; run new-only "$W/new-only" "$B" convert --quiet --clips "$S/new.txt" --root "$S" --out "$W/new-only" "${mods[@]}"
+    rm -rf "$W/copy"; cp -a "$W/old-$n" "$W/copy"; sync
+    run copy "$W/copy" "$B" convert --quiet --clips "$S/clips.txt" --root "$S" --out "$W/copy" "${mods[@]}"
+    rm -rf "$W/segments"; cp -a "$W/old-$n" "$W/segments"; sync
+    run segments "$W/segments" "$B" convert --quiet --clips "$S/clips.txt" --root "$S" --out "$W/segments" "${mods[@]}" --segments
+  done
+  newb=$(cut -d' ' -f2 "$W/new-only.rows" | med)
+  newt=$(cut -d' ' -f1 "$W/new-only.rows" | med)
+  echo "mixed set, $n clips ($(du -sh --apparent-size "$W/old-$n" | cut -f1) of float16), $add appended; $RUNS rounds, load average $l0-$(cut -d' ' -f1 /proc/loadavg):"
+  for leg in full new-only copy segments; do
+    t=$(cut -d' ' -f1 "$W/$leg.rows" | med); b=$(cut -d' ' -f2 "$W/$leg.rows" | med)
+    awk -v leg="$leg" -v t="$t" -v tr="$(cut -d' ' -f1 "$W/$leg.rows" | rng)" -v b="$b" -v nb="$newb" -v nt="$newt" \
+      'BEGIN{printf "  %-9s %7.3f s (%s)  wrote %9.1f MiB   %6.2fx the new clips alone'"'"' bytes, %5.2fx their time\n", leg, t, tr, b/1048576, b/nb, t/nt}'
+  done
+  # The segmented version reads as the full convert: verify, and shards.
+  "$B" verify --deep "$W/segments" >/dev/null
+  for d in full segments; do
+    rm -rf "$W/ep-$d"; "$B" shuffle --quiet --dataset "$W/$d" --out "$W/ep-$d" --window 30 --epochs 1 --seed 1 >/dev/null
+  done
+  diff <(cd "$W/ep-full" && find epoch-* -type f -exec sha256sum {} + | sort) <(cd "$W/ep-segments" && find epoch-* -type f -exec sha256sum {} + | sort) >/dev/null \
+    && echo "  segments: verify --deep ok; shuffle's shards == the full convert's (sha256)" || { echo "  SHARDS DIFFER"; exit 1; }
+  rm -rf "$W/full" "$W/new-only" "$W/copy" "$W/segments" "$W/ep-full" "$W/ep-segments" "$W/old-$n"
+  last=$n
+done
+
+# Adding a modality (emotion) to the largest set's dataset of the other three.
+S="$W/append-$last"
+rm -rf "$W/old3"
+"$B" convert --quiet --clips "$S/clips.txt" --root "$S" --out "$W/old3" "${mods[@]:0:6}" >/dev/null
+rm -f "$W"/{emotion-only,copy,segments}.rows
+l0=$(cut -d' ' -f1 /proc/loadavg)
+for r in $(seq "$RUNS"); do
+  rm -rf "$W/emotion-only"; run emotion-only "$W/emotion-only" "$B" convert --quiet --clips "$S/clips.txt" --root "$S" --out "$W/emotion-only" -m 'emotion=emotion/{clip}.npy'
+  rm -rf "$W/copy"; cp -a "$W/old3" "$W/copy"; sync
+  run copy "$W/copy" "$B" convert --quiet --clips "$S/clips.txt" --root "$S" --out "$W/copy" "${mods[@]}"
+  rm -rf "$W/segments"; cp -a "$W/old3" "$W/segments"; sync
+  run segments "$W/segments" "$B" convert --quiet --clips "$S/clips.txt" --root "$S" --out "$W/segments" "${mods[@]}" --segments
+done
+eb=$(cut -d' ' -f2 "$W/emotion-only.rows" | med); et=$(cut -d' ' -f1 "$W/emotion-only.rows" | med)
+echo "mixed set, $last clips: adding emotion to motion, whisper, w2v; $RUNS rounds, load average $l0-$(cut -d' ' -f1 /proc/loadavg):"
+for leg in emotion-only copy segments; do
+  t=$(cut -d' ' -f1 "$W/$leg.rows" | med); b=$(cut -d' ' -f2 "$W/$leg.rows" | med)
+  awk -v leg="$leg" -v t="$t" -v tr="$(cut -d' ' -f1 "$W/$leg.rows" | rng)" -v b="$b" -v nb="$eb" -v nt="$et" \
+    'BEGIN{printf "  %-12s %7.3f s (%s)  wrote %9.1f MiB   %6.2fx the modality alone'"'"'s bytes, %5.2fx its time\n", leg, t, tr, b/1048576, b/nb, t/nt}'
+done
+rm -rf "$W/emotion-only" "$W/copy" "$W/segments" "$W/old3"
