@@ -18,7 +18,15 @@ for spec in "merge1 200" "merge4 800"; do
       -m 'feat=feat/{clip}.npy' -m 'motion=motion/{clip}.pkl:exp+pose' >/dev/null
   done
 done
-# the two merges in turn, a new output each run (rounds, docs/bench_lib.sh)
+# the merges in turn, a new output each run (rounds, docs/bench_lib.sh):
+# copying the blobs, and by reference (--segments: hard links, #61)
 rounds merge1 "$W/merge1-ds" "$W/convert" --quiet --merge "$W/merge1-parts"/part-* --out "$W/merge1-ds" -- \
-  merge4 "$W/merge4-ds" "$W/convert" --quiet --merge "$W/merge4-parts"/part-* --out "$W/merge4-ds"
+  merge1-ref "$W/merge1-ref" "$W/convert" --quiet --merge "$W/merge1-parts"/part-* --out "$W/merge1-ref" --segments -- \
+  merge4 "$W/merge4-ds" "$W/convert" --quiet --merge "$W/merge4-parts"/part-* --out "$W/merge4-ds" -- \
+  merge4-ref "$W/merge4-ref" "$W/convert" --quiet --merge "$W/merge4-parts"/part-* --out "$W/merge4-ref" --segments
 echo "datasets: merge1 $(du -sh --apparent-size "$W/merge1-ds" | cut -f1), merge4 $(du -sh --apparent-size "$W/merge4-ds" | cut -f1)"
+# bytes each merge wrote: its files' sizes but for the hard links (a link
+# keeps the part's mtime: find -newer the parts leaves them out)
+for m in merge1-ds merge1-ref merge4-ds merge4-ref; do
+  echo "  $m wrote $(find "$W/$m" -type f -newer "$W/${m%%-*}-parts/part-0003/dataset.json" -printf '%s\n' | awk '{s+=$1} END{printf "%.1f MiB", s/1048576}')"
+done

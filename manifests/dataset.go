@@ -285,8 +285,8 @@ func (d *Dataset) check(p string) error {
 		return fmt.Errorf("%w: %s: format %q version %d, want %q version 1 or 2", ErrManifest, p, d.Format, d.Version, DatasetFormat)
 	case d.Version == 1 && (d.DatasetVersion > 1 || d.Files.Where != ""):
 		return fmt.Errorf("%w: %s: format 1 with a dataset_version or where.npy (format 2's)", ErrManifest, p)
-	case d.Version == 2 && (d.DatasetVersion < 2 || d.Files.Where == ""):
-		return fmt.Errorf("%w: %s: format 2 needs a dataset_version of 2 or more and files.where", ErrManifest, p)
+	case d.Version == 2 && (d.DatasetVersion < 1 || d.Files.Where == ""):
+		return fmt.Errorf("%w: %s: format 2 needs a dataset_version and files.where", ErrManifest, p)
 	}
 	paths := []string{d.Files.Clips, d.Files.Index, d.Files.Sums}
 	if d.Files.Skipped != "" {

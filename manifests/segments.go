@@ -22,6 +22,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 
 	"github.com/clipshard/clipshard/formats/array"
 	"github.com/clipshard/clipshard/formats/atomicfile"
@@ -344,4 +345,51 @@ func ParseDataset(p string, b []byte) (*Dataset, error) {
 		return nil, err
 	}
 	return &d, nil
+}
+
+// DropPrefix names a version folder being dropped (convert --keep):
+// versions/N is renamed to versions/<DropPrefix>N first, then the files
+// only it listed are removed, then the folder (its dataset.json last).
+const DropPrefix = atomicfile.TempPrefix + "drop-"
+
+// DroppingFiles returns the files that the versions being dropped in dir
+// (versions/<DropPrefix>N, of a convert --keep killed before it
+// finished) list outside the versions folder, and those folders: what
+// is left to remove of them where no kept version lists it.
+func DroppingFiles(dir string) (map[string]bool, []string, error) {
+	entries, err := os.ReadDir(filepath.Join(dir, VersionsDir))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil, nil
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	files := map[string]bool{}
+	var dirs []string
+	for _, e := range entries {
+		num, ok := strings.CutPrefix(e.Name(), DropPrefix)
+		if !ok || !e.IsDir() || !versionName.MatchString(num) {
+			continue
+		}
+		rel := path.Join(VersionsDir, e.Name())
+		dirs = append(dirs, rel)
+		p := filepath.Join(dir, filepath.FromSlash(rel), DatasetFile)
+		b, err := regfile.ReadFile(p, MaxManifest)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // (what it listed was removed already)
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		v, err := ParseDataset(p, b)
+		if err != nil {
+			return nil, nil, err
+		}
+		for f := range v.OwnFiles() {
+			if f != DatasetFile && !strings.HasPrefix(f, VersionsDir+"/") {
+				files[f] = true
+			}
+		}
+	}
+	return files, dirs, nil
 }

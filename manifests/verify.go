@@ -11,6 +11,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -87,10 +88,17 @@ func verifyDataset(dir string, d *Dataset, o VerifyOptions) (*Report, []ClipRow,
 		if want, err = DirFiles(dir, d); err != nil {
 			return nil, nil, fmt.Errorf("%w: %w", ErrManifest, err)
 		}
+		dropping, _, err := DroppingFiles(dir)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%w: %w", ErrManifest, err)
+		}
 		err = WalkRel(dir, func(rel string, e fs.DirEntry) error {
 			switch {
 			case e.IsDir() && (rel == SegmentsDir || rel == VersionsDir || wantsUnder(want, rel)):
 				return nil
+			case e.IsDir() && strings.HasPrefix(path.Base(rel), DropPrefix) && path.Dir(rel) == VersionsDir:
+				r.add(Problem{File: rel + "/", What: "left by a convert --keep killed before it finished (a dropped version's; a re-run of convert removes it)"})
+				return fs.SkipDir
 			case e.IsDir() && Leftover(rel, true):
 				r.add(Problem{File: rel + "/", What: "left by a convert --segments killed before its commit (no version lists it; a re-run of convert removes it)"})
 				return fs.SkipDir
@@ -99,7 +107,11 @@ func verifyDataset(dir string, d *Dataset, o VerifyOptions) (*Report, []ClipRow,
 				return fs.SkipDir
 			}
 			present[rel] = true
-			if !want[rel] && rel != BlockSumsFile && rel != ClaimFile {
+			switch {
+			case want[rel] || rel == BlockSumsFile || rel == ClaimFile:
+			case dropping[rel]:
+				r.add(Problem{File: rel, What: "left by a convert --keep killed before it finished (a dropped version's; a re-run of convert removes it)"})
+			default:
 				r.add(Problem{File: rel, What: "unexpected file (not in dataset.json)"})
 			}
 			return nil

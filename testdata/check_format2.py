@@ -1,26 +1,69 @@
-"""A dataset of format 2 (convert --segments) where the Python reader
-reads format 1 only so far (#61): usage: check_format2.py DATASET
+"""A dataset of format 2 (convert --segments, #61): usage:
+check_format2.py DATASET TWIN
 
-Dataset and Loader(dataset=...) (drawn epochs) each refuse it with one
-ValueError naming the folder, format 2 and the fix (the same convert
-without --segments), before any blob is opened."""
+clipshard.Dataset reads DATASET clip by clip and modality by modality,
+byte-equal to TWIN (a full convert of the same clip list), windows of
+samples too, and again after a pickle round trip; a where.npy that
+points outside its blobs is refused with one ValueError naming it. Drawn
+epochs (Loader(dataset=...)) refuse format 2 with one ValueError naming
+the folder, format 2 and the fix (the same convert without --segments),
+before any blob is opened."""
 import os
+import pickle
+import shutil
 import sys
+import tempfile
+
+import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import clipshard  # noqa: E402
 
-ds = sys.argv[1]
-readers = {
-    "Dataset": lambda: clipshard.Dataset(ds),
-    "Loader(dataset=)": lambda: list(clipshard.Loader(dataset=ds, epochs=[0], window=5, batch_size=4)),
-}
-for name, read in readers.items():
+ds, twin = sys.argv[1], sys.argv[2]
+a, b = clipshard.Dataset(ds), clipshard.Dataset(twin)
+assert a.manifest["version"] == 2 and b.manifest["version"] == 1, (a.manifest["version"], b.manifest["version"])
+assert a.ids == b.ids and (a.index == b.index).all()
+assert any(len(v) > 1 for v in a.segments.values()), "the dataset is one segment: nothing checked"
+
+
+def same(x, y, what):
+    assert x.dtype == y.dtype and x.shape == y.shape and (x.view(np.uint8) == y.view(np.uint8)).all(), what
+
+
+back = pickle.loads(pickle.dumps(a))
+for c in a.ids:
+    x, y, z = a[c], b[c], back[c]
+    assert x.keys() == y.keys()
+    for m in x:
+        same(x[m], y[m], (c, m))
+        same(z[m], y[m], ("pickled", c, m))
+    i = a.row(c)
+    n = int(a.index[i][1])
+    for s in sorted({(0, n), (n // 3, max(0, n - n // 3 - 1)), (max(0, n - 2), min(2, n))}):
+        x, y = a.window((i, s[0], s[1])), b.window((i, s[0], s[1]))
+        for m in x:
+            same(x[m], y[m], ("window", c, s, m))
+
+# A where.npy pointing past a blob's rows.
+with tempfile.TemporaryDirectory() as t:
+    bad = os.path.join(t, "ds")
+    shutil.copytree(ds, bad)
+    wp = os.path.join(bad, a.manifest["files"]["where"])
+    w = np.load(wp)
+    w[len(w) // 2, 0, 1] = 1 << 40
+    np.save(wp, w)
     try:
-        read()
+        clipshard.Dataset(bad)
     except ValueError as e:
-        msg = str(e)
-        assert ds in msg and "format 2" in msg and "without --segments" in msg and "\n" not in msg, (name, msg)
-        continue
-    raise SystemExit("%s: read a format 2 dataset" % name)
-print("ok: format 2 refused (%s)" % ", ".join(readers))
+        assert wp in str(e) and "outside" in str(e) and "\n" not in str(e), e
+    else:
+        raise SystemExit("a where.npy pointing outside its blob was read")
+
+try:
+    list(clipshard.Loader(dataset=ds, epochs=[0], window=5, batch_size=4))
+except ValueError as e:
+    msg = str(e)
+    assert ds in msg and "format 2" in msg and "without --segments" in msg and "\n" not in msg, msg
+else:
+    raise SystemExit("Loader(dataset=): read a format 2 dataset")
+print("ok: format 2 read by Dataset (%d clips, equal to a full convert), refused by drawn epochs" % len(a.ids))

@@ -13,8 +13,9 @@ import (
 // TestEpochsOfKeptVersions (#61): a dataset grown by convert --segments
 // keeps the version its epochs were cut from: verify (plain and --deep)
 // and every Python reader (testdata/check_changed.py) read those epochs
-// through; inspect reads the grown dataset; the Python Dataset and
-// drawn epochs, and push, refuse format 2 naming the fix. The same
+// through; inspect and the Python Dataset read the grown dataset (equal
+// to a full convert's, testdata/check_format2.py); drawn epochs and push
+// refuse format 2 naming the fix. The same
 // convert without --segments writes format 1 again, and the epochs are
 // then refused as cut from a dataset converted again (#60.5).
 func TestEpochsOfKeptVersions(t *testing.T) {
@@ -47,7 +48,12 @@ func TestEpochsOfKeptVersions(t *testing.T) {
 	}
 	py := filepath.Join("..", "..", "testdata")
 	numpytest.Run(t, filepath.Join(py, "check_changed.py"), ep, ds, "ok")
-	numpytest.Run(t, filepath.Join(py, "check_format2.py"), ds)
+	twin := filepath.Join(dir, "twin")
+	if r := clip(t, "convert", "--quiet", "--clips", filepath.Join(src, "clips.txt"), "--root", src, "--out", twin,
+		"-m", "motion=motion/{clip}.pkl:exp+pose", "-m", "whisper@2=whisper/{clip}.npy"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	numpytest.Run(t, filepath.Join(py, "check_format2.py"), ds, twin)
 	r := clip(t, "push", ds, "s3://bkt/ds")
 	oneLine(t, r, 2, "clipshard push: ")
 	if !strings.Contains(r.Stderr, "format 2") || !strings.Contains(r.Stderr, "without --segments") {

@@ -109,18 +109,21 @@ def _json_int(where: str, key: str, v: Any) -> int:
         raise ValueError("%s: dataset.json: %s %r: not an int (%s)" % (where, key, v, e)) from None
 
 
-def dataset_top(where: str, man: Any) -> tuple[dict[str, Any], list[Any], int, int]:
+def dataset_top(where: str, man: Any, formats: Sequence[int] = (1,)) -> tuple[dict[str, Any], list[Any], int, int]:
     """dataset.json's files, modalities, clips and frames (of the dataset
     at where), as convert writes them: an object, a list of at least one
-    modality, two ints."""
+    modality, two ints; of a format version in formats (format 2, a
+    dataset in segments from convert --segments, where the reader reads
+    it)."""
     if not isinstance(man, dict) or man.get("format") != "clipshard.dataset":
         raise ValueError("%s: not a clipshard dataset (dataset.json's format)" % where)
-    if man.get("version") == 2:
+    if man.get("version") == 2 and 2 not in formats:
         raise ValueError("%s: dataset.json is format 2 (a dataset in segments and versions, from convert --segments): this "
-                         "reader reads format 1 so far (epochs cut from it read fine); run the same clipshard convert "
-                         "without --segments to write it as one segment again" % where)
-    if man.get("version") != 1:
-        raise ValueError("%s: dataset.json: format version %r, this reader knows version 1" % (where, man.get("version")))
+                         "reader reads format 1 so far (clipshard.Dataset and epochs cut from it read format 2); run the "
+                         "same clipshard convert without --segments to write it as one segment again" % where)
+    if man.get("version") not in formats or type(man.get("version")) is not int:
+        raise ValueError("%s: dataset.json: format version %r, this reader knows %s" % (
+            where, man.get("version"), " and ".join("version %d" % f for f in formats)))
     for k in ("files", "modalities", "clips", "frames"):
         if k not in man:
             raise ValueError("%s: dataset.json: no %r" % (where, k))

@@ -17,7 +17,10 @@ class Dataset:
 
     ds.ids lists the clip ids in row order (read from clips.txt, without
     pyarrow); ds.index is int64 [N, 2] (start, length in clip frames); a
-    sample's clip row in an epoch (samples[:, 0]) indexes both.
+    sample's clip row in an epoch (samples[:, 0]) indexes both. A dataset
+    in segments (format 2, convert --segments) reads the same: its
+    where.npy (ds.where) says which blob of ds.segments holds each clip's
+    rows.
 
         from clipshard import Dataset
         ds = Dataset("/data/ds")
@@ -31,7 +34,7 @@ class Dataset:
             raise ValueError("%s is an epochs folder (it holds epochs.json), not a dataset (no dataset.json): read it with "
                              "clipshard.Loader or EpochReader, or give Dataset the folder convert wrote" % path)
         man = read_json(os.path.join(path, "dataset.json"))
-        files, mods, clips, frames = dataset_top(path, man)
+        files, mods, clips, frames = dataset_top(path, man, formats=(1, 2))
         self.dir, self.manifest = path, man
         idx = Npy(confined(path, files.get("index"), "files.index"))
         try:
@@ -41,19 +44,52 @@ class Dataset:
             idx.close()
         clip_starts(self.index, frames, idx.path)
         self.modalities: dict[str, Any] = {}  # name -> its entry of dataset.json
-        self.blobs: dict[str, np.ndarray] = {}
+        self.blobs: dict[str, np.ndarray] = {}  # format 1: name -> its one blob
+        self.segments: dict[str, list[np.ndarray]] = {}  # name -> its blobs (format 1: the one)
         self._rate: dict[str, int] = {}  # name -> rows a frame (0: one row a clip)
-        for m in mods:
-            name, per, rate, frame = dataset_modality(path, m, self.modalities)
-            f = Npy(confined(path, m.get("file"), "modality %r file" % name))
+        self._k: dict[str, int] = {}  # name -> its column of where
+        # Format 2 (convert --segments): where[clip, k] = (blob, first row).
+        self.where: Optional[np.ndarray] = None
+        if man["version"] == 2:
+            w = Npy(confined(path, files.get("where"), "files.where"))
             try:
-                f.expect(m.get("dtype"), [clips if per else frames * rate] + frame)
-                if f.offset != m.get("data_offset"):
-                    raise ValueError("%s: data at offset %d, dataset.json says %r" % (f.path, f.offset, m.get("data_offset")))
-                self.blobs[name] = f.memmap()
+                w.expect("<i8", [clips, len(mods), 2])
+                self.where = w.read()
             finally:
-                f.close()
-            self.modalities[name], self._rate[name] = m, rate
+                w.close()
+        for k, m in enumerate(mods):
+            name, per, rate, frame = dataset_modality(path, m, self.modalities)
+            blobs = m.get("blobs") if self.where is not None else [m]
+            if not isinstance(blobs, list) or not blobs or not all(isinstance(b, dict) for b in blobs):
+                raise ValueError("%s: dataset.json: modality %r: blobs %r: not what convert writes" % (path, name, blobs))
+            maps = []
+            for j, b in enumerate(blobs):
+                rows = b.get("rows") if self.where is not None else (clips if per else frames * rate)
+                if type(rows) is not int or rows < 0:
+                    raise ValueError("%s: dataset.json: modality %r blob %d: rows %r" % (path, name, j, rows))
+                f = Npy(confined(path, b.get("file"), "modality %r file" % name))
+                try:
+                    f.expect(m.get("dtype"), [rows] + frame)
+                    if f.offset != b.get("data_offset"):
+                        raise ValueError("%s: data at offset %d, dataset.json says %r" % (f.path, f.offset, b.get("data_offset")))
+                    maps.append(f.memmap())
+                finally:
+                    f.close()
+            if self.where is not None:
+                # Every clip's rows inside the blob where.npy names.
+                b, first = self.where[:, k, 0], self.where[:, k, 1]
+                n = np.ones(clips, np.int64) if per else self.index[:, 1] * rate
+                sizes = np.array([len(x) for x in maps], np.int64)
+                bad = (b < 0) | (b >= len(maps)) | (first < 0)
+                bad |= ~bad & (first > sizes[np.clip(b, 0, len(maps) - 1)] - n)
+                if bad.any():
+                    i = int(np.flatnonzero(bad)[0])
+                    raise ValueError("%s: clip row %d, modality %r: blob %d rows %d.. (%d rows): outside the modality's %d blobs "
+                                     "or that blob's rows" % (w.path, i, name, int(b[i]), int(first[i]), int(n[i]), len(maps)))
+            else:
+                self.blobs[name] = maps[0]
+            self.segments[name] = maps
+            self.modalities[name], self._rate[name], self._k[name] = m, rate, k
         self.ids: Optional[list[str]] = None
         self._row: Optional[dict[str, int]] = None
         ids = files.get("ids")
@@ -95,26 +131,32 @@ class Dataset:
             self._row = {c: i for i, c in enumerate(self.ids)}
         return self._row[clip]
 
-    def _rows(self, name, clip, first, count):
+    def _rows(self, name: str, clip: int, off: int, count: int) -> np.ndarray:
+        """Clip row clip's rows of modality name: frames [off, off+count)
+        of the clip (a per-clip modality: its value)."""
         rate = self._rate[name]
+        if self.where is None:
+            blob, first = self.segments[name][0], int(self.index[clip][0]) * rate if rate else clip
+        else:
+            b, first = (int(x) for x in self.where[clip, self._k[name]])
+            blob = self.segments[name][b]
         if not rate:
-            return self.blobs[name][clip]  # the clip's value, of frame_shape
-        return self.blobs[name][first * rate: (first + count) * rate]
+            return blob[first]  # the clip's value, of frame_shape
+        return blob[first + off * rate: first + (off + count) * rate]
 
     def __getitem__(self, clip: Union[str, int]) -> dict[str, np.ndarray]:
         """The clip's rows of each modality; a per-clip modality (convert's
         NAME@clip=) gives the clip's value (shape frame_shape)."""
         i = self.row(clip)
-        start, length = (int(x) for x in self.index[i])
-        return {name: self._rows(name, i, start, length) for name in self.modalities}
+        length = int(self.index[i][1])
+        return {name: self._rows(name, i, 0, length) for name in self.modalities}
 
     def window(self, sample: Sequence[int]) -> dict[str, np.ndarray]:
         """The dataset rows of an epoch sample (clip row, start, valid):
         what its shard windows hold before the zero padding (a per-clip
         modality: the clip's value)."""
         clip, start, valid = (int(x) for x in sample)
-        c0 = int(self.index[clip][0])
-        return {name: self._rows(name, clip, c0 + start, valid) for name in self.modalities}
+        return {name: self._rows(name, clip, start, valid) for name in self.modalities}
 
 
 def _dataset_again(path: str, manifest: Any) -> Dataset:

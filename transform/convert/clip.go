@@ -279,7 +279,9 @@ func (j *job) convertClip(ctx context.Context, i int, plan *reusePlan) *clipOut 
 		mo.src.Audited, mo.src.Descr, mo.src.Stats = true, mo.sourceDescr, manifests.Stats(mo.stats)
 		out.cost += int64(len(mo.data))
 	}
-	out.journal = out.record(id)
+	if !j.segmented { // (a segmented run is not resumed: no journal records)
+		out.journal = out.record(id)
+	}
 	return out
 }
 

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/clipshard/clipshard/formats/array"
+	"github.com/clipshard/clipshard/formats/atomicfile"
 	"github.com/clipshard/clipshard/formats/npy"
 	"github.com/clipshard/clipshard/manifests"
 )
@@ -34,6 +35,10 @@ type MergeOptions struct {
 	Tool    string
 	// Progress, if set, is called with bytes copied so far.
 	Progress func(Progress)
+	// Segments merges by reference (format 2): each part's blobs become a
+	// segment of the merged dataset, hard-linked (copied only where the
+	// parts are on another filesystem), and only manifests are written.
+	Segments bool
 }
 
 // Merge concatenates the datasets of a partitioned convert, in part order,
@@ -142,7 +147,19 @@ func Merge(ctx context.Context, o MergeOptions) (*Result, error) {
 		}
 		d.Frames += p.Frames
 	}
+	if len(d.Skipped) == 0 {
+		d.Skipped = nil
+	}
 	res := &Result{Dir: out}
+	if o.Segments {
+		if err := mergeByReference(ctx, j, d, names, rows, parts, dirs, o, res); err != nil {
+			return nil, err
+		}
+		res.Dataset = d
+		res.Converted = int(d.Clips)
+		res.Elapsed = time.Since(began)
+		return res, nil
+	}
 	known := map[string]string{}
 	for k, m := range first.Modalities {
 		mm := m
@@ -153,17 +170,8 @@ func Merge(ctx context.Context, o MergeOptions) (*Result, error) {
 			pm := p.Modalities[k]
 			mm.Rows += pm.Rows
 			mm.Size += pm.Rows * rowBytes(pm)
-			for _, s := range strings.Split(pm.SourceDType, ",") {
-				if s != "" && !slices.Contains(descrs, s) {
-					descrs = append(descrs, s)
-				}
-			}
-			ps := p.Stats[m.Name]
-			st.NaN += ps.NaN
-			st.InfIn += ps.InfIn
-			st.Overflow += ps.Overflow
-			st.Underflow += ps.Underflow
-			st.MaxAbs = max(st.MaxAbs, ps.MaxAbs)
+			descrs = addDescrs(descrs, pm.SourceDType)
+			addStats(&st, p.Stats[m.Name])
 		}
 		mm.SourceDType = strings.Join(descrs, ",")
 		d.Stats[m.Name] = st
@@ -322,4 +330,178 @@ func copyHashed(dst *os.File, dstOff int64, src *os.File, srcOff, n int64, h has
 		progress(done)
 	}
 	return nil
+}
+
+// mergeByReference writes the merged dataset d (its clip rows, rows) into
+// j's staging folder as version 1 of format 2: part i's blobs are segment
+// i, hard-linked from the part (copied where the link is refused: another
+// filesystem), and where.npy points each clip at its part's rows; then
+// commits it as Merge does. The parts were verified (their bytes' sha256)
+// before.
+func mergeByReference(ctx context.Context, j *job, d *manifests.Dataset, names []string, rows []manifests.ClipRow, parts []*manifests.Dataset, dirs []string, o MergeOptions, res *Result) error {
+	first := parts[0]
+	d.Version, d.DatasetVersion = 2, 1
+	where := manifests.NewWhere(len(rows), len(names))
+	for k, m := range first.Modalities {
+		mm := m
+		mm.File, mm.DataOffset, mm.Size, mm.SHA256, mm.Rows = "", 0, 0, "", 0
+		mm.Blobs = []manifests.Blob{}
+		var descrs []string
+		st := manifests.Stats{}
+		for _, p := range parts {
+			pm := p.Modalities[k]
+			mm.Rows += pm.Rows
+			descrs = addDescrs(descrs, pm.SourceDType)
+			addStats(&st, p.Stats[m.Name])
+		}
+		mm.SourceDType = strings.Join(descrs, ",")
+		d.Stats[m.Name] = st
+		d.Modalities = append(d.Modalities, mm)
+	}
+	clip := 0
+	for i, p := range parts {
+		blobs := map[string]string{}
+		for _, pm := range p.Modalities {
+			blobs[pm.Name+".npy"] = pm.SHA256
+		}
+		seg := manifests.SegmentID(blobs)
+		sdir := filepath.Join(j.staging, manifests.SegmentsDir, seg)
+		if err := os.MkdirAll(sdir, 0o755); err != nil {
+			return err
+		}
+		for k, pm := range p.Modalities {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			src, dst := filepath.Join(dirs[i], pm.File), filepath.Join(sdir, pm.Name+".npy")
+			linked, err := linkOrCopy(src, dst)
+			if err != nil {
+				return fmt.Errorf("merging %s: %w", src, err)
+			}
+			if !linked {
+				res.BytesOut += pm.Size
+			}
+			d.Modalities[k].Blobs = append(d.Modalities[k].Blobs, manifests.Blob{File: filepath.ToSlash(filepath.Join(manifests.SegmentsDir, seg, pm.Name+".npy")),
+				Rows: pm.Rows, DataOffset: pm.DataOffset, Size: pm.Size, SHA256: pm.SHA256})
+		}
+		for c := int64(0); c < p.Clips; c++ {
+			r := rows[clip]
+			for k := range p.Modalities {
+				pk := &p.Modalities[k]
+				first, _ := pk.ClipRows(int(c), r.Start-rowsBefore(rows, clip, c), r.Length)
+				where.Set(clip, k, i, first)
+			}
+			clip++
+		}
+		if err := atomicfile.Sync(sdir); err != nil {
+			return err
+		}
+	}
+	vdir := filepath.Join(j.staging, filepath.FromSlash(manifests.VersionDir(1)))
+	if err := os.MkdirAll(vdir, 0o755); err != nil {
+		return err
+	}
+	if err := writeSmallManifests(vdir, d, rows, names); err != nil {
+		return err
+	}
+	if err := manifests.WriteWhere(filepath.Join(vdir, manifests.WhereFile), where); err != nil {
+		return err
+	}
+	v := manifests.VersionDir(1)
+	d.Files = manifests.Files{Clips: v + "/" + manifests.ClipsFile, Index: v + "/" + manifests.IndexFile, Sums: v + "/" + manifests.SumsFile,
+		IDs: v + "/" + manifests.IDsFile, Where: v + "/" + manifests.WhereFile}
+	small := []string{manifests.IndexFile, manifests.ClipsFile, manifests.IDsFile, manifests.WhereFile}
+	if len(d.Skipped) > 0 {
+		d.Files.Skipped = v + "/" + manifests.SkippedFile
+		small = append(small, manifests.SkippedFile)
+	}
+	hs, err := hashAndSync(vdir, small, nil, o.Workers)
+	if err != nil {
+		return err
+	}
+	sums := map[string]string{}
+	for n, h := range hs {
+		sums[v+"/"+n] = h
+	}
+	for _, m := range d.Modalities {
+		for _, b := range m.Blobs {
+			sums[b.File] = b.SHA256
+		}
+	}
+	js, err := manifests.MarshalJSON(d)
+	if err != nil {
+		return err
+	}
+	h := sha256.Sum256(js)
+	sums[manifests.VersionFile(1)] = hex.EncodeToString(h[:])
+	if err := manifests.WriteSums(filepath.Join(vdir, manifests.SumsFile), sums); err != nil {
+		return err
+	}
+	if err := atomicfile.WriteFile(filepath.Join(vdir, manifests.DatasetFile), js); err != nil {
+		return err
+	}
+	if err := atomicfile.WriteFile(filepath.Join(j.staging, manifests.DatasetFile), js); err != nil {
+		return err
+	}
+	for _, dir := range []string{vdir, filepath.Dir(vdir), j.staging} {
+		if err := atomicfile.Sync(dir); err != nil {
+			return err
+		}
+	}
+	return j.commit(d)
+}
+
+// rowsBefore returns the frames of the merged clips before clip (the
+// c-th of its part): the part's first clip's merged start.
+func rowsBefore(rows []manifests.ClipRow, clip int, c int64) int64 {
+	return rows[clip-int(c)].Start
+}
+
+// linkOrCopy makes dst the file src: a hard link (no byte written), or,
+// where the filesystem refuses one (the parts on another one), a copy,
+// synced. It reports whether it linked.
+func linkOrCopy(src, dst string) (bool, error) {
+	if err := os.Link(src, dst); err == nil {
+		return true, nil
+	} else if !errors.Is(err, unix.EXDEV) && !errors.Is(err, unix.EPERM) && !errors.Is(err, unix.EMLINK) {
+		return false, err
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return false, err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return false, err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return false, err
+	}
+	if err := out.Sync(); err != nil {
+		out.Close()
+		return false, err
+	}
+	return false, out.Close()
+}
+
+// addStats adds a part's stats of a modality to st.
+func addStats(st *manifests.Stats, ps manifests.Stats) {
+	st.NaN += ps.NaN
+	st.InfIn += ps.InfIn
+	st.Overflow += ps.Overflow
+	st.Underflow += ps.Underflow
+	st.MaxAbs = max(st.MaxAbs, ps.MaxAbs)
+}
+
+// addDescrs adds the source dtypes of a part's source_dtype (comma-
+// separated) not in descrs yet, in order.
+func addDescrs(descrs []string, sourceDType string) []string {
+	for _, s := range strings.Split(sourceDType, ",") {
+		if s != "" && !slices.Contains(descrs, s) {
+			descrs = append(descrs, s)
+		}
+	}
+	return descrs
 }

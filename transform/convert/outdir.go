@@ -111,6 +111,29 @@ func removeStaging(dir string) error {
 	own := map[string]bool{}
 	var extra []string
 	for _, e := range entries {
+		if e.IsDir() && (e.Name() == manifests.SegmentsDir || e.Name() == manifests.VersionsDir) {
+			// A merge by reference's staged segments and version.
+			err := manifests.WalkRel(filepath.Join(dir, e.Name()), func(rel string, f fs.DirEntry) error {
+				full := e.Name() + "/" + rel
+				switch {
+				case f.IsDir() && !strings.Contains(rel, "/") && manifests.Leftover(full, true):
+					own[full+"/"] = true
+				case f.Type().IsRegular() && strings.Count(rel, "/") == 1 && (leftoverFile.MatchString(f.Name()) || strings.HasPrefix(f.Name(), atomicfile.TempPrefix)):
+					own[full] = true
+				default:
+					extra = append(extra, full)
+					if f.IsDir() {
+						return fs.SkipDir
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			own[e.Name()+"/"] = true
+			continue
+		}
 		if e.IsDir() && e.Name() == "version" {
 			// convert --segments' staged version manifests.
 			inner, err := os.ReadDir(filepath.Join(dir, e.Name()))
@@ -163,6 +186,16 @@ func sweepTemp(dir string) error {
 // segments/ and versions/ that no kept version lists, holding plain files
 // of the names convert gives.
 func unlistedOrLeft(out string, own map[string]bool) ([]string, error) {
+	// The files a version being dropped (convert --keep, killed) listed.
+	dropping, _, err := manifests.DroppingFiles(out)
+	if err != nil {
+		return nil, err
+	}
+	for f := range dropping {
+		if st, err := os.Lstat(filepath.Join(out, filepath.FromSlash(f))); err == nil && st.Mode().IsRegular() {
+			own[f] = true
+		}
+	}
 	var left []string
 	extra, err := manifests.Unlisted(out, own, func(rel string, isDir bool) bool {
 		switch {

@@ -43,6 +43,8 @@ type Result struct {
 	// EarlyHashed counts the blobs whose sha256 was computed while they
 	// were written (see predictRows), not read back at the end.
 	EarlyHashed int
+	// Dropped is what --keep dropped (nil without it).
+	Dropped *Dropped
 	// Segment names the segment a convert --segments wrote ("" if no
 	// rows were new: the version is a new manifest only).
 	Segment string
@@ -122,7 +124,13 @@ func Run(ctx context.Context, o Options) (res *Result, err error) {
 	if !o.Force {
 		if d, ok := j.upToDate(); ok {
 			j.removeStale()
-			return &Result{Dir: o.Out, Dataset: d, UpToDate: true, Elapsed: time.Since(began)}, nil
+			res := &Result{Dir: o.Out, Dataset: d, UpToDate: true, Elapsed: time.Since(began)}
+			if o.Keep > 0 {
+				if res.Dropped, err = Keep(j.opts.Out, o.Keep); err != nil {
+					return nil, err
+				}
+			}
+			return res, nil
 		}
 	}
 	if _, err := checkOut(o.Out); err != nil {
@@ -196,6 +204,11 @@ func Run(ctx context.Context, o Options) (res *Result, err error) {
 			return nil, err
 		}
 		faults.Point("convert.committed")
+		if o.Keep > 0 { // (under the lock still)
+			if res.Dropped, err = dropVersions(j.opts.Out, d, o.Keep); err != nil {
+				return nil, fmt.Errorf("version %d is committed, but dropping the older ones failed: %w", d.Number(), err)
+			}
+		}
 		if removeStaging(j.staging) == nil {
 			os.Remove(j.journalPath)
 		}
@@ -307,6 +320,9 @@ func newJob(o Options) (*job, error) {
 	}{clips, o.Modalities, root, o.Align, [4]bool{o.AllowInt, o.AllowNonFinite, o.AllowOverflow, o.SkipBadClips}, trimBound, o.Segments})
 	sum := sha256.Sum256(fp)
 	j.fingerprint = hex.EncodeToString(sum[:])
+	if o.Keep < 0 {
+		return nil, fmt.Errorf("%w: --keep %d: keep at least the current version (1)", ErrUsage, o.Keep)
+	}
 	if o.Parts > 0 && o.Segments {
 		return nil, fmt.Errorf("%w: --segments with --part: a part is converted whole (merge the parts, then grow the merged dataset with --segments)", ErrUsage)
 	}

@@ -302,6 +302,15 @@ func (j *job) moveSegment(seg string, own map[string]bool) error {
 // commit left in out (see unlistedOrLeft); anything else that is not the
 // dataset's is the user's, and is named, not removed.
 func removeLeftovers(out string, d *manifests.Dataset) error {
+	// A drop (convert --keep) killed before it finished: its files first,
+	// in its order (a dropped version's dataset.json last).
+	if _, dirs, err := manifests.DroppingFiles(out); err != nil {
+		return err
+	} else if len(dirs) > 0 {
+		if err := removeDropped(out, d, &Dropped{}); err != nil {
+			return err
+		}
+	}
 	own, err := manifests.DirFiles(out, d)
 	if err != nil {
 		return err

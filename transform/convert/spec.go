@@ -155,6 +155,9 @@ type Options struct {
 	// decodes, as a new segment, and commit a new version in place
 	// (format 2), leaving every earlier version as it is.
 	Segments bool
+	// Keep, if > 0, drops every version of a dataset in segments but the
+	// Keep newest after the run (see Keep).
+	Keep int
 
 	// Part and Parts select part Part (0-based) of Parts contiguous ranges
 	// of the clip list (convert --part I/N); Parts 0 converts everything.

@@ -55,9 +55,15 @@ Flags:
 `
 
 const exitCodes = `
+Growing a dataset (format 2; docs/FORMAT.md, "Segments and versions"):
+  convert ... --segments --out DIR       writes only the change, as a new version
+  convert --keep N --out DIR             drops all versions but the N newest
+
 Partitioned (Slurm or Kubernetes arrays; docs/SCALING.md):
   convert ... --part auto --out parts/part-{part}      one task per part
   convert --merge parts/part-* --out DIR               then merge, in order
+  convert --merge parts/part-* --out DIR --segments    ... by reference: the parts' blobs
+                                                       hard-linked as segments, manifests written
 
 Exit status: 0 done or up to date; 1 bad input or failure (one line on
 stderr names the file, clip and key); 2 usage error.
@@ -148,7 +154,7 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 	fs.StringVar(&memFlag, "mem", "256MiB", "memory for the clips in flight, a `SIZE` such as 256MiB or 1GiB (peak RSS: SIZE + 64 MiB, plus one pickle clip per worker)")
 	fs.StringVar(&checkpointFlag, "checkpoint", "16MiB", "journal finished clips every `SIZE` of output, once their rows are on file (0: every clip, waiting for it); a kill loses about twice that much work")
 	fs.StringVar(&onError, "on-error", "fail", "`fail|skip`: stop at the first bad clip, or skip it (listed in skipped.tsv)")
-	fs.BoolVar(&o.Segments, "segments", false, "over a dataset already in --out: write only what changed (new clips, a new modality, changed sources) as a new segment, and commit it as a new version in place, keeping every earlier version (format 2: read by shuffle, verify and inspect; the Python reader, push and merge read format 1 only so far, and a convert without --segments writes format 1 again)")
+	fs.BoolVar(&o.Segments, "segments", false, "over a dataset already in --out: write only what changed (new clips, a new modality, changed sources) as a new segment, and commit it as a new version in place, keeping every earlier version (format 2: read by shuffle, verify, inspect and the Python Dataset; drawn epochs and push read format 1 only so far, and a convert without --segments writes format 1 again); with --merge, merge the parts by reference (their blobs hard-linked as segments)")
 	fs.BoolVar(&o.Force, "force", false, "rebuild even if the dataset is up to date, decoding every clip (without it, clips whose sources are unchanged are copied from the dataset being replaced)")
 	fs.BoolVar(&quiet, "quiet", false, "no progress on stderr")
 	fs.BoolVar(&jsonOut, "json", false, "print the summary as JSON")
@@ -156,6 +162,7 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 	var partsN int
 	fs.StringVar(&partFlag, "part", "", "convert only part `I/N` (0-based) of the clip list into --out (which may contain {part}); auto: from Slurm or Kubernetes array variables")
 	fs.IntVar(&partsN, "parts", 0, "with --part auto under a Kubernetes Indexed Job: the number of parts")
+	fs.IntVar(&o.Keep, "keep", 0, "`N`: after the run, drop every version of a dataset in segments but the N newest (their manifests, and the blobs no kept version reads); with --out DIR alone, only that")
 	var clean bool
 	fs.BoolVar(&clean, "clean", false, "with --out DIR only: remove what an interrupted or failed run left next to DIR for a resume")
 	fs.Bool("merge", false, "merge the part directories that follow (convert --merge PART_DIR... --out DIR) into one dataset")
@@ -189,8 +196,20 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 		}
 		return 0
 	}
+	if o.Keep != 0 && o.ClipList == "" && len(mods) == 0 && !merging {
+		if o.Out == "" {
+			fmt.Fprintln(stderr, name+": --keep N takes --out DIR (alone, or with a convert's arguments)")
+			return 2
+		}
+		dr, err := convert.Keep(o.Out, o.Keep)
+		if err != nil {
+			return ui.ExitCode(stderr, name, err, convert.ErrUsage)
+		}
+		droppedSummary(stdout, o.Out, dr, jsonOut)
+		return 0
+	}
 	if merging {
-		mo := convert.MergeOptions{Parts: mergeParts, Out: o.Out, Workers: o.Workers, Now: now, Tool: "clipshard convert " + ui.Version()}
+		mo := convert.MergeOptions{Parts: mergeParts, Out: o.Out, Workers: o.Workers, Now: now, Tool: "clipshard convert " + ui.Version(), Segments: o.Segments}
 		return runMerge(name, ctx, mo, quiet, jsonOut, stdout, stderr)
 	}
 	if partFlag != "" {
@@ -298,6 +317,26 @@ func runMerge(name string, ctx context.Context, mo convert.MergeOptions, quiet, 
 	return 0
 }
 
+// droppedSummary says what --keep dropped from the dataset in dir.
+func droppedSummary(w io.Writer, dir string, dr *convert.Dropped, asJSON bool) {
+	if asJSON {
+		if err := ui.WriteJSON(w, map[string]any{"dir": dir, "dropped_versions": dr.Versions, "removed_files": dr.Files, "removed_bytes": dr.Bytes}); err != nil {
+			fmt.Fprintf(os.Stderr, "clipshard convert: %v\n", err)
+		}
+		return
+	}
+	if len(dr.Versions) == 0 {
+		fmt.Fprintf(w, "--keep: no version of %s to drop\n", dir)
+		return
+	}
+	var vs []string
+	for _, v := range dr.Versions {
+		vs = append(vs, strconv.Itoa(v))
+	}
+	fmt.Fprintf(w, "dropped version%s %s of %s: removed %s (%s) that no kept version reads; epochs cut from them are refused from now on\n",
+		map[bool]string{true: "s", false: ""}[len(vs) > 1], strings.Join(vs, ", "), dir, ui.Count(int64(dr.Files), "file"), ui.Bytes(dr.Bytes))
+}
+
 func summary(w io.Writer, r *convert.Result, asJSON bool) {
 	d := r.Dataset
 	if asJSON {
@@ -316,10 +355,16 @@ func summary(w io.Writer, r *convert.Result, asJSON bool) {
 		if d.Segmented() {
 			out["dataset_version"], out["segment"] = d.Number(), r.Segment
 		}
+		if r.Dropped != nil {
+			out["dropped_versions"], out["removed_files"], out["removed_bytes"] = r.Dropped.Versions, r.Dropped.Files, r.Dropped.Bytes
+		}
 		if err := ui.WriteJSON(w, out); err != nil {
 			fmt.Fprintf(os.Stderr, "clipshard convert: %v\n", err)
 		}
 		return
+	}
+	if r.Dropped != nil {
+		defer droppedSummary(w, r.Dir, r.Dropped, false)
 	}
 	if r.UpToDate {
 		fmt.Fprintf(w, "up to date: %s (%s, %s); nothing to do (checked: %s; `verify --deep %s` reads the blobs)\n",
