@@ -95,3 +95,50 @@ for leg in emotion-only copy segments; do
     'BEGIN{printf "  %-12s %7.3f s (%s)  wrote %9.1f MiB   %6.2fx the modality alone'"'"'s bytes, %5.2fx its time\n", leg, t, tr, b/1048576, b/nb, t/nt}'
 done
 rm -rf "$W/emotion-only" "$W/copy" "$W/segments" "$W/old3"
+
+# Readers of a segmented version against its compacted twin (the goal:
+# within 0.95x): the largest set converted from 80 % of its clips, grown
+# in 4 appends of 5 % (5 segments), against a full convert of the list.
+# shuffle in memory and on the external path (--mem 64MiB), and the
+# Python Dataset reading every clip's rows of every modality (a sum of
+# each, so that the pages are read), rows interleaved, 3 rounds.
+S="$W/append-$last"
+n=$(wc -l < "$S/clips.txt")
+rm -rf "$W/seg" "$W/twin"
+for pct in 80 85 90 95 100; do
+  head -n $(( n * pct / 100 )) "$S/clips.txt" > "$S/grow.txt"
+  "$B" convert --quiet --clips "$S/grow.txt" --root "$S" --out "$W/seg" "${mods[@]}" --segments >/dev/null
+done
+"$B" convert --quiet --clips "$S/clips.txt" --root "$S" --out "$W/twin" "${mods[@]}" >/dev/null
+cat > "$W/read_ds.py" <<'PY'
+import sys, time
+import numpy as np
+sys.path.insert(0, sys.argv[2])
+import clipshard
+t0 = time.perf_counter()
+ds = clipshard.Dataset(sys.argv[1])
+s = 0.0
+for i in range(len(ds)):
+    for a in ds[i].values():
+        s += float(np.asarray(a, dtype=np.float32).sum())
+print("%.3f" % (time.perf_counter() - t0))
+PY
+rm -f "$W"/r-*.rows
+l0=$(cut -d' ' -f1 /proc/loadavg)
+for r in $(seq "$RUNS"); do
+  for d in twin seg; do
+    for mem in 2GiB 64MiB; do
+      rm -rf "$W/ep"; t0=$(date +%s%N)
+      "$B" shuffle --quiet --dataset "$W/$d" --out "$W/ep" --window 30 --epochs 1 --seed 1 --mem $mem >/dev/null
+      t1=$(date +%s%N); awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.3f\n", (b-a)/1e9}' >> "$W/r-shuffle-$mem-$d.rows"
+    done
+    "$PY" "$W/read_ds.py" "$W/$d" "$PWD/python" >> "$W/r-dataset-$d.rows"
+  done
+done
+echo "readers, $n clips: a version of 5 segments (4 appends of 5 %) against its compacted twin; $RUNS rounds, load average $l0-$(cut -d' ' -f1 /proc/loadavg):"
+for what in shuffle-2GiB shuffle-64MiB dataset; do
+  a=$(med < "$W/r-$what-twin.rows"); b=$(med < "$W/r-$what-seg.rows")
+  awk -v w="$what" -v a="$a" -v b="$b" -v ra="$(rng < "$W/r-$what-twin.rows")" -v rb="$(rng < "$W/r-$what-seg.rows")" \
+    'BEGIN{printf "  %-14s one segment %.3f s (%s)   5 segments %.3f s (%s)   speed %.2fx\n", w, a, ra, b, rb, a/b}'
+done
+rm -rf "$W/seg" "$W/twin" "$W/ep"

@@ -160,6 +160,28 @@ func HashFile(path string) (string, error) {
 }
 
 // Join joins a manifest-relative path to its directory after checking it.
+// Confined is Join that also refuses a path whose symlinks resolve
+// outside dir (as the Python readers' confined does): a reader never
+// follows a link out of the dataset's folder.
+func Confined(dir, rel string) (string, error) {
+	p, err := Join(dir, rel)
+	if err != nil {
+		return "", err
+	}
+	top, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return "", err
+	}
+	real, err := filepath.EvalSymlinks(p)
+	if err != nil {
+		return p, nil // (missing: the open names it)
+	}
+	if r, err := filepath.Rel(top, real); err != nil || r == ".." || strings.HasPrefix(r, "../") {
+		return "", fmt.Errorf("%w: %s: %s resolves outside the folder (a symbolic link to %s)", ErrPath, dir, rel, real)
+	}
+	return p, nil
+}
+
 func Join(dir, rel string) (string, error) {
 	if err := CheckRelPath(rel); err != nil {
 		return "", err

@@ -124,8 +124,15 @@ func sameClips(t *testing.T, a, b, what string) {
 // external two-pass path) and returns its shard files' bytes.
 func shuffleTree(t *testing.T, dir string, mem int64) map[string][]byte {
 	t.Helper()
+	return shuffleVersion(t, dir, mem, 0)
+}
+
+// shuffleVersion is shuffleTree of version v of the dataset in dir (0:
+// the current one).
+func shuffleVersion(t *testing.T, dir string, mem int64, v int) map[string][]byte {
+	t.Helper()
 	out := filepath.Join(t.TempDir(), "epochs")
-	_, err := shuffle.Run(context.Background(), shuffle.Options{Dataset: dir, Out: out, EpochEnd: 2, Seed: 7, ShardSize: 8, Mem: mem,
+	_, err := shuffle.Run(context.Background(), shuffle.Options{Dataset: dir, Version: v, Out: out, EpochEnd: 2, Seed: 7, ShardSize: 8, Mem: mem,
 		Sampling: manifests.Sampling{Window: 15, Mode: "random", PerClip: 3, Short: "pad"}})
 	if err != nil {
 		t.Fatal(err)
@@ -313,6 +320,14 @@ func TestSegments(t *testing.T) {
 	}
 	clitest.SameTree(t, before, clitest.Tree(t, out), "up to date")
 
+	// Epochs cut now from a kept version (shuffle --version 2) are those
+	// of a full convert of its list; a version never made is refused.
+	clitest.SameTree(t, shuffleTree(t, full(l12, base), 2<<30), shuffleVersion(t, out, 64<<10, 2), "shuffle --version 2")
+	if _, err := shuffle.Run(context.Background(), shuffle.Options{Dataset: out, Version: 9, Out: filepath.Join(t.TempDir(), "e"), EpochEnd: 1,
+		Sampling: manifests.Sampling{Window: 15, Mode: "tile", Short: "pad"}}); err == nil || !strings.Contains(err.Error(), "keeps versions [1 2 3 4 5]") {
+		t.Fatalf("shuffle --version 9: %v", err)
+	}
+
 	// Epochs cut from version 1 still verify (plain and deep): they read
 	// version 1, which is kept.
 	for _, deep := range []bool{false, true} {
@@ -361,7 +376,7 @@ func TestSegmentsKilled(t *testing.T) {
 	makeOld(t, ref)
 	points := faultPoints(t, func(e []string) clitest.Result { return runConvert(t, append(e, env...), args(ref)...) })
 	want := clitest.Tree(t, ref)
-	for _, k := range clitest.Spread(t, len(points), clitest.Exhaustive(len(points), len(points))) {
+	for _, k := range clitest.Spread(t, len(points), clitest.Exhaustive(min(len(points), 12), len(points))) {
 		t.Run(fmt.Sprintf("%d-%s", k, points[k-1]), func(t *testing.T) {
 			parent := t.TempDir()
 			out := filepath.Join(parent, "ds")
@@ -688,4 +703,65 @@ func TestMergeByReference(t *testing.T) {
 		t.Fatal(r.Stderr)
 	}
 	check("grown after the merge")
+}
+
+// TestSegmentsHostile: a dataset in segments with a FIFO where a
+// segment's blob was, or its segments folder replaced by a link to a
+// folder of the user's: verify names the file (never waits on the FIFO),
+// shuffle refuses it, convert --segments refuses to grow it, and nothing
+// is written into the linked folder.
+func TestSegmentsHostile(t *testing.T) {
+	src := copyDemo(t)
+	all := demoIDs(t, src)
+	base := []string{"-m", "whisper@2=whisper/{clip}.npy"}
+	l8, l12 := writeList(t, src, "l8.txt", all[:8]), writeList(t, src, "l12.txt", all)
+	grown := func(t *testing.T) string {
+		out := filepath.Join(t.TempDir(), "ds")
+		for _, l := range []string{l8, l12} {
+			if r := runConvert(t, nil, segArgs(l, out, base, "--segments")...); r.Code != 0 {
+				t.Fatal(r.Stderr)
+			}
+		}
+		return out
+	}
+	refused := func(t *testing.T, out, want string) {
+		t.Helper()
+		rep, err := manifests.VerifyDataset(out, manifests.VerifyOptions{Deep: true})
+		if err == nil && rep.OK() {
+			t.Fatal("verify: ok")
+		}
+		if err == nil && !strings.Contains(fmt.Sprint(rep.Problems), want) {
+			t.Fatalf("verify: %v, want %q named", rep.Problems, want)
+		}
+		if _, err := shuffle.Run(context.Background(), shuffle.Options{Dataset: out, Out: filepath.Join(t.TempDir(), "e"), EpochEnd: 1,
+			Sampling: manifests.Sampling{Window: 15, Mode: "tile", Short: "pad"}}); err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("shuffle: %v, want %q named", err, want)
+		}
+		os.WriteFile(filepath.Join(src, "l13.txt"), []byte(strings.Join(all, "\n")+"\nclip000x\n"), 0o644)
+		r := runConvert(t, nil, segArgs(l8, out, base, "--segments")...)
+		if r.Code == 0 || !strings.Contains(r.Stderr, want) {
+			t.Fatalf("convert --segments: exit %d: %s, want %q named", r.Code, r.Stderr, want)
+		}
+	}
+	t.Run("fifo", func(t *testing.T) {
+		out := grown(t)
+		var blob string
+		for f := range segFiles(t, out) {
+			blob = f
+		}
+		os.Remove(filepath.Join(out, blob))
+		if err := syscall.Mkfifo(filepath.Join(out, blob), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		refused(t, out, filepath.Base(blob))
+	})
+	t.Run("linked segments folder", func(t *testing.T) {
+		out := grown(t)
+		mine := filepath.Join(t.TempDir(), "mine")
+		os.Rename(filepath.Join(out, "segments"), mine)
+		os.Symlink(mine, filepath.Join(out, "segments"))
+		before := clitest.Tree(t, mine)
+		refused(t, out, "segments")
+		clitest.SameTree(t, before, clitest.Tree(t, mine), "the linked folder")
+	})
 }

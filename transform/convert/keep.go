@@ -59,10 +59,12 @@ func Keep(out string, keep int) (*Dropped, error) {
 		return nil, err
 	}
 	defer func() {
-		jf.Close()
+		// (made by the lock, it holds nothing: removed while still locked,
+		// so that no other run locks the name meanwhile)
 		if _, err := os.Stat(j.staging); errors.Is(err, fs.ErrNotExist) {
-			os.Remove(j.journalPath) // (made by the lock, holds nothing)
+			os.Remove(j.journalPath)
 		}
+		jf.Close()
 	}()
 	return dropVersions(out, d, keep)
 }

@@ -54,6 +54,10 @@ func newJob(o Options) (*job, error) {
 		return nil, fmt.Errorf("%w: give --dataset DIR or --source NAME=DIR ..., not both", ErrUsage)
 	case !mixed && o.Dataset == "":
 		return nil, fmt.Errorf("%w: --dataset DIR (or --source NAME=DIR ...) is required", ErrUsage)
+	case mixed && o.Version != 0:
+		return nil, fmt.Errorf("%w: --version N cuts epochs from one --dataset's kept version, not from --source datasets", ErrUsage)
+	case o.Version < 0:
+		return nil, fmt.Errorf("%w: --version %d: want a version number (1 or more; 0: the current one)", ErrUsage, o.Version)
 	case !mixed && (len(o.Mix.Ranges) > 0 || o.Mix.EpochSamples != 0):
 		return nil, fmt.Errorf("%w: --weights and --epoch-samples mix --source datasets; with one --dataset, give it as --source NAME=DIR", ErrUsage)
 	}

@@ -24,6 +24,10 @@ var ErrUsage = errors.New("shuffle: usage")
 // Options configure Run.
 type Options struct {
 	Dataset string // dataset directory (convert --out)
+	// Version, if > 0, cuts the epochs from that version of Dataset (a
+	// dataset grown by convert --segments keeps its earlier versions):
+	// versions/N/dataset.json, whose sha256 the epochs record.
+	Version int
 	// Sources, instead of Dataset, mixes several datasets into each
 	// epoch by Mix (epochs format version 3).
 	Sources    []Source

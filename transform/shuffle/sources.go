@@ -4,6 +4,8 @@
 package shuffle
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -95,6 +97,16 @@ func (j *job) addSource(name, dir string) error {
 	if err != nil {
 		return err
 	}
+	if n := j.o.Version; n > 0 && n != ds.Number() {
+		// A kept version (convert --segments): its manifest, by its bytes.
+		v, raw, err := manifests.LoadVersion(dir, n)
+		if err != nil {
+			kept, _ := manifests.KeptVersions(dir)
+			return fmt.Errorf("%w: --version %d: %s keeps versions %v (current: %d): %w", ErrUsage, n, dir, kept, ds.Number(), err)
+		}
+		h := sha256.Sum256(raw)
+		ds, sha = v, hex.EncodeToString(h[:])
+	}
 	starts, lengths, err := manifests.ReadIndex(filepath.Join(dir, ds.Files.Index))
 	if err != nil {
 		return err
@@ -138,12 +150,20 @@ func (j *job) addSource(name, dir string) error {
 		}
 		if ds.Segmented() {
 			for _, b := range m.BlobList() {
-				if err := checkSegmentBlob(mi, srcFile{path: filepath.Join(dir, b.File), dataOffset: b.DataOffset, rows: b.Rows}); err != nil {
+				p, err := manifests.Confined(dir, b.File)
+				if err != nil {
+					return err
+				}
+				if err := checkSegmentBlob(mi, srcFile{path: p, dataOffset: b.DataOffset, rows: b.Rows}); err != nil {
 					return err
 				}
 			}
 		} else {
-			f := srcFile{path: filepath.Join(dir, m.File), dataOffset: m.DataOffset, rows: m.Rows}
+			p, err := manifests.Confined(dir, m.File)
+			if err != nil {
+				return err
+			}
+			f := srcFile{path: p, dataOffset: m.DataOffset, rows: m.Rows}
 			if err := checkBlob(ds, starts, lengths, mi, f); err != nil {
 				return err
 			}

@@ -98,6 +98,7 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 	})
 	fs.Int64Var(&o.Mix.EpochSamples, "epoch-samples", 0, "samples of each mixed epoch (default: the sources' own counts added up)")
 	fs.StringVar(&o.Dataset, "dataset", "", "dataset directory written by convert")
+	fs.IntVar(&o.Version, "version", 0, "`N`: cut the epochs from version N of a dataset grown by convert --segments (a kept one; default: the current one)")
 	fs.StringVar(&o.Out, "out", "", "epochs directory to write")
 	fs.IntVar(&epochs, "epochs", 0, "write epochs 0..N-1")
 	fs.StringVar(&epochRange, "epoch-range", "", "write epochs `A:B` (A..B-1)")
