@@ -138,7 +138,7 @@ class Dataset:
         if self.where is None:
             blob, first = self.segments[name][0], int(self.index[clip][0]) * rate if rate else clip
         else:
-            b, first = (int(x) for x in self.where[clip, self._k[name]])
+            b, first = self.where[clip, self._k[name]].tolist()
             blob = self.segments[name][b]
         if not rate:
             return blob[first]  # the clip's value, of frame_shape
