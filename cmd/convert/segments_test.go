@@ -375,7 +375,7 @@ func TestSegmentsKilled(t *testing.T) {
 	makeOld(t, ref)
 	points := faultPoints(t, func(e []string) clitest.Result { return runConvert(t, append(e, env...), args(ref)...) })
 	want := clitest.Tree(t, ref)
-	for _, k := range clitest.Spread(t, len(points), clitest.Exhaustive(min(len(points), 12), len(points))) {
+	for _, k := range clitest.Spread(t, len(points), clitest.Exhaustive(min(len(points), 6), len(points))) {
 		t.Run(fmt.Sprintf("%d-%s", k, points[k-1]), func(t *testing.T) {
 			parent := t.TempDir()
 			out := filepath.Join(parent, "ds")
