@@ -409,10 +409,10 @@ func TestSegmentsKilled(t *testing.T) {
 	}
 }
 
-// TestSegmentsLeftoverNotOurs: a folder under segments/ that no version
-// lists but that holds a file convert does not write (a user's) is
-// named and left, never removed; with it moved away the run completes.
-func TestSegmentsLeftoverNotOurs(t *testing.T) {
+// whisperOf8 converts the whisper of the demo's first 8 clips: the demo's
+// copy, its ids, the modality's arguments and the dataset.
+func whisperOf8(t *testing.T) (string, []string, []string, string) {
+	t.Helper()
 	src := copyDemo(t)
 	all := demoIDs(t, src)
 	base := []string{"-m", "whisper@2=whisper/{clip}.npy"}
@@ -420,6 +420,14 @@ func TestSegmentsLeftoverNotOurs(t *testing.T) {
 	if r := runConvert(t, nil, segArgs(writeList(t, src, "l8.txt", all[:8]), out, base)...); r.Code != 0 {
 		t.Fatal(r.Stderr)
 	}
+	return src, all, base, out
+}
+
+// TestSegmentsLeftoverNotOurs: a folder under segments/ that no version
+// lists but that holds a file convert does not write (a user's) is
+// named and left, never removed; with it moved away the run completes.
+func TestSegmentsLeftoverNotOurs(t *testing.T) {
+	src, all, base, out := whisperOf8(t)
 	odd := filepath.Join(out, "segments", "0123456789abcdef")
 	os.MkdirAll(filepath.Join(odd, "notes"), 0o755)
 	os.WriteFile(filepath.Join(odd, "notes", "mine.txt"), []byte("mine"), 0o644)
@@ -443,13 +451,7 @@ func TestSegmentsLeftoverNotOurs(t *testing.T) {
 // is refused, exit 1, naming the blob and the way out, and changes
 // nothing.
 func TestSegmentsDamagedRefused(t *testing.T) {
-	src := copyDemo(t)
-	all := demoIDs(t, src)
-	base := []string{"-m", "whisper@2=whisper/{clip}.npy"}
-	out := filepath.Join(t.TempDir(), "ds")
-	if r := runConvert(t, nil, segArgs(writeList(t, src, "l8.txt", all[:8]), out, base)...); r.Code != 0 {
-		t.Fatal(r.Stderr)
-	}
+	src, all, base, out := whisperOf8(t)
 	l12 := writeList(t, src, "l12.txt", all)
 	if r := runConvert(t, nil, segArgs(l12, out, base, "--segments")...); r.Code != 0 {
 		t.Fatal(r.Stderr)

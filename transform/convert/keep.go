@@ -51,9 +51,7 @@ func Keep(out string, keep int) (*Dropped, error) {
 		return nil, fmt.Errorf("%w: --keep: %w", ErrUsage, err)
 	}
 	j := &job{opts: Options{Out: out}}
-	parent, base := filepath.Split(out)
-	j.staging = filepath.Join(parent, ".clipshard-partial-"+base)
-	j.journalPath = j.staging + ".journal"
+	j.stageBeside(out)
 	jf, err := j.lockJournal()
 	if err != nil {
 		return nil, err

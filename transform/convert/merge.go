@@ -106,9 +106,7 @@ func Merge(ctx context.Context, o MergeOptions) (*Result, error) {
 		return nil, err
 	}
 	j := &job{opts: Options{Out: out}}
-	parent, base := filepath.Split(out)
-	j.staging = filepath.Join(parent, ".clipshard-partial-"+base)
-	j.journalPath = j.staging + ".journal"
+	j.stageBeside(out)
 	jf, err := j.lockJournal()
 	if err != nil {
 		return nil, err

@@ -297,9 +297,7 @@ func newJob(o Options) (*job, error) {
 	// the rest for the clips in flight (see pipeline).
 	j := &job{opts: o, clips: clips, root: root, blobMem: BlobMemory(o.Budget, len(o.Modalities)),
 		streamMin: max(minStreamBytes, clipMemory(o.Budget)/int64(4*o.Workers))}
-	parent, base := filepath.Split(out)
-	j.staging = filepath.Join(parent, ".clipshard-partial-"+base)
-	j.journalPath = j.staging + ".journal"
+	j.stageBeside(out)
 	// The fingerprint covers everything that decides the output bytes.
 	if o.MaxTrim == 0 {
 		o.MaxTrim = DefaultMaxTrim
@@ -424,9 +422,8 @@ func Clean(out string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	parent, base := filepath.Split(out)
-	j := &job{opts: Options{Out: out}, staging: filepath.Join(parent, ".clipshard-partial-"+base)}
-	j.journalPath = j.staging + ".journal"
+	j := &job{opts: Options{Out: out}}
+	j.stageBeside(out)
 	_, e1 := os.Stat(j.staging)
 	_, e2 := os.Stat(j.journalPath)
 	if e1 != nil && e2 != nil {
@@ -441,6 +438,13 @@ func Clean(out string) (bool, error) {
 		return false, err
 	}
 	return true, os.Remove(j.journalPath)
+}
+
+// stageBeside names j's staging folder and journal, beside out.
+func (j *job) stageBeside(out string) {
+	parent, base := filepath.Split(out)
+	j.staging = filepath.Join(parent, ".clipshard-partial-"+base)
+	j.journalPath = j.staging + ".journal"
 }
 
 // lockJournal opens the journal (made if need be) with an exclusive lock
