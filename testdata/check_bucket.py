@@ -33,12 +33,13 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import clipshard  # noqa: E402
-from clipshard import _remote  # noqa: E402
+from clipshard import _bucket, _cache, _remote  # noqa: E402
 
 edir, url, root = sys.argv[1], sys.argv[2], sys.argv[3]
 man = clipshard.load_epochs(edir)
 epochs = [e["epoch"] for e in man["epochs"]]
-group = clipshard.EpochReader(edir, epochs[0])._group_disk_bytes()  # a shard group's files on disk, with their marks
+_r = clipshard.EpochReader(edir, epochs[0])
+group = clipshard._shards.group_disk_bytes(_r.shards, _r.expect)  # a shard group's files on disk, with their marks
 n_cache = [0]
 
 
@@ -149,7 +150,7 @@ checks += 1
 # If-Match. read_all reads again until its bytes are of the version whose
 # ETag it returns; always so: a ValueError naming the object; bytes whose
 # recorded sha256 is wrong for good (damaged where stored): returned.
-rb = _remote.Bucket(url + "-race")
+rb = _bucket.Bucket(url + "-race")
 real = rb._client.get()
 
 
@@ -233,7 +234,7 @@ rank, R, url, c, limit = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.ar
 r = clipshard.EpochReader(url, %d, rank=rank, world_size=R, batch_size=3, cache_dir=c, cache_limit=limit)
 for b in r:
     pass
-print(json.dumps({"bytes": r._remote.fetched}))
+print(json.dumps({"bytes": r.files.remote.fetched}))
 ''' % (os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"), e)
 ratios = []
 for R in (2, 4):
@@ -272,7 +273,7 @@ checks += 2
 # about 1 start in 160: CI runs 160; 16 by default).
 for trial in range(20 if EXHAUSTIVE else 2):
     c = cache_dir()
-    code = "import sys; sys.path.insert(0, %r); from clipshard import _remote; _remote.Cache(%r, 1 << 30)" % (
+    code = "import sys; sys.path.insert(0, %r); from clipshard import _cache; _cache.Cache(%r, 1 << 30)" % (
         os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"), c)
     ps = [subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True) for _ in range(8)]
     for p in ps:
@@ -281,7 +282,7 @@ for trial in range(20 if EXHAUSTIVE else 2):
 checks += 1
 
 # A BLOCKSUMS that is not what push writes: refused, naming it.
-b = _remote.Bucket(url)
+b = _bucket.Bucket(url)
 rel = "epoch-%04d/BLOCKSUMS" % e
 size, etag = b.head(rel)
 good = b.range(rel, 0, size, etag)
@@ -307,7 +308,7 @@ bad_ones = {
 }
 for what, blob in bad_ones.items():
     try:
-        _remote.BlockSums(blob, "s3://x/" + rel)
+        _bucket.BlockSums(blob, "s3://x/" + rel)
         raise SystemExit("a BLOCKSUMS with %s was taken" % what)
     except ValueError as err:
         assert ("s3://x/" + rel + ": ") in str(err), (what, err)
@@ -326,7 +327,7 @@ for _ in range(500):
         else:
             blob[i:i] = blob[i: i + int(rng.integers(1, 64))]
     try:
-        _remote.BlockSums(bytes(blob), "s3://x/" + rel)
+        _bucket.BlockSums(bytes(blob), "s3://x/" + rel)
     except ValueError as err:
         assert ("s3://x/" + rel + ": ") in str(err), err
 # In the bucket: one that records another sha256 for a file than
@@ -351,34 +352,34 @@ rm = _remote.Remote(url, cache_dir(), limit)
 files0 = man["epochs"][0]["shards"][0]["files"]
 sums = rm.block_sums(files0["samples"])
 K = sums.block
-step = max(1, _remote.PIECE // K) * K
+step = max(1, _bucket.PIECE // K) * K
 for rel in files0.values():
     size = sums.files[rel][0]
     for lo, hi in ((0, None), (5, max(6, size - 3)), (K + 1, None)):
         if lo >= size:
             continue
-        got = list(rm._pieces([(rel, lo, hi)]))
+        got = list(rm.ahead._pieces([(rel, lo, hi)]))
         end = size if hi is None else min(hi, size)
         assert got[0][1] == lo and (got[-1][2] or size) == end, (rel, lo, hi, got)
         for (r1, a1, b1), (r2, a2, b2) in zip(got, got[1:]):
             assert r1 == r2 == rel and b1 == a2 and a2 % K == 0, got
         assert all((b or size) - a <= step and (b or size) > a for _, a, b in got), got
         checks += 1
-    assert list(rm._pieces([(rel, 0, -1)])) == [(rel, 0, -1)]
+    assert list(rm.ahead._pieces([(rel, 0, -1)])) == [(rel, 0, -1)]
 # The ledger: written in place, a torn one is not trusted (a walk).
-with open(os.path.join(rm.cache.path, _remote.LEDGER), "wb") as f:
+with open(os.path.join(rm.cache.path, _cache.LEDGER), "wb") as f:
     f.write(b"x" * 200)  # (torn, and longer than one: cut to its size)
 rm.cache.record(12345, walk=False)
-assert os.path.getsize(os.path.join(rm.cache.path, _remote.LEDGER)) == _remote.LEDGER_BYTES
+assert os.path.getsize(os.path.join(rm.cache.path, _cache.LEDGER)) == _cache.LEDGER_BYTES
 assert rm.cache.counted() is None  # (walked 0: never)
 rm.cache.record(12345)
 assert rm.cache.counted() == 12345
-with open(os.path.join(rm.cache.path, _remote.LEDGER), "r+b") as f:
+with open(os.path.join(rm.cache.path, _cache.LEDGER), "r+b") as f:
     f.write(b'{"usage": 1\0\0')  # (damaged)
 assert rm.cache.counted() is None
 # A symlink or a FIFO planted as the ledger: never followed, opened for
 # long or written; the cache refused, naming it.
-led = os.path.join(rm.cache.path, _remote.LEDGER)
+led = os.path.join(rm.cache.path, _cache.LEDGER)
 outside = os.path.join(root, "users-own-file")
 with open(outside, "wb") as f:
     f.write(b"mine")

@@ -33,11 +33,11 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import clipshard  # noqa: E402
-from clipshard import _remote  # noqa: E402
+from clipshard import _bucket, _cache  # noqa: E402
 
 url, work = sys.argv[1], sys.argv[2]
 ro_dir, full_dir = (sys.argv[3], sys.argv[4]) if len(sys.argv) > 4 else (None, None)
-man, _ = _remote.Bucket(url).read_all("epochs.json")
+man, _ = _bucket.Bucket(url).read_all("epochs.json")
 KEY = hashlib.sha256(url.encode() + b"\0" + man).hexdigest()[:32]
 checks = 0
 
@@ -116,7 +116,7 @@ mine = os.path.join(work, "users-own")
 files = users_folder(mine)
 c = os.path.join(work, "linked-entry")
 os.makedirs(c)
-with open(os.path.join(c, _remote.MARK), "w") as f:
+with open(os.path.join(c, _cache.MARK), "w") as f:
     f.write("clipshard cache\n")
 os.symlink(mine, os.path.join(c, KEY))
 refused("a symlinked entry", c, os.path.join(c, KEY), "symbolic link")
@@ -152,9 +152,9 @@ checks += 1
 # -- FIFOs -----------------------------------------------------------------
 
 shard = sorted(n for n in os.listdir(os.path.join(fresh(), KEY, "epoch-0000")) if n.endswith(".samples.npy"))[0]
-for rel in (_remote.MARK, os.path.join(KEY, "epochs.json"), os.path.join(KEY, "SHA256SUMS"), os.path.join(KEY, ".boot"),
+for rel in (_cache.MARK, os.path.join(KEY, "epochs.json"), os.path.join(KEY, "SHA256SUMS"), os.path.join(KEY, ".boot"),
             os.path.join(KEY, "epoch-0000", shard), os.path.join(KEY, "epoch-0000", shard + ".have"),
-            os.path.join(KEY, "epoch-0000", shard + ".lock"), _remote.LEDGER):
+            os.path.join(KEY, "epoch-0000", shard + ".lock"), _cache.LEDGER):
     c = fresh()
     p = os.path.join(c, rel)
     if rel.endswith((".npy", ".have", ".lock")):
@@ -167,7 +167,7 @@ for rel in (_remote.MARK, os.path.join(KEY, "epochs.json"), os.path.join(KEY, "S
     if os.path.lexists(p):
         os.unlink(p)
     os.mkfifo(p)
-    if rel == _remote.LEDGER:
+    if rel == _cache.LEDGER:
         # (the ledger is read only when room is made: a limit the cache is
         # over makes the reader walk and write it)
         limit = 64 << 10
@@ -177,7 +177,7 @@ for rel in (_remote.MARK, os.path.join(KEY, "epochs.json"), os.path.join(KEY, "S
             assert p in str(e) or "cache_limit" in str(e), e
         signal.alarm(20)
         try:
-            _remote.Cache(c, "1GiB").record(1)
+            _cache.Cache(c, "1GiB").record(1)
             raise SystemExit("a FIFO ledger was written")
         except ValueError as e:
             assert p in str(e) and "FIFO" in str(e), e

@@ -52,6 +52,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 from clipshard import Dataset, Loader  # noqa: E402
 from clipshard.draw import Drawn, DrawnReader  # noqa: E402
+from clipshard._cut import Cutter  # noqa: E402
 
 DEMO, A, B, C, OTHER = sys.argv[1:6]
 M64 = (1 << 64) - 1
@@ -325,7 +326,7 @@ for dirs, opts in (CASES[0], CASES[2], CASES[4], CASES[6], ([DEMO], dict(window=
     m, f = src.maps[name], src.files[name]
     for first in (len(m), -1):
         try:
-            DrawnReader._gather_index(f, m, np.array([first]), np.array([1]), 1)
+            Cutter._gather_index(f, m, np.array([first]), np.array([1]), 1)
             raise AssertionError("row %d of %d gathered" % (first, len(m)))
         except ValueError as e:
             assert f.path in str(e) and "disagree" in str(e), str(e)
@@ -538,11 +539,11 @@ plan.close()
 # streamed file in its own order): every row the rank's windows of the
 # group read, nothing else; in two parts (two threads), the same.
 if hasattr(os, "posix_fadvise"):
-    import clipshard.draw as _draw
+    import clipshard._groupreads as _reads
     asked = []
-    real_advise, real_cached = os.posix_fadvise, _draw._cached
+    real_advise, real_cached = os.posix_fadvise, _reads._cached
     os.posix_fadvise = lambda fd, off, n, adv: asked.append((fd, off, n))
-    _draw._cached = lambda fd, off, n: False  # (the demo set is in the page cache: ask anyway)
+    _reads._cached = lambda fd, off, n: False  # (the demo set is in the page cache: ask anyway)
     try:
         for dirs, opts in (CASES[0], CASES[2], CASES[4], CASES[5]):
             plan, _ = plan_of(dirs, opts)
@@ -551,13 +552,13 @@ if hasattr(os, "posix_fadvise"):
                     rd = DrawnReader(plan, 1, batch_size=3, world_size=R, rank=r)
                     o = plan.order(1)
                     pos = rd.positions()
-                    for gid in rd._needs()[1].tolist():
+                    for gid in rd.reads._needs()[1].tolist():
                         del asked[:]
                         for part in range(2):
-                            rd._fetch(gid, part, 2)
+                            rd.reads._fetch(gid, part, 2)
                         halves = sorted(asked)
                         del asked[:]
-                        rd._fetch(gid)
+                        rd.reads._fetch(gid)
                         assert halves == sorted(asked), "group %d: its two parts ask other ranges than it whole" % gid
                         s_, _ = o.groups[gid]
                         src = plan.sources[s_]
@@ -594,28 +595,28 @@ if hasattr(os, "posix_fadvise"):
         src = plan.sources[0]
         streamed = [src.files[rec["name"]].fd for rec in src.mods if not rec["held"]]
         assert len(streamed) > 1, "the case streams one modality"
-        _draw._cached = lambda fd, off, n: fd == streamed[0]
-        for gid in rd._needs()[1].tolist():
+        _reads._cached = lambda fd, off, n: fd == streamed[0]
+        for gid in rd.reads._needs()[1].tolist():
             del asked[:]
-            rd._fetch(gid)
+            rd.reads._fetch(gid)
             fds = {fd for fd, _, _ in asked}
             assert fds == set(streamed[1:]), ("group %d: asked of %s, the uncached modalities are %s" % (gid, fds, streamed[1:]))
             checked["advised"] += 1
         plan.close()
     finally:
-        os.posix_fadvise, _draw._cached = real_advise, real_cached
+        os.posix_fadvise, _reads._cached = real_advise, real_cached
     assert checked["advised"] > 20, checked
 
 # The groups a batch needs are asked for before the groups read ahead
 # (asked beside them, they share the disk with them: the first batch of a
 # cold epoch waits for both).
-import clipshard.draw as _draw  # noqa: E402
+import clipshard._cut as _cut  # noqa: E402
 # _distinct (np.unique without numpy 2.3+'s import of numpy.ma in a first
 # batch): np.unique's answer, empty, one, repeated, negative, int32/int64
 _rng = np.random.default_rng(5)
 for _a in [np.zeros(0, np.int64), np.array([7]), np.array([3, 3, 3], np.int32), _rng.integers(-5, 5, 50),
            _rng.integers(0, 1 << 40, 300)]:
-    _d = _draw._distinct(_a)
+    _d = _cut._distinct(_a)
     assert _d.dtype == _a.dtype and np.array_equal(_d, np.unique(_a)), (_a, _d)
 plan, _ = plan_of(*CASES[2])
 rd = DrawnReader(plan, 1, batch_size=3)
@@ -630,14 +631,14 @@ def fetch_logged(gid, part=0, parts=1, _lock=threading.Lock()):
         events.append(("end", gid))
 
 
-rd._fetch = fetch_logged
-rd._probe = lambda gid: ([], False, None)  # (every group cold: a warm one a batch needs is not handed to the pool)
-grp, seq, first = rd._needs()
+rd.reads._fetch = fetch_logged
+rd.reads._probe = lambda gid: ([], False, None)  # (every group cold: a warm one a batch needs is not handed to the pool)
+grp, seq, first = rd.reads._needs()
 assert len(seq) >= 3, "the case has %d groups" % len(seq)
 for g in range(rd.batches_left()):
     del events[:]
     rd.prepare(g)
-    while not all(f.done() for fs in rd._groups.values() for f in fs):
+    while not all(f.done() for fs in rd.reads._groups.values() for f in fs):
         time.sleep(0.005)
     need = set(np.unique(grp[g * 3: (g + 1) * 3]).tolist())
     ends = [i for i, (what, x) in enumerate(events) if what == "end" and x in need]

@@ -64,7 +64,7 @@ for rank in (0, 1):
     c = os.path.join(root, "egress%d" % rank)
     L = loader(url, rank, 2, [0], cache=c)
     digest(L)
-    fetched += sum(s.remote.fetched for s in L._drawn.sources)
+    fetched += sum(s.remote.fetched for s in L.drawn.sources)
     L.close()
 ratio = fetched / blobs
 assert 0.5 < ratio <= 1.3, ("egress", fetched, blobs, ratio)  # (256 KiB blocks fetched in 64 KiB BLOCKSUMS blocks: ~1.24x)
@@ -91,7 +91,7 @@ L = loader(url, 0, 1, [0], B=5, cache=os.path.join(root, "node0"))
 L.load_state_dict(st)
 for b in L:
     seen += [tuple(x) for x in b["samples"].tolist()]
-o = L._drawn.order(0)
+o = L.drawn.order(0)
 assert len(set(seen)) == len(seen) and o.samples - len(seen) < 5, (len(seen), o.samples)
 
 # torch (when installed): EpochDataset(dataset=s3://...) pickled into

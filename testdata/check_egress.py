@@ -49,7 +49,7 @@ import clipshard
 rank, R, B, url, cache, limit, kind = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], int(sys.argv[6]), sys.argv[7]
 if kind == "reader":
     r = clipshard.EpochReader(url, %d, rank=rank, world_size=R, batch_size=B, cache_dir=cache, cache_limit=limit)
-    batches, remote = r, r._remote
+    batches, remote = r, r.files.remote
 else:
     r = clipshard.Loader(url, %d, rank=rank, world_size=R, batch_size=B, cache_dir=cache, cache_limit=limit)
     batches, remote = r, r._remote
@@ -112,7 +112,8 @@ def least_limit(cache):
     raise SystemExit("a cache_limit of 1 byte was taken")
 
 
-group = clipshard.EpochReader(edir, e)._group_disk_bytes()
+_r = clipshard.EpochReader(edir, e)
+group = clipshard._shards.group_disk_bytes(_r.shards, _r.expect)
 # One group more than the least a reader takes (a cache a node: the ranks
 # sharing one get as many times that): far below the epoch, so the caches
 # evict.

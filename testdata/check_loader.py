@@ -86,7 +86,7 @@ for i, (R, B) in enumerate(((1, 4), (3, 5), (2, 7))):
                     assert len(got) == n, (len(got), n)
                     held.append((e, got))
                 assert ld.epoch is None and list(ld) == []
-                assert all(len(p) <= prefetch + 2 for p in ld._pool.values()), ld._pool
+                assert all(len(p) <= prefetch + 2 for p in ld.assembly.pool.values()), ld.assembly.pool
                 for e, got in held:
                     ref = list(EpochReader(edir, e, rank=r, world_size=R, batch_size=B, remainder=remainder, read=True))
                     assert len(got) == len(ref), (e, len(got), len(ref))
@@ -118,7 +118,7 @@ for kw in (dict(replay_seed=5), dict(replay_seed=5, mix_shards=2, mix_seed=3)):
 # batch's: the other modalities' buffers are reused.
 ld = Loader(edir, on_disk[0], batch_size=2, prefetch=1)
 kept = [b["samples"] for b in ld]
-assert len(kept) > 6 and all(len(p) <= 3 for n, p in ld._pool.items() if n != "samples"), {n: len(p) for n, p in ld._pool.items()}
+assert len(kept) > 6 and all(len(p) <= 3 for n, p in ld.assembly.pool.items() if n != "samples"), {n: len(p) for n, p in ld.assembly.pool.items()}
 same(np.concatenate(kept), order(on_disk[0])[: 2 * len(kept)], "samples kept")
 ld.close()
 

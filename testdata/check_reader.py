@@ -143,7 +143,7 @@ for ep in man["epochs"]:
         wins = np.concatenate([x[man["modalities"][0]["name"]] for x in mixed])[:n]
         assert not np.array_equal(m, p) or n <= 2
         for lo in range(0, len(plain.shards), K):
-            a0, a1 = plain._starts[lo], plain._starts[min(lo + K, len(plain.shards))]
+            a0, a1 = plain.order.starts[lo], plain.order.starts[min(lo + K, len(plain.shards))]
             assert sorted(map(tuple, m[a0:a1])) == sorted(map(tuple, p[a0:a1])), ("mix block", K, lo)
         # Each mixed sample's window is its own.
         key = {tuple(s): i for i, s in enumerate(want["samples"]) if man["sampling"] == "tile"}
@@ -155,8 +155,8 @@ for ep in man["epochs"]:
 
     # The read-ahead: every data byte of the rank's batches, once, in order
     # (as if nothing were cached: what is cached is not asked for, below).
-    real, real_cached = os.posix_fadvise, clipshard.epochs.cached
-    clipshard.epochs.cached = lambda fd, off, n: False
+    real, real_cached = os.posix_fadvise, clipshard._shards.cached
+    clipshard._shards.cached = lambda fd, off, n: False
     for R, B, prefetch in ((1, 3, 1), (2, 4, 2), (3, 5, 3)):
         if n < B * R:
             continue  # (no batch: refused, above)
@@ -174,14 +174,14 @@ for ep in man["epochs"]:
                 for g, _ in enumerate(rd.batches(0, 1)):
                     lo = g * B * R + r * B
                     for k, sh in enumerate(rd.shards):
-                        a, b = max(lo, rd._starts[k]), min(lo + B, rd._starts[k + 1])
+                        a, b = max(lo, rd.order.starts[k]), min(lo + B, rd.order.starts[k + 1])
                         if a < b:
                             for name in rd.names:
-                                path = os.path.realpath(rd._path(k, name))
+                                path = os.path.realpath(rd.files.path(k, name))
                                 f = clipshard._files.Npy(path)
                                 off, row = f.offset, f.row
                                 f.close()
-                                rows.setdefault(path, []).append((off + (a - rd._starts[k]) * row, off + (b - rd._starts[k]) * row))
+                                rows.setdefault(path, []).append((off + (a - rd.order.starts[k]) * row, off + (b - rd.order.starts[k]) * row))
             finally:
                 os.posix_fadvise = real
             for path, spans in rows.items():
@@ -204,7 +204,7 @@ for ep in man["epochs"]:
     # are cached but not its middle would be faulted a page at a time
     # under MADV_RANDOM): every range is asked for, cached or not.
     probes = []
-    clipshard.epochs.cached = lambda fd, off, n: probes.append((fd, off, n)) or True
+    clipshard._shards.cached = lambda fd, off, n: probes.append((fd, off, n)) or True
     asked = {}
     os.posix_fadvise = lambda fd, off, ln, advice: asked.setdefault(fd, []).append((off, ln))
     try:
@@ -217,29 +217,29 @@ for ep in man["epochs"]:
     # cached is not asked for; after a miss the next PROBE_BACKOFF ranges
     # are asked for unprobed, then probing starts again.
     rd = EpochReader(edir, e, batch_size=3, prefetch=1)
-    fd = next(iter(rd._shard(0).values())).fd
+    fd = next(iter(rd.files.shard(0).values())).fd
     answers = []
-    clipshard.epochs.cached = lambda fd, off, n: probes.append(off) or answers.pop(0)
+    clipshard._shards.cached = lambda fd, off, n: probes.append(off) or answers.pop(0)
     asked = {}
     os.posix_fadvise = lambda fd, off, ln, advice: asked.setdefault(fd, []).append((off, ln))
     try:
         answers[:] = [True]
-        rd._advise_one(fd, 4096, 4100, probe=True)
+        rd.files.advise_one(fd, 4096, 4100, probe=True)
         assert probes == [4096] and not asked, ("a cached range asked for", probes, asked)
         answers[:] = [False]
-        rd._advise_one(fd, 4096, 4100, probe=True)
+        rd.files.advise_one(fd, 4096, 4100, probe=True)
         assert len(probes) == 2 and len(asked[fd]) == 1, (probes, asked)
-        for i in range(clipshard.epochs.PROBE_BACKOFF):
-            rd._advise_one(fd, 8192 + i, 8193 + i, probe=True)
-        assert len(probes) == 2 and len(asked[fd]) == 1 + clipshard.epochs.PROBE_BACKOFF, ("probed within the back-off", probes)
+        for i in range(clipshard._shards.PROBE_BACKOFF):
+            rd.files.advise_one(fd, 8192 + i, 8193 + i, probe=True)
+        assert len(probes) == 2 and len(asked[fd]) == 1 + clipshard._shards.PROBE_BACKOFF, ("probed within the back-off", probes)
         answers[:] = [True]
-        rd._advise_one(fd, 4096, 4100, probe=True)
+        rd.files.advise_one(fd, 4096, 4100, probe=True)
         assert len(probes) == 3 and not answers, ("no probe after the back-off", probes)
-        rd._advise_one(fd, 4096, 4100)  # probe=False: asked, not probed
-        assert len(probes) == 3 and len(asked[fd]) == 2 + clipshard.epochs.PROBE_BACKOFF
+        rd.files.advise_one(fd, 4096, 4100)  # probe=False: asked, not probed
+        assert len(probes) == 3 and len(asked[fd]) == 2 + clipshard._shards.PROBE_BACKOFF
     finally:
         os.posix_fadvise = real
-        clipshard.epochs.cached = real_cached
+        clipshard._shards.cached = real_cached
         rd.close()
     # The probe itself reads a byte at the range's middle and at its first
     # and last whole pages, not at its ends: a range whose end pages a

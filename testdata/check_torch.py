@@ -189,20 +189,24 @@ if StatefulDataLoader is not None:
 # trainer's threads keep torch's count: this one, and one made after.
 import threading  # noqa: E402
 
-from clipshard.torch import Loader as TLoader  # noqa: E402
+import clipshard.torch as _ct  # noqa: E402
 
 seen = {}
 
 
-class Seen(TLoader):
-    def _cast(self, name, dst, src):
-        super()._cast(name, dst, src)
+class SeenDevice(_ct.TorchDevice):
+    def cast(self, name, dst, src):
+        super().cast(name, dst, src)
         seen.setdefault(threading.current_thread().name, set()).add(torch.get_num_threads())
 
 
 before = torch.get_num_threads()
-for b in Seen(edir, epoch, batch_size=3, dtype=torch.float32, threads=2):
-    pass
+_ct.TorchDevice, _real_device = SeenDevice, _ct.TorchDevice  # (the device stage the Loader makes)
+try:
+    for b in _ct.Loader(edir, epoch, batch_size=3, dtype=torch.float32, threads=2):
+        pass
+finally:
+    _ct.TorchDevice = _real_device
 readers = {k: v for k, v in seen.items() if k.startswith("clipshard-read")}
 assert readers, seen
 if before > 1 and "OpenMP" in torch.__config__.parallel_info().split("parallel backend:")[-1]:

@@ -26,7 +26,7 @@ one of:
 
 A twentieth of the cases change a BLOCKSUMS file instead (made here, as
 FORMAT.md says push makes it, of DATASET_DIR's blobs), which the bucket
-reader's parser (clipshard._remote.BlockSums) must take or refuse with a
+reader's parser (clipshard._bucket.BlockSums) must take or refuse with a
 ValueError naming it. A tenth change a Loader's state_dict (saved after
 its first batch; a value replaced, a key dropped, ...) and load it into a
 new Loader, which must read on or raise ValueError.
@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-from clipshard import Dataset, EpochReader, Loader, _remote, load_epochs  # noqa: E402
+from clipshard import Dataset, EpochReader, Loader, _bucket, load_epochs  # noqa: E402
 
 TIMEOUT = float(os.environ.get("FUZZ_TIMEOUT", "20"))
 _torch: Any = None
@@ -339,7 +339,7 @@ def blocksums_case(rng, ds):
         nb = nl.replace(b"\n", b"") + b"\n" + digests
     else:
         nb, what = mutate_bytes(rng, b, len(b), anywhere=True)
-    return "BLOCKSUMS: " + what, functools.partial(_remote.BlockSums, nb, "BLOCKSUMS of the case")
+    return "BLOCKSUMS: " + what, functools.partial(_bucket.BlockSums, nb, "BLOCKSUMS of the case")
 
 
 def fail(k, what, msg, seen):

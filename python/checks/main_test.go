@@ -281,3 +281,26 @@ func TestReaderPinsEpoch(t *testing.T) {
 	}
 	t.Logf("%s", got)
 }
+
+// TestReaderLimits (#63): no file of python/clipshard above 500 lines, no
+// class above 250, no function above 80 (testdata/check_limits.py). The
+// checker itself is checked: a file with a function of 82 lines and a
+// class of 252 fails, naming both.
+func TestReaderLimits(t *testing.T) {
+	py := numpytest.Python(t)
+	script := filepath.Join("..", "..", "testdata", "check_limits.py")
+	out, err := exec.Command(py, script, filepath.Join("..", "clipshard")).CombinedOutput()
+	if err != nil {
+		t.Fatalf("python/clipshard is over its limits: %v\n%s", err, out)
+	}
+	bad := t.TempDir()
+	long := "def f():\n" + strings.Repeat("    x = 1\n", 81) + "\n\nclass C:\n" + strings.Repeat("    y = 1\n", 251)
+	if err := os.WriteFile(filepath.Join(bad, "long.py"), []byte(long), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err = exec.Command(py, script, bad).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "def long.f: 82 lines, over the limit 80") ||
+		!strings.Contains(string(out), "class long.C: 252 lines, over the limit 250") {
+		t.Fatalf("check_limits.py passed a function of 82 lines or a class of 252: %v\n%s", err, out)
+	}
+}

@@ -79,7 +79,7 @@ class EpochDataset(torch.utils.data.IterableDataset):
         self.reader = EpochReader(**self.args)  # checks the arguments now
         # The epoch's version is pinned here, in the process that made the
         # dataset: its DataLoader workers read that one or raise.
-        self.reader._pinned()
+        self.reader.files.pinned()
 
     def __len__(self) -> int:
         return len(self.reader)
@@ -87,7 +87,7 @@ class EpochDataset(torch.utils.data.IterableDataset):
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         if self.drawn is not None:
             return self._drawn_iter()
-        r = EpochReader(**self.args, _manifest=self.reader.manifest, _pin=self.reader._pin)
+        r = EpochReader(**self.args, _manifest=self.reader.manifest, _pin=self.reader.files.pin)
         first = None
         st = self.state
         if st is not None and "worker" in st:
@@ -230,60 +230,74 @@ class Loader(_loader.Loader):
         self.pin_memory = cuda if pin_memory is None else bool(pin_memory)
         if self.pin_memory:
             torch.empty(1, pin_memory=True)  # no CUDA driver: the error is raised here, not at the first batch
-        self._tdtype = dtype
-        self._stream = torch.cuda.Stream(self.device) if cuda else None
+        stream = torch.cuda.Stream(self.device) if cuda else None
         # On a device the cast is done there: the host keeps the shards' dtype.
-        super().__init__(edir, epochs, rank=rank, world_size=world_size, dtype=None if cuda else dtype, **kw)
+        super().__init__(edir, epochs, rank=rank, world_size=world_size, dtype=None if cuda else dtype,
+                         _device=TorchDevice(self.device, dtype, self.pin_memory, stream), **kw)
         if self._casting and self.threads >= 2:
             # The OpenMP runtime's lookup (parallel_info, /proc/self/maps:
             # 2-3 ms) made now, not by the read threads' first casts: the
             # first batch of float32, warm, waited 14-22 ms, 9-12 after.
             _omp_set_num_threads()
 
-    def _cast_to(self, src: np.dtype, dtype: Any, name: str) -> Any:
+
+class TorchDevice(_loader.HostDevice):
+    """The device stage of clipshard.torch.Loader: batches as torch
+    tensors; host buffers pinned (pin_memory); floating modalities cast
+    by torch in the read threads, or, on a CUDA device, copied there with
+    non_blocking=True on a side stream (stream) and cast there (half the
+    bytes over PCIe), the consumer's stream made to wait for the copy."""
+
+    def __init__(self, device: Optional[torch.device], dtype: Optional[torch.dtype], pin_memory: bool,
+                 stream: Any) -> None:
+        self.device, self.dtype, self.pin_memory, self.stream = device, dtype, pin_memory, stream
+        self.types: dict[str, torch.dtype] = {}  # name -> the tensor dtype a batch's array is viewed as
+
+    def __str__(self) -> str:
+        return "TorchDevice(%s, %s%s)" % (self.device or "host", self.dtype, ", pinned" if self.pin_memory else "")
+
+    def out_dtype(self, src: np.dtype, dtype: Any) -> np.dtype:
         if dtype is None or src.kind != "f":
             return src
         # numpy has no bfloat16: the buffer holds its bytes as int16 (torch
         # 1.x takes no uint16 array).
         return np.dtype(_NUMPY.get(dtype, "<i2"))
 
-    def _alloc(self, nbytes: int) -> Any:
+    def bind(self, src: dict[str, np.dtype], casting: list[str]) -> None:
+        self.types = {n: self.dtype if n in casting else _tensor_type(d) for n, d in src.items()}  # type: ignore[misc]
+
+    def alloc(self, nbytes: int) -> Any:
         if not self.pin_memory:
-            return super()._alloc(nbytes)
+            return super().alloc(nbytes)
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
 
-    def _out_type(self, name: str) -> torch.dtype:
-        if name in self._casting:
-            return self._tdtype  # type: ignore[return-value]
-        return _tensor_type(self._src[name][0])
-
-    def _cast(self, name: str, dst: np.ndarray, src: np.ndarray) -> None:
+    def cast(self, name: str, dst: np.ndarray, src: np.ndarray) -> None:
         if not getattr(_here, "serial", False):
             _serial_here()
-        torch.from_numpy(dst).view(self._out_type(name)).copy_(torch.from_numpy(src))
+        torch.from_numpy(dst).view(self.types[name]).copy_(torch.from_numpy(src))
 
-    def _finish(self, arrays: dict[str, np.ndarray]) -> Any:
-        out = {n: torch.from_numpy(a).view(self._out_type(n)) for n, a in arrays.items()}
-        if self._stream is None:
+    def finish(self, arrays: dict[str, np.ndarray]) -> Any:
+        out = {n: torch.from_numpy(a).view(self.types[n]) for n, a in arrays.items()}
+        if self.stream is None:
             if self.device is not None:
                 out = {n: t.to(self.device) for n, t in out.items()}
             return out
-        with torch.cuda.stream(self._stream):
+        with torch.cuda.stream(self.stream):
             dev = {}
             for n, t in out.items():
                 d = t.to(self.device, non_blocking=True)
-                if self._tdtype is not None and t.dtype.is_floating_point and t.dtype != self._tdtype:
-                    d = d.to(self._tdtype)
+                if self.dtype is not None and t.dtype.is_floating_point and t.dtype != self.dtype:
+                    d = d.to(self.dtype)
                 dev[n] = d
             done = torch.cuda.Event()
-            done.record(self._stream)
+            done.record(self.stream)
         # The thread waits for the copy, so the host buffer is free once
         # the batch is handed out (and the consumer never waits for it).
         done.synchronize()
         return dev
 
-    def _wrap(self, arrays: Any) -> Any:
-        if self._stream is not None:
+    def wrap(self, arrays: Any) -> Any:
+        if self.stream is not None:
             now = torch.cuda.current_stream(self.device)
             for t in arrays.values():
                 t.record_stream(now)  # allocated on the side stream, used on this one

@@ -1,0 +1,212 @@
+"""The source stage of epochs drawn at read time: a dataset read by
+blocks (Source: dataset.json, index.npy and every blob's header checked,
+the small modalities held in memory and checked against SHA256SUMS, the
+streamed blobs' fds kept, or mapped, for the block reads), on disk or in
+a bucket through a node-local cache entry.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import TYPE_CHECKING, Any, Mapping
+
+import numpy as np
+
+from . import _remote
+from ._files import MAX_MANIFEST, Npy, clip_starts, confined, dataset_modality, dataset_top, open_regular, pread_all
+
+if TYPE_CHECKING:
+    from .draw import Drawn
+
+__all__ = ["Source"]
+
+READ = 8 << 20  # bytes of the widest modality a block holds at most with block="auto"
+MIN_READ = 256 << 10  # and at least (a read the disk, the network or the bucket does well)
+CLIPS = 2048  # blocks a group holds with block="auto", within those bounds
+
+
+class Source:
+    """A dataset read by blocks: checked (dataset.json, index.npy, every
+    blob's header), its small modalities held in memory (checked against
+    SHA256SUMS), its fds kept for the block reads. A bucket's (s3://) is
+    read through a node-local cache entry."""
+
+    def __init__(self, i: int, name: str, where: str, plan: "Drawn") -> None:
+        self.i, self.name, self.url = i, name, where
+        self.remote: Any = None
+        path = where
+        if _remote.is_url(where):
+            self.remote = _remote.Remote(where, plan.cache_dir, plan.cache_limit, manifest="dataset.json")
+            path = self.remote.root
+        elif plan.cache_dir is not None or plan.cache_limit is not None:
+            raise ValueError("%s: cache_dir and cache_limit are for a bucket (s3://...); a folder is read as it is" % where)
+        self.dir = path
+        if not os.path.lexists(os.path.join(path, "dataset.json")) and os.path.lexists(os.path.join(path, "epochs.json")):
+            raise ValueError("%s is an epochs folder (it holds epochs.json), not a dataset: give Loader(edir) the epochs "
+                             "folder, or Loader(dataset=...) the folder convert wrote" % where)
+        raw = self._bytes("dataset.json")
+        self.sha = hashlib.sha256(raw).hexdigest()
+        try:
+            man = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:
+            raise ValueError("%s: dataset.json: not JSON: %s" % (where, e)) from None
+        files, mods, clips, frames = dataset_top(where, man)
+        self.clips, self.frames = clips, frames
+        if self.remote is not None:
+            self._room(files, mods)
+        self.sums = self._sums(files.get("sha256sums"))
+        rel = files.get("index")
+        idx = self._open(rel, "files.index")
+        try:
+            idx.expect("<i8", [clips, 2])
+            index = self._whole(idx, str(rel))
+        finally:
+            idx.close()
+        self.starts, self.lengths = clip_starts(index, frames, idx.path)
+        # The modalities: (name, dtype, frame shape, rate, per_clip), each
+        # blob's header checked; the small ones read whole.
+        self.mods: list[dict[str, Any]] = []
+        self.files: dict[str, Npy] = {}
+        self.held: dict[str, np.ndarray] = {}  # name -> rows (and a zero row past the end)
+        self.maps: dict[str, np.ndarray] = {}  # name -> a streamed blob's rows mapped, uint8 [rows, row bytes] (read=False)
+        hold = plan.hold
+        try:
+            for m in mods:
+                name, per, rate, frame = dataset_modality(where, m, self.files, ("samples",))
+                try:
+                    dtype = np.dtype(m.get("dtype"))
+                except (TypeError, ValueError) as e:
+                    raise ValueError("%s: dataset.json: modality %r: dtype: %s" % (where, name, e)) from None
+                rows = clips if per else frames * rate
+                f = self._open(m.get("file"), "modality %r file" % name)
+                self.files[name] = f
+                f.expect(m.get("dtype"), [rows] + frame)
+                if f.offset != m.get("data_offset"):
+                    raise ValueError("%s: data at offset %d, dataset.json says %r" % (f.path, f.offset, m.get("data_offset")))
+                if dtype.byteorder == ">":
+                    raise ValueError("%s: dtype %s: big-endian (convert writes little-endian)" % (f.path, dtype.str))
+                rec = dict(name=name, dtype=dtype.str, frame=tuple(frame), rate=rate, per_clip=per, file=m.get("file"),
+                           row=f.row, frame_bytes=f.row * max(rate, 1))
+                rec["held"] = per or f.size - f.offset <= hold
+                if not per and f.row == 0:
+                    raise ValueError("%s: modality %r: frame shape %s holds no values (windows of nothing; not a file "
+                                     "convert wrote)" % (f.path, name, frame))
+                self.mods.append(rec)
+            if all(r["per_clip"] for r in self.mods):
+                raise ValueError("%s: every modality is per clip: no frames to cut windows from" % where)
+            for rec in self.mods:
+                f = self.files[rec["name"]]
+                if rec["held"]:
+                    a = self._whole(f, rec["file"])
+                    self.held[rec["name"]] = np.concatenate([a, np.zeros((1,) + a.shape[1:], dtype=a.dtype)])
+        except BaseException:
+            self.close()
+            raise
+        self.block_frames, self.group_blocks = self._geometry(plan, frames)
+        self.blocks = -(-frames // self.block_frames) if frames else 0
+
+    def _geometry(self, plan: "Drawn", frames: int) -> tuple[int, int]:
+        """(frames per block, blocks per group) (FORMAT.md)."""
+        streamed = [r["frame_bytes"] for r in self.mods if not r["held"]]
+        if not streamed:
+            return max(1, frames), 1  # everything held: one block
+        per_frame, widest = sum(streamed), max(streamed)
+        group_frames = plan.buffer // 2 // per_frame
+        if plan.block is None:  # "auto": many blocks a group, reads of at most READ bytes, a window at least
+            bf = max(plan.window, min(-(-READ // widest), max(-(-MIN_READ // widest), group_frames // CLIPS)))
+        else:
+            bf = -(-plan.block // widest)
+        bf = max(1, bf)
+        return bf, plan.group if plan.group else max(1, group_frames // bf)
+
+    # -- checked reading of the dataset's files ----------------------------
+
+    def _room(self, files: Mapping[str, Any], mods: list[Any]) -> None:
+        """A bucket's dataset: its files are kept in the cache while epochs
+        are drawn (published as read: never evicted), so the cache must
+        hold them all."""
+        rels = [r for r in (files.get("index"), files.get("ids")) if isinstance(r, str)]
+        rels += [str(m["file"]) for m in mods if isinstance(m, dict) and isinstance(m.get("file"), str)]
+        for r in rels:
+            confined(self.dir, r, "file")
+        need = self.remote.manifest_bytes + sum(_remote.blocks(self.remote.listing.object(r)[0]) for r in rels)
+        if self.remote.cache.limit < need:
+            raise ValueError("cache_limit %d bytes cannot hold %s's files (%d bytes with the manifests): epochs drawn from a "
+                             "bucket keep the dataset's blocks in the node-local cache as they are read (none is evicted "
+                             "while epochs are drawn): give cache_limit >= %d" % (self.remote.cache.limit, self.url, need, need))
+        self.remote.at(rels, [])
+
+    def _bytes(self, rel: str) -> bytes:
+        if self.remote is not None:
+            self.remote.ensure(rel)
+        p = confined(self.dir, rel, rel)
+        fd, st = open_regular(p)
+        try:
+            if st.st_size > MAX_MANIFEST:
+                raise ValueError("%s: %d bytes, more than a manifest may have" % (p, st.st_size))
+            return pread_all(fd, st.st_size, 0, p)
+        finally:
+            os.close(fd)
+
+    def _sums(self, rel: Any) -> dict[str, str]:
+        if not rel:
+            return {}
+        out = {}
+        for line in self._bytes(rel).decode("utf-8", "replace").splitlines():
+            h, _, n = line.partition("  ")
+            if len(h) == 64 and n:
+                out[n] = h
+        return out
+
+    def _open(self, rel: Any, what: str) -> Npy:
+        p = confined(self.dir, rel, what)
+        if self.remote is not None:
+            self.remote.ensure_head(rel)
+        return Npy(p)
+
+    def _whole(self, f: Npy, rel: str) -> np.ndarray:
+        """f's whole array, read once (a bucket's: fetched, checked), and
+        checked against SHA256SUMS when the dataset lists it."""
+        if self.remote is not None:
+            self.remote.ensure_range(rel, 0, None)
+        b = pread_all(f.fd, f.size, 0, f.path)
+        if len(b) != f.size:
+            raise ValueError("%s: shorter than when it was checked" % f.path)
+        want = self.sums.get(rel)
+        if want is not None and hashlib.sha256(b).hexdigest() != want:
+            raise ValueError("%s: sha256 %s, the dataset's SHA256SUMS says %s (changed since convert wrote it)" % (
+                f.path, hashlib.sha256(b).hexdigest(), want))
+        return np.frombuffer(b, dtype=f.dtype, offset=f.offset).reshape(f.shape)
+
+    def streamed_bytes(self) -> int:
+        """Bytes of the blobs a drawn epoch reads (not held)."""
+        return sum(self.files[r["name"]].size for r in self.mods if not r["held"])
+
+    def map_streamed(self, strict: bool) -> None:
+        """The streamed blobs' rows mapped (read=False). A blob the file
+        system cannot map (some FUSE and network mounts: ENODEV) is read a
+        pread a window instead, or with strict (read=False given) raises,
+        naming it."""
+        for rec in self.mods:
+            if not rec["held"] and rec["name"] not in self.maps:
+                f = self.files[rec["name"]]
+                try:
+                    # (through the fd checked: the file checked is the file mapped)
+                    m = f.memmap()
+                except OSError as e:  # (named: Npy.memmap)
+                    if strict:
+                        raise ValueError("%s; read=False was given" % e.strerror) from None
+                    continue
+                self.maps[rec["name"]] = m.view(np.uint8).reshape(f.shape[0], f.row)
+
+    def signature(self) -> list[Any]:
+        return [(r["name"], r["dtype"], list(r["frame"]), r["rate"], r["per_clip"]) for r in self.mods]
+
+    def close(self) -> None:
+        self.maps = {}  # (unmapped when the last batch being filled lets go of them)
+        for f in self.files.values():
+            f.close()
+        self.files = {}
+        if self.remote is not None:
+            self.remote.close()
