@@ -38,9 +38,9 @@ fixtures:
     {{python}} testdata/demo/gen.py
     {{python}} testdata/convert/gen.py
 
-# Go benchmarks of the decoders, the byte-order kernels and the float16 kernels, numpy's astype beside them, in 3 rounds (docs/bench_go.sh).
-bench:
-    CLIPSHARD_PYTHON={{python}} docs/bench_go.sh
+# A benchmark by NAME (bench/run: `just bench` lists them), side by side with its peers and the floor, rows interleaved; docs/BENCHMARKS.md has the current figures: just bench train, just bench s3 /tmp/w, ...
+bench NAME="" *ARGS:
+    bench/run {{NAME}} {{ARGS}}
 
 # The README's demo (its first command, exactly as written there).
 demo:
@@ -50,63 +50,7 @@ demo:
 build:
     go build -v -o bin/ ./cmd/...
 
-# convert vs cat vs a numpy script on generated sets (docs/BENCHMARKS.md).
-bench-convert:
-    docs/bench_convert.sh
-
-# Incremental convert vs a full rebuild, warm and cold page cache (docs/BENCHMARKS.md).
-bench-incremental:
-    docs/bench_incremental.sh
-
-# Appending 1 % of clips: convert --segments vs the same line without it, a full convert, and the new clips alone (docs/BENCHMARKS.md).
-bench-append:
-    docs/bench_append.sh
-
-# external shuffle vs cp, and the training-read simulation (docs/BENCHMARKS.md).
-bench-shuffle:
-    docs/bench_shuffle.sh
-
 # Merge the parts of a partitioned convert and check the result (docs/SCALING.md).
 merge PARTS DATASET:
     go run ./cmd/clipshard convert --merge {{PARTS}}/part-* --out {{DATASET}}
     go run ./cmd/clipshard verify {{DATASET}}
-
-# Merge peak RSS on a dataset and on one 4x larger (docs/BENCHMARKS.md).
-bench-merge:
-    docs/bench_merge.sh
-
-# The trainer's loop: clipshard's loader vs EpochDataset, naive per-clip and preload+gather, warm, cold, capped, over sshfs (docs/BENCHMARKS.md).
-bench-train:
-    docs/bench_train.sh
-
-# Shuffle time and peak RSS of a 3-source mix against one dataset of the same bytes, in memory and external (docs/BENCHMARKS.md).
-bench-mix:
-    docs/bench_mix.sh
-
-# Epochs drawn at read time against materialised ones: speed warm and cold, and the quality of the orders (docs/BENCHMARKS.md).
-bench-drawn:
-    docs/bench_drawn.sh
-
-# clipshard against LitData, Mosaic Streaming and WebDataset: prepare, read, resume, shuffle quality (docs/BENCHMARKS.md).
-bench-peers:
-    docs/bench_peers.sh
-
-# Cold read per rank (R = 1, 2, 8) against format 1's per-rank files, and the shuffle-quality table (docs/BENCHMARKS.md).
-bench-read:
-    docs/bench_read.sh
-
-# The Go S3 clients side by side on versitygw over loopback: minio-go v7 (clipshard's) and aws-sdk-go-v2 (docs/BENCHMARKS.md).
-bench-s3-clients:
-    docs/bench_s3_clients.sh
-
-# clipshard push before and after a change (BENCH_OLD, default HEAD~1), against a plain boto3 multipart upload, on versitygw over loopback (docs/bench_push.sh).
-bench-push:
-    docs/bench_push.sh
-
-# Epochs in a bucket on versitygw over loopback: the floor (boto3 ranged GETs), the Loader cold and warm, a 20 ms step's wait, push against a plain multipart upload; then (as root) the floors and the cold Loader behind links of 2, 4 and 6 Gbit/s and an unshaped one (docs/bench_link.sh; docs/BENCHMARKS.md).
-bench-s3:
-    if [ "$(id -u)" = 0 ]; then BENCH_LINKS="${BENCH_LINKS:-2gbit 4gbit 6gbit none}" docs/bench_s3.sh; else docs/bench_s3.sh; fi
-
-# Peak RSS of convert and both shuffle paths at --mem 64 MiB / 256 MiB / 2 GiB (docs/BENCHMARKS.md).
-bench-memory:
-    docs/bench_memory.sh

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Appending 1 % of clips to a dataset (just bench-append, #61), side by
-# side in one run, rows interleaved: on the mixed set (docs/bench_gen_mixed.py:
+# Appending 1 % of clips to a dataset (just bench append, #61), side by
+# side in one run, rows interleaved: on the mixed set (bench/bench_gen_mixed.py:
 # motion pickles, whisper @2, w2v 1024-dim, emotion) at 3 sizes, each
 # round times, with the page cache warm:
 #   full      a full convert of the grown list into a new folder
@@ -11,11 +11,11 @@
 # replaced under its folder). The old dataset is copied into place,
 # untimed, before each run over it. The segmented output is checked
 # against the full one: verify --deep, and shuffle's shards byte-identical.
-# Usage: docs/bench_append.sh [WORKDIR]   (default /tmp/clipshard-bench; needs python3-numpy)
+# Usage: bench/bench_append.sh [WORKDIR]   (default /tmp/clipshard-bench; needs python3-numpy)
 #   SIZES="200 400 800" (clips), RUNS=3
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. docs/bench_lib.sh
+. bench/bench_lib.sh
 go build -o "$W/clipshard" ./cmd/clipshard
 B="$W/clipshard"
 RUNS=${RUNS:-3}
@@ -38,7 +38,7 @@ rng() { sort -g | awk '{a[NR]=$1} END{printf "%s-%s", a[1], a[NR]}'; }
 
 for n in ${SIZES:-200 400 800}; do
   S="$W/append-$n"
-  [ -f "$S/clips.txt" ] || "$PY" docs/bench_gen_mixed.py "$S" "$n" >/dev/null
+  [ -f "$S/clips.txt" ] || "$PY" bench/bench_gen_mixed.py "$S" "$n" >/dev/null
   add=$(( n / 100 > 2 ? n / 100 : 2 ))
   head -n $(( n - add )) "$S/clips.txt" > "$S/old.txt"
   tail -n "$add" "$S/clips.txt" > "$S/new.txt"

@@ -2,7 +2,7 @@
 """Where a float32 batch's time goes on this box (docs/BENCHMARKS.md,
 "Against the peers": #35's float32 goal), warm, 2 threads:
 
-    python3 docs/bench_cast.py EPOCHS_DIR [ROUNDS]
+    python3 bench/bench_cast.py EPOCHS_DIR [ROUNDS]
 
 Rows, interleaved in ROUNDS rounds (3), over epoch 0's shard bytes of
 EPOCHS_DIR, each the samples/s the epoch's bytes are worth:

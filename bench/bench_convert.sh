@@ -1,24 +1,24 @@
 #!/usr/bin/env bash
-# Side-by-side convert benchmark (just bench-convert):
+# Side-by-side convert benchmark (just bench convert):
 #   convert  vs  cat of the same source files  vs  a plain numpy/pickle script
 # on generated sets, warm page cache; the rows of each set run in turn, one
-# run of each a round, 5 rounds (rounds, docs/bench_lib.sh): median (range),
+# run of each a round, 5 rounds (rounds, bench/bench_lib.sh): median (range),
 # best, peak RSS, load average; the ratios are of the medians.
 #   large: 200 clips, float32 [400, 1024] features (.npy) + motion pickles (~340 MB)
 #   small: 5000 clips, float32 [30, 64] features (.npy) + motion pickles (many small files)
 #   mixed: 400 clips, four modalities (float16 whisper, float32 w2v and emotion,
 #          motion pickles), a quarter of the .npy files big-endian, Fortran or
 #          float64 (~380 MB), against the floor: page-cache read + durable write
-#   huge:  one 512 MiB float32 clip among 40 small ones (docs/bench_gen_huge.py)
-# Usage: docs/bench_convert.sh [WORKDIR]   (default /tmp/clipshard-bench; needs python3-numpy)
+#   huge:  one 512 MiB float32 clip among 40 small ones (bench/bench_gen_huge.py)
+# Usage: bench/bench_convert.sh [WORKDIR]   (default /tmp/clipshard-bench; needs python3-numpy)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. docs/bench_lib.sh
+. bench/bench_lib.sh
 go build -o "$W/convert" ./cmd/convert
 go build -o "$W/verify" ./cmd/verify
 
 gen() { # name clips T D
-  [ -f "$W/$1/clips.txt" ] || "$PY" docs/bench_gen.py "$W/$1" "$2" "$3" "$3" "$4"
+  [ -f "$W/$1/clips.txt" ] || "$PY" bench/bench_gen.py "$W/$1" "$2" "$3" "$3" "$4"
 }
 
 cat > "$W/numpy_convert.py" <<'PYEOF'
@@ -65,13 +65,13 @@ for set in large small; do
   rm -f "$W/cat.out"
 done
 
-# The mixed set, of the kind users have (docs/bench_gen_mixed.py): motion
+# The mixed set, of the kind users have (bench/bench_gen_mixed.py): motion
 # pickles, whisper stored as float16 [2T, 512], w2v float32 [T, 1024],
 # emotion float32 [T, 8]; a quarter of the .npy files big-endian, Fortran
 # or float64. The floor that bounds convert: reading the sources from the
 # page cache plus a durable write (O_DIRECT, fsync) of the output's size.
 M="$W/mixed"
-[ -f "$M/clips.txt" ] || "$PY" docs/bench_gen_mixed.py "$M" 400
+[ -f "$M/clips.txt" ] || "$PY" bench/bench_gen_mixed.py "$M" 400
 cat > "$W/numpy_mixed.py" <<'PYEOF'
 # The straightforward script for the mixed set: load, astype(float16), concatenate, save.
 import os, pickle, sys
@@ -109,10 +109,10 @@ awk -v c="$(cat "$W/convert-mixed.median")" -v r="$(cat "$W/read-sources.median"
   'BEGIN{printf "  medians: mixed: convert/(read + durable write) %.2fx (goal <= 1.3x)   numpy/convert %.2fx (goal >= 3x)\n  float16 only: convert/cat %.2fx (goal <= 2x)\n", c/(r+w), n/c, f/k}'
 rm -rf "$W/dd.out" "$W/cat.out" "$W/mixed-np" "$W/whisper-ds"
 
-# One huge clip (512 MiB of float32) among 40 small ones (docs/bench_gen_huge.py):
+# One huge clip (512 MiB of float32) among 40 small ones (bench/bench_gen_huge.py):
 # converted a piece at a time, at the default --mem.
 H="$W/huge"
-[ -f "$H/clips.txt" ] || "$PY" docs/bench_gen_huge.py "$H"
+[ -f "$H/clips.txt" ] || "$PY" bench/bench_gen_huge.py "$H"
 echo "huge clip: sources $(du -sh --apparent-size "$H" | cut -f1)"
 cat "$H"/feat/*.npy > /dev/null
 rounds cat-huge "$W/cat.out" sh -c "cat '$H'/feat/*.npy > '$W/cat.out'" -- \

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Epochs drawn at read time against materialised epochs (just bench-drawn).
+"""Epochs drawn at read time against materialised epochs (just bench drawn).
 
     bench_drawn.py fake DIR CLIPS MIN MAX        a dataset of CLIPS clips of MIN..MAX frames, the
                                                  bench set's four modalities, sparse blobs (for orders only)

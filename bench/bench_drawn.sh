@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# just bench-drawn: epochs drawn at read time (clipshard.Loader(dataset=...))
+# just bench drawn: epochs drawn at read time (clipshard.Loader(dataset=...))
 # against the Loader over materialised epochs, on the mixed bench set
-# (docs/bench_gen_mixed.py: 400 clips, one 20x the median, four modalities,
+# (bench/bench_gen_mixed.py: 400 clips, one 20x the median, four modalities,
 # float16 once converted, mixed byte orders in the sources): B=256, W=15,
 # float16, threads 2, prefetch 4; warm (every file read first) and cold
 # (the page cache dropped: the first epoch, and all), a step of S = 0 and
@@ -9,14 +9,14 @@
 # default 3), the table the median and range.
 # Then the quality of the orders, on the bench set and on 7000 clips of
 # 1000-2000 frames (sparse blobs: orders only).
-#   docs/bench_drawn.sh [WORKDIR]      (CLIPSHARD_PYTHON: a Python with numpy; cold needs root)
+#   bench/bench_drawn.sh [WORKDIR]      (CLIPSHARD_PYTHON: a Python with numpy; cold needs root)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. docs/bench_lib.sh
+. bench/bench_lib.sh
 "$PY" -c 'import numpy' || { echo "bench-drawn needs numpy in $PY (Debian: python3-numpy)"; exit 1; }
 go build -o "$W/" ./cmd/convert ./cmd/shuffle
 M="$W/mixed-huge"
-[ -f "$M/clips.txt" ] || "$PY" docs/bench_gen_mixed.py "$M" 400 20
+[ -f "$M/clips.txt" ] || "$PY" bench/bench_gen_mixed.py "$M" 400 20
 mods=(-m 'motion=motion/{clip}.pkl:exp+pose' -m 'whisper@2=whisper/{clip}.npy' -m 'w2v=w2v/{clip}.npy' -m 'emotion=emotion/{clip}.npy')
 DS="$W/mixed-huge-ds"
 [ -f "$DS/dataset.json" ] || "$W/convert" --quiet --clips "$M/clips.txt" --out "$DS" "${mods[@]}" >/dev/null
@@ -29,7 +29,7 @@ SETS="${BENCH_SETS:-400 4000}"
 sets=("400 $DS $EP 6")
 if [[ " $SETS " == *" 4000 "* ]]; then
   M4="$W/mixed-4000"
-  [ -f "$M4/clips.txt" ] || "$PY" docs/bench_gen_mixed.py "$M4" 4000 20
+  [ -f "$M4/clips.txt" ] || "$PY" bench/bench_gen_mixed.py "$M4" 4000 20
   DS4="$W/mixed-4000-ds"
   [ -f "$DS4/dataset.json" ] || "$W/convert" --quiet --clips "$M4/clips.txt" --out "$DS4" "${mods[@]}" >/dev/null
   EP4="$W/drawn-4000-ep"
@@ -48,26 +48,26 @@ for round in $(seq "${ROUNDS:-3}"); do
       [ "$S" = 20 ] && [ "$n" = 4000 ] && continue  # (the step bounds every row: the small set shows it)
       for row in $ROWS; do
         cat "$ep"/epoch-*/* "$ds"/*.npy > /dev/null  # warm: every file in the page cache
-        "$PY" docs/bench_drawn.py speed "$row" "$n clips, warm, $epochs epochs" "$S" "$ds" "$ep" "$epochs" >> "$OUT"
+        "$PY" bench/bench_drawn.py speed "$row" "$n clips, warm, $epochs epochs" "$S" "$ds" "$ep" "$epochs" >> "$OUT"
       done
     done
     if [ -n "$cold" ]; then
       for e in 1 "$epochs"; do
         for row in $ROWS; do
           sync; echo 3 > /proc/sys/vm/drop_caches
-          "$PY" docs/bench_drawn.py speed "$row" "$n clips, cold, $e epoch(s)" 0 "$ds" "$ep" "$e" >> "$OUT"
+          "$PY" bench/bench_drawn.py speed "$row" "$n clips, cold, $e epoch(s)" 0 "$ds" "$ep" "$e" >> "$OUT"
         done
       done
     fi
   done
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
-"$PY" docs/bench_drawn.py table "$OUT"
+"$PY" bench/bench_drawn.py table "$OUT"
 echo
 echo "== quality: the bench set"
-"$PY" docs/bench_drawn.py quality "$DS" "$EP"
+"$PY" bench/bench_drawn.py quality "$DS" "$EP"
 L="$W/drawn-long"
-[ -f "$L/dataset.json" ] || "$PY" docs/bench_drawn.py fake "$L" 7000 1000 2000
+[ -f "$L/dataset.json" ] || "$PY" bench/bench_drawn.py fake "$L" 7000 1000 2000
 echo
 echo "== quality: 7000 clips of 1000-2000 frames (the bench set's modalities; orders only)"
-"$PY" docs/bench_drawn.py quality "$L" -
+"$PY" bench/bench_drawn.py quality "$L" -

@@ -3,7 +3,7 @@
 long enough that a fixed start-up (threads, files opened, the first
 batch's read) does not dominate it.
 
-    python3 docs/bench_first_epoch.py EPOCHS_DIR [EPOCHS] [ROUNDS]
+    python3 bench/bench_first_epoch.py EPOCHS_DIR [EPOCHS] [ROUNDS]
 
 Each round runs two new processes in turn, one `clipshard.Loader`
 (float16) and one `clipshard.torch.Loader(dtype=torch.float32)` (if torch
@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from bench_stats import span  # noqa: E402 (docs/bench_stats.py)
+from bench_stats import span  # noqa: E402 (bench/bench_stats.py)
 
 here = os.path.dirname(os.path.abspath(__file__))
 

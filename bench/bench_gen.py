@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Generate a benchmark source set with numpy (used by docs/bench_*.sh).
+"""Generate a benchmark source set with numpy (used by bench/bench_*.sh).
 
-    python3 docs/bench_gen.py OUT CLIPS T_MIN T_MAX DIM
+    python3 bench/bench_gen.py OUT CLIPS T_MIN T_MAX DIM
 
 Per clip c%05d: feat/{clip}.npy float32 [T, DIM] and motion/{clip}.pkl, a
 protocol-4 pickle {"exp": float32 [T, 50], "pose": float32 [T, 6]}; T is

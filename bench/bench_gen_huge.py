@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """One huge clip among small ones, for the benchmarks:
 
-    python3 docs/bench_gen_huge.py OUTDIR
+    python3 bench/bench_gen_huge.py OUTDIR
 
 41 clips of float32 [T, 1024] features (feat/{clip}.npy): clip h020 has
 T = 131072 (512 MiB), the others 100-199 frames. Writes clips.txt last.

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Generate the mixed benchmark set of just bench-convert with numpy: the
+"""Generate the mixed benchmark set of just bench convert with numpy: the
 kind users have.
 
-    python3 docs/bench_gen_mixed.py OUT [CLIPS] [HUGE]
+    python3 bench/bench_gen_mixed.py OUT [CLIPS] [HUGE]
 
 Per clip c%05d, T uniform in [100, 200) frames:
   motion/{clip}.pkl   protocol-4 pickle {"exp": float32 [T, 50], "pose": float32 [T, 6]}

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# just bench: the Go benchmarks of the decoders, the byte-order and layout
+# just bench go: the Go benchmarks of the decoders, the byte-order and layout
 # kernels and the float16 kernels (formats/...), and numpy's
-# astype(float16) beside them (docs/bench_numpy_astype.py), in ROUNDS
+# astype(float16) beside them (bench/bench_numpy_astype.py), in ROUNDS
 # rounds (default 3, at least 3): each round runs every benchmark once, in
 # turn, so that a machine whose speed drifts drifts under every row. The
 # table: each benchmark's MB/s, median (range) of the rounds, and the load
 # average before and after.
-#   docs/bench_go.sh [WORKDIR]   (CLIPSHARD_PYTHON: a Python with numpy; BENCHTIME: go test's, default 1s;
+#   bench/bench_go.sh [WORKDIR]   (CLIPSHARD_PYTHON: a Python with numpy; BENCHTIME: go test's, default 1s;
 #                                BENCH_FILTER: go test's -bench, default .)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. docs/bench_lib.sh
+. bench/bench_lib.sh
 rounds=${ROUNDS:-3}
 [ "$rounds" -ge 3 ] || rounds=3
 OUT="$W/bench-go.txt"
@@ -24,7 +24,7 @@ for r in $(seq "$rounds"); do
     (cd "formats/$(basename "$t" .test)" 2>/dev/null || cd formats; "$t" -test.run '^$' -test.bench "${BENCH_FILTER:-.}" -test.benchtime "${BENCHTIME:-1s}") |
       awk -v p="$(basename "$t" .test)" '/^Benchmark/ { for (i = 2; i <= NF; i++) if ($i == "MB/s") print p, $1, $(i - 1) }' >> "$OUT"
   done
-  "$PY" docs/bench_numpy_astype.py | sed -n 's/^numpy astype \([^ ]*\) *\([^ ]*\) *\([0-9.]*\) MB\/s/numpy astype-\2-\1 \3/p' >> "$OUT"
+  "$PY" bench/bench_numpy_astype.py | sed -n 's/^numpy astype \([^ ]*\) *\([^ ]*\) *\([0-9.]*\) MB\/s/numpy astype-\2-\1 \3/p' >> "$OUT"
 done
 echo "$("$PY" -c 'import numpy, sys; print("python", sys.version.split()[0], "numpy", numpy.__version__)'); $(go version | cut -d' ' -f3); $(nproc) cores; $rounds rounds; load average before $l0, after $(cut -d' ' -f1-3 /proc/loadavg)"
 echo

@@ -1,22 +1,22 @@
 #!/usr/bin/env bash
-# Incremental convert vs a full rebuild (just bench-incremental), side by
+# Incremental convert vs a full rebuild (just bench incremental), side by
 # side in one run: after 2 of the sources changed, with the page cache
 # warm, and cold (echo 3 > /proc/sys/vm/drop_caches before each run, as a
 # first read over NFS would be; needs root, else only the warm figures).
 #   small: 5000 clips, float32 [30, 64] .npy + motion pickles
-#   mixed: 400 clips, four modalities (docs/bench_gen_mixed.py)
-#   huge:  one float32 [131072, 1024] clip (512 MiB) among 40 small ones (docs/bench_gen_huge.py)
+#   mixed: 400 clips, four modalities (bench/bench_gen_mixed.py)
+#   huge:  one float32 [131072, 1024] clip (512 MiB) among 40 small ones (bench/bench_gen_huge.py)
 # Both outputs are checked byte-identical (sha256 of blobs and manifests).
 # 3 rounds of a full rebuild then an incremental one: each round printed,
 # then the median and range, and the load average.
-# Usage: docs/bench_incremental.sh [WORKDIR]   (default /tmp/clipshard-bench; needs python3-numpy)
+# Usage: bench/bench_incremental.sh [WORKDIR]   (default /tmp/clipshard-bench; needs python3-numpy)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. docs/bench_lib.sh
+. bench/bench_lib.sh
 go build -o "$W/convert" ./cmd/convert
-[ -f "$W/small/clips.txt" ] || "$PY" docs/bench_gen.py "$W/small" 5000 30 30 64
-[ -f "$W/mixed/clips.txt" ] || "$PY" docs/bench_gen_mixed.py "$W/mixed" 400
-[ -f "$W/huge/clips.txt" ] || "$PY" docs/bench_gen_huge.py "$W/huge"
+[ -f "$W/small/clips.txt" ] || "$PY" bench/bench_gen.py "$W/small" 5000 30 30 64
+[ -f "$W/mixed/clips.txt" ] || "$PY" bench/bench_gen_mixed.py "$W/mixed" 400
+[ -f "$W/huge/clips.txt" ] || "$PY" bench/bench_gen_huge.py "$W/huge"
 cold=no
 if [ -w /proc/sys/vm/drop_caches ]; then cold=yes; fi
 export SOURCE_DATE_EPOCH=1700000000

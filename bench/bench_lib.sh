@@ -1,4 +1,4 @@
-# Shared by the docs/bench_*.sh scripts (sourced, not run, from the
+# Shared by the bench/bench_*.sh scripts (sourced, not run, from the
 # repository's root).
 
 # PY: the Python with numpy (Debian's). W: the work folder, the script's

@@ -1,4 +1,4 @@
-# docs/bench_link.sh, sourced (bench_s3.sh's BENCH_LINKS leg, and
+# bench/bench_link.sh, sourced (bench_s3.sh's BENCH_LINKS leg, and
 # TestBenchLinkRuns): an S3 server behind a link of a given rate, on this
 # box. The server runs in a network namespace of this shell's own, reached
 # over a veth pair whose two ends are shaped by tc's token bucket (tbf):

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Peak RSS of convert and of both shuffle paths at --mem 64 MiB, 256 MiB
-# and 2 GiB (just bench-memory), on a set of the kind that broke the bounds:
+# and 2 GiB (just bench memory), on a set of the kind that broke the bounds:
 # 400 clips of float16 features [1000, 1024] plus one clip of [160000, 1024]
 # (328 MB, larger than any --mem below 2 GiB), and motion pickles: a
 # dataset of 1.15 GB. The rows of each table in turn, 3 rounds (RUNS):
 # the median, range and best wall time, peak RSS from /usr/bin/time.
-# Usage: docs/bench_memory.sh [WORKDIR]   (default /tmp/clipshard-bench-mem; needs python3-numpy)
+# Usage: bench/bench_memory.sh [WORKDIR]   (default /tmp/clipshard-bench-mem; needs python3-numpy)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BENCH_DIR=${BENCH_DIR:-/tmp/clipshard-bench-mem}
-. docs/bench_lib.sh
+. bench/bench_lib.sh
 go build -o "$W/" ./cmd/convert ./cmd/shuffle ./cmd/verify
 S="$W/src"
 if [ ! -f "$S/clips.txt" ]; then

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Mixing three sources against one dataset of the same bytes (just
-# bench-mix, #25): the mixed benchmark set (docs/bench_gen_mixed.py: four
+# bench-mix, #25): the mixed benchmark set (bench/bench_gen_mixed.py: four
 # modalities, float16 and float32 features, mixed byte orders, one clip
 # 20x the median) converted once whole ("one") and once as three datasets
 # of its clips (1/2, 1/3 and 1/6 of them: "a", "b", "c"). Each shuffle
@@ -9,14 +9,14 @@
 # in memory (--mem 8GiB) and on the external path (--mem 256MiB); the one
 # and mix runs of a path alternate (bestpair: rounds). Wall time (median,
 # range of RUNS rounds), the ratio of the two in each round, peak RSS.
-# Usage: docs/bench_mix.sh [WORKDIR]   (default /tmp/clipshard-bench; needs python3-numpy)
+# Usage: bench/bench_mix.sh [WORKDIR]   (default /tmp/clipshard-bench; needs python3-numpy)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. docs/bench_lib.sh
+. bench/bench_lib.sh
 M="$W/mix-src"
 go build -o "$W/" ./cmd/clipshard
 C="$W/clipshard"
-[ -f "$M/clips.txt" ] || "$PY" docs/bench_gen_mixed.py "$M" "${CLIPS:-900}" 20
+[ -f "$M/clips.txt" ] || "$PY" bench/bench_gen_mixed.py "$M" "${CLIPS:-900}" 20
 mods=(-m 'motion=motion/{clip}.pkl:exp+pose' -m 'whisper@2=whisper/{clip}.npy' -m 'w2v=w2v/{clip}.npy' -m 'emotion=emotion/{clip}.npy')
 n=$(wc -l < "$M/clips.txt")
 head -n $((n / 2)) "$M/clips.txt" > "$M/a.txt"

@@ -2,12 +2,12 @@
 """clipshard against the loaders its users would pick instead (just
 bench-peers; docs/BENCHMARKS.md): LitData, Mosaic Streaming, WebDataset.
 
-    python3 docs/bench_peers.py prepare TOOL SRC WINDOWS OUT
-    python3 docs/bench_peers.py read TOOL CONFIG S MODE DATA [B]
-    python3 docs/bench_peers.py floor warm|cold|"sshfs, cold" EPOCHS_DIR
-    python3 docs/bench_peers.py resume TOOL DATA LOG SAMPLES
-    python3 docs/bench_peers.py best RESULTS.jsonl [--best-only]
-    python3 docs/bench_peers.py table RESULTS.jsonl
+    python3 bench/bench_peers.py prepare TOOL SRC WINDOWS OUT
+    python3 bench/bench_peers.py read TOOL CONFIG S MODE DATA [B]
+    python3 bench/bench_peers.py floor warm|cold|"sshfs, cold" EPOCHS_DIR
+    python3 bench/bench_peers.py resume TOOL DATA LOG SAMPLES
+    python3 bench/bench_peers.py best RESULTS.jsonl [--best-only]
+    python3 bench/bench_peers.py table RESULTS.jsonl
 
 The windows are those of one clipshard epoch (W=15 frames, every modality,
 float16 as clipshard stores them): WINDOWS is its epochs folder, whose

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# just bench-peers: clipshard against LitData, Mosaic Streaming and
+# just bench peers: clipshard against LitData, Mosaic Streaming and
 # WebDataset (their current releases, in a venv of this script's own) on
 # the mixed bench set: prepare (wall, peak RSS, bytes; each writer's
 # parallel option where it has one), a sweep of each peer's documented
@@ -8,7 +8,7 @@
 # bytes) at S = 0, 5, 20 ms, warm and cold, in interleaved rounds;
 # resume after kill -9 with another world size; over sshfs; under a
 # memory cap. docs/BENCHMARKS.md has the tables.
-#   docs/bench_peers.sh [WORKDIR]
+#   bench/bench_peers.sh [WORKDIR]
 # Environment: BENCH_LEGS (default "prepare sweep main resume sshfs
 # capped"), BENCH_ROUNDS (3), BENCH_EPOCHS (epochs a process, 3),
 # BENCH_S ("0 5 20"), BENCH_MODES ("warm cold"), BENCH_SWEEP (the sweep's
@@ -37,7 +37,7 @@ go build -o "$W/" ./cmd/clipshard
 # The mixed set with one huge clip (20x the median length).
 CLIPS=${BENCH_CLIPS:-400}
 M="$W/mixed-huge"; [ "$CLIPS" = 400 ] || M="$W/mixed-huge-$CLIPS"
-[ -f "$M/clips.txt" ] || "$PY" docs/bench_gen_mixed.py "$M" "$CLIPS" 20
+[ -f "$M/clips.txt" ] || "$PY" bench/bench_gen_mixed.py "$M" "$CLIPS" 20
 mods=(-m 'motion=motion/{clip}.pkl:exp+pose' -m 'whisper@2=whisper/{clip}.npy' -m 'w2v=w2v/{clip}.npy' -m 'emotion=emotion/{clip}.npy')
 OUT="$W/peers.jsonl"
 P="$W/peers-huge"; [ "$CLIPS" = 400 ] || P="$W/peers-huge-$CLIPS"
@@ -67,7 +67,7 @@ PEERS="litdata mosaic webdataset webdataset-1"
 SS=${BENCH_S:-0 5 20}
 ROUNDS=${BENCH_ROUNDS:-3}
 read1() {  # TOOL CONFIG S MODE [DATA]: one read, its JSON line appended to $OUT
-  "$PY" docs/bench_peers.py read "$1" "$2" "$3" "$4" "${5:-$(data "$1" "$4")}" >> "$OUT" 2>"$W/peers-err.txt" ||
+  "$PY" bench/bench_peers.py read "$1" "$2" "$3" "$4" "${5:-$(data "$1" "$4")}" >> "$OUT" 2>"$W/peers-err.txt" ||
     { tail -3 "$W/peers-err.txt"; echo "{\"tool\": \"$1\", \"config\": \"$2\", \"S\": $3, \"mode\": \"$4\", \"failed\": true}" >> "$OUT"; }
 }
 if leg prepare; then
@@ -79,7 +79,7 @@ if leg prepare; then
   timed shuffle clipshard "$W/clipshard" shuffle --quiet --workers 2 --dataset "$P/ds" --out "$P/ep" --window 15 --epochs 1 --seed 3
   for t in $PEERS; do
     rm -rf "${P:?}/$t"
-    timed write "$t" "$PY" docs/bench_peers.py prepare "$t" "$M" "$P/ep" "$P/$t"
+    timed write "$t" "$PY" bench/bench_peers.py prepare "$t" "$M" "$P/ep" "$P/$t"
   done
   for t in ep ds $PEERS; do
     echo "{\"bytes\": \"$t\", \"MB\": $(( $(du -sb "$P/$t" | cut -f1) / 1000000 ))}" >> "$OUT"
@@ -105,15 +105,15 @@ if leg sweep; then
 fi
 # The rows of the main table: clipshard's, each peer's default (the
 # setting of #27) and its best (the sweep's highest median samples/s).
-ROWS=$("$PY" docs/bench_peers.py best "$OUT")
-BEST=$("$PY" docs/bench_peers.py best "$OUT" --best-only)
+ROWS=$("$PY" bench/bench_peers.py best "$OUT")
+BEST=$("$PY" bench/bench_peers.py best "$OUT" --best-only)
 if leg main; then
   # Warm and cold, S = 0, 5, 20 ms; each round: the floor (the best raw
   # read of the epoch's shard bytes, bench_peers.py floor), then every row.
   echo "rows: $ROWS"
   for round in $(seq "$ROUNDS"); do
     for mode in ${BENCH_MODES:-warm cold}; do
-      "$PY" docs/bench_peers.py floor "$mode" "$P/ep" >> "$OUT"
+      "$PY" bench/bench_peers.py floor "$mode" "$P/ep" >> "$OUT"
       for S in $SS; do
         for row in $ROWS; do read1 "${row%%:*}" "${row#*:}" "$S" "$mode"; done
       done
@@ -125,7 +125,7 @@ if leg resume; then
   # resume: testdata/check_drawn.py).
   for t in clipshard litdata mosaic webdataset; do
     rm -rf "${W:?}/peers-resume/$t"
-    "$PY" docs/bench_peers.py resume "$t" "$(data "$t")" "$W/peers-resume/$t" "$(python3 -c "import json; print(json.load(open('$P/ep/epochs.json'))['epochs'][0]['samples'])")" >> "$OUT"
+    "$PY" bench/bench_peers.py resume "$t" "$(data "$t")" "$W/peers-resume/$t" "$(python3 -c "import json; print(json.load(open('$P/ep/epochs.json'))['epochs'][0]['samples'])")" >> "$OUT"
   done
 fi
 # Over sshfs to a loopback sshd (root, sshfs, openssh-server), cold, S=0,
@@ -143,7 +143,7 @@ elif command -v sshfs >/dev/null && [ -x /usr/sbin/sshd ] && [ "$(id -u)" = 0 ];
     # the floor: the epoch's shard files read whole over a fresh mount
     fusermount -u "$N/mnt" 2>/dev/null || true
     sshfs -p 2298 -o IdentityFile="$N/user",StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,LogLevel=ERROR root@127.0.0.1:"$P" "$N/mnt"
-    BENCH_DROP="$P/ep" "$PY" docs/bench_peers.py floor "sshfs, cold" "$N/mnt/ep" >> "$OUT"
+    BENCH_DROP="$P/ep" "$PY" bench/bench_peers.py floor "sshfs, cold" "$N/mnt/ep" >> "$OUT"
     for row in $BEST; do
       t=${row%%:*}
       fusermount -u "$N/mnt" 2>/dev/null || true
@@ -176,21 +176,21 @@ if [ -n "$cg" ]; then
   NB=${BENCH_BIG_CLIPS:-4000}
   BM="$W/mixed-big-huge"; BP="$W/peers-big-huge"; [ "$NB" = 4000 ] || { BM="$BM-$NB"; BP="$BP-$NB"; }
   mkdir -p "$BP"
-  [ -f "$BM/clips.txt" ] || "$PY" docs/bench_gen_mixed.py "$BM" "$NB" 20
+  [ -f "$BM/clips.txt" ] || "$PY" bench/bench_gen_mixed.py "$BM" "$NB" 20
   [ -f "$BP/ds/dataset.json" ] || "$W/clipshard" convert --quiet --workers 2 --clips "$BM/clips.txt" --out "$BP/ds" "${mods[@]}"
   [ -f "$BP/ep/epochs.json" ] || "$W/clipshard" shuffle --quiet --workers 2 --dataset "$BP/ds" --out "$BP/ep" --window 15 --epochs 1 --seed 3
   for t in $PEERS; do
-    [ -e "$BP/$t.done" ] || { rm -rf "${BP:?}/$t"; "$PY" docs/bench_peers.py prepare "$t" "$BM" "$BP/ep" "$BP/$t" > /dev/null 2>&1 && touch "$BP/$t.done"; }
+    [ -e "$BP/$t.done" ] || { rm -rf "${BP:?}/$t"; "$PY" bench/bench_peers.py prepare "$t" "$BM" "$BP/ep" "$BP/$t" > /dev/null 2>&1 && touch "$BP/$t.done"; }
   done
   echo "{\"bytes\": \"big epoch\", \"MB\": $(( $(du -sb "$BP/ep" | cut -f1) / 1000000 ))}" >> "$OUT"
   for round in $(seq "$ROUNDS"); do
     for row in $BEST; do
       t=${row%%:*}; d="$BP/$t"
       case $t in clipshard|clipshard-f16) d="$BP/ep" ;; clipshard-drawn) d="$BP/ds" ;; esac
-      BENCH_EPOCHS=1 sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$cg" "$PY" docs/bench_peers.py read "$t" "${row#*:}" 20 "capped $CAP, cold" "$d" >> "$OUT" 2>"$W/peers-err.txt" ||
+      BENCH_EPOCHS=1 sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$cg" "$PY" bench/bench_peers.py read "$t" "${row#*:}" 20 "capped $CAP, cold" "$d" >> "$OUT" 2>"$W/peers-err.txt" ||
         echo "{\"tool\": \"$t\", \"config\": \"${row#*:}\", \"S\": 20, \"mode\": \"capped $CAP, cold\", \"killed\": true}" >> "$OUT"
     done
   done
   rmdir "$cg" 2>/dev/null || true
 fi
-"$PY" docs/bench_peers.py table "$OUT"
+"$PY" bench/bench_peers.py table "$OUT"

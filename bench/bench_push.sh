@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# just bench-push: clipshard push before and after a change, side by side
+# just bench push: clipshard push before and after a change, side by side
 # in one run, on versitygw over loopback (started here on 127.0.0.1,
 # stopped by PID), rows interleaved in 3 rounds: push of the mixed bench
-# set with one huge clip (docs/bench_gen_mixed.py: motion pickles, whisper
+# set with one huge clip (bench/bench_gen_mixed.py: motion pickles, whisper
 # stored float16, w2v and emotion float32; 4 modalities) and of one epoch
 # cut from it (W=15), each into a fresh prefix, by the build of BENCH_OLD
 # (a git revision, built from a worktree) and by this checkout's; the same
 # push again (up to date); and the floor: a plain boto3 multipart upload of
 # the same files (upload_file, 16 MiB parts, 4 threads: boto3 at its
 # documented default concurrency and the part size push uses).
-#   docs/bench_push.sh [WORKDIR]   (BENCH_OLD: the revision to compare, default
+#   bench/bench_push.sh [WORKDIR]   (BENCH_OLD: the revision to compare, default
 #                                  the first parent of HEAD; CLIPSHARD_VERSITYGW;
 #                                  BENCH_CLIPS: clips of the set, default 400;
 #                                  BENCH_PYTHON: a python3 with boto3)
@@ -32,7 +32,7 @@ git worktree add -q --detach "$WT" "$OLDREV"
 (cd "$WT" && go build -o "$W/push-old/" ./cmd/clipshard)
 git worktree remove --force "$WT"
 M="$W/mixed-huge"
-[ -f "$M/clips.txt" ] || "$PY" docs/bench_gen_mixed.py "$M" "${BENCH_CLIPS:-400}" 20
+[ -f "$M/clips.txt" ] || "$PY" bench/bench_gen_mixed.py "$M" "${BENCH_CLIPS:-400}" 20
 mods=(-m 'motion=motion/{clip}.pkl:exp+pose' -m 'whisper@2=whisper/{clip}.npy' -m 'w2v=w2v/{clip}.npy' -m 'emotion=emotion/{clip}.npy')
 DS="$W/mixed-huge-ds"
 [ -f "$DS/dataset.json" ] || "$W/push-new/clipshard" convert --quiet --clips "$M/clips.txt" --out "$DS" "${mods[@]}" >/dev/null

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Shuffle quality of the orders a trainer could read (just bench-read).
+"""Shuffle quality of the orders a trainer could read (just bench read).
 
-    python3 docs/bench_quality.py EDIR [BATCH]
+    python3 bench/bench_quality.py EDIR [BATCH]
 
 EDIR holds epochs 0 and 1 of a dataset (shuffle). Orders compared, with
 clipshard.quality.measure (the figures `shuffle --json` reports) and one

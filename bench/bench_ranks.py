@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Cold epoch read per rank, today's layout against the per-rank files of
-epochs format 1 (just bench-read).
+epochs format 1 (just bench read).
 
-    python3 docs/bench_ranks.py OLD_READER_DIR NEW_EDIR OLD_EDIR_R1 OLD_EDIR_R2 OLD_EDIR_R8
+    python3 bench/bench_ranks.py OLD_READER_DIR NEW_EDIR OLD_EDIR_R1 OLD_EDIR_R2 OLD_EDIR_R8
 
 For R = 1, 2, 8 simulated ranks, every rank reads its share of epoch 0,
 batch 256, memory-mapped with the readers' read-ahead, each from a cold

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The training-read simulation: read one epoch's worth of batches three ways.
 
-    python3 docs/bench_read.py SRC DATASET EPOCHS [cold|warm]
+    python3 bench/bench_read.py SRC DATASET EPOCHS [cold|warm]
 
 (a) shards, in order, with python/clipshard (EpochReader, one rank, batch 256);
 (a') the same with batches(read=True): one read per batch and modality;
@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from bench_stats import span  # noqa: E402 (docs/bench_stats.py)
+from bench_stats import span  # noqa: E402 (bench/bench_stats.py)
 
 src, ds, edir = sys.argv[1:4]
 mode = sys.argv[4] if len(sys.argv) > 4 else "warm"

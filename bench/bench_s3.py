@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""One row of just bench-s3 (docs/bench_s3.sh), printed as a JSON line.
+"""One row of just bench s3 (bench/bench_s3.sh), printed as a JSON line.
 
     bench_s3.py ROW EDIR URL CACHE [STEP_MS [PEER_BYTES]]
 
@@ -43,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import clipshard  # noqa: E402
-from clipshard import _remote  # noqa: E402
+from clipshard import _bucket  # noqa: E402
 
 row, edir, url, cache = sys.argv[1:5]
 step = float(sys.argv[5]) / 1000 if len(sys.argv) > 5 else 0.0
@@ -197,7 +197,7 @@ elif row.startswith(("mosaic-", "litdata-")):
     out.update(samples=n, epoch_bytes=nbytes, wait_median_ms=1000 * waits[len(waits) // 2], wait_p90_ms=1000 * waits[int(len(waits) * 0.9)])
 elif row == "upload":
     from boto3.s3.transfer import TransferConfig
-    b = _remote.Bucket(url)
+    b = _bucket.Bucket(url)
     cfg = TransferConfig(multipart_threshold=16 << 20, multipart_chunksize=16 << 20, max_concurrency=4)
     for rel in files + ["epochs.json", "shards.parquet", "SHA256SUMS"]:
         b._client.get().upload_file(os.path.join(edir, rel), b.bucket, b.key(rel), Config=cfg)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# just bench-s3: epochs in a bucket, on versitygw over loopback (started
+# just bench s3: epochs in a bucket, on versitygw over loopback (started
 # here on 127.0.0.1, stopped by PID), side by side in one run, rows
 # interleaved in 3 rounds: the floor (plain boto3 ranged GETs of the same
 # objects, the best of 1/2/4/8 threads), the checked floor (the same GETs
@@ -11,12 +11,12 @@
 # ms step's wait (cold), and clipshard push against a plain boto3
 # multipart upload of the same files; with BENCH_LINKS="2gbit 4gbit none"
 # (root) the floors and the cold Loader again behind a link of each rate
-# (docs/bench_link.sh: the server in a network namespace of its own).
+# (bench/bench_link.sh: the server in a network namespace of its own).
 # Every row runs in one Python (a venv of the script's own, as bench-peers
 # makes it: the peers, torch, boto3), with its client CPU and the
 # server's. The mixed bench set with one huge
-# clip (docs/bench_gen_mixed.py), W=15.
-#   docs/bench_s3.sh [WORKDIR]   (CLIPSHARD_VERSITYGW: the server, else .ci/run's cache;
+# clip (bench/bench_gen_mixed.py), W=15.
+#   bench/bench_s3.sh [WORKDIR]   (CLIPSHARD_VERSITYGW: the server, else .ci/run's cache;
 #                                 BENCH_CLIPS: clips of the set, default 400)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,14 +32,14 @@ VGW=${CLIPSHARD_VERSITYGW:-${XDG_CACHE_HOME:-$HOME/.cache}/clipshard-ci/bin/vers
 [ -x "$VGW" ] || { echo "bench-s3 needs versitygw: GOBIN=\$HOME/.cache/clipshard-ci/bin go install github.com/versity/versitygw/cmd/versitygw@v1.8.0"; exit 1; }
 go build -o "$W/" ./cmd/clipshard
 M="$W/mixed-huge"
-[ -f "$M/clips.txt" ] || "$PY" docs/bench_gen_mixed.py "$M" "${BENCH_CLIPS:-400}" 20
+[ -f "$M/clips.txt" ] || "$PY" bench/bench_gen_mixed.py "$M" "${BENCH_CLIPS:-400}" 20
 mods=(-m 'motion=motion/{clip}.pkl:exp+pose' -m 'whisper@2=whisper/{clip}.npy' -m 'w2v=w2v/{clip}.npy' -m 'emotion=emotion/{clip}.npy')
 [ -f "$W/mixed-huge-ds/dataset.json" ] || "$W/clipshard" convert --quiet --clips "$M/clips.txt" --out "$W/mixed-huge-ds" "${mods[@]}" >/dev/null
 EP="$W/s3-ep"
 [ -f "$EP/epochs.json" ] || "$W/clipshard" shuffle --quiet --dataset "$W/mixed-huge-ds" --out "$EP" --window 15 --epochs 1 --seed 3 >/dev/null
 # The peers' shards of the same windows (their writers, bench_peers.py).
 for t in mosaic litdata; do
-  [ -d "$W/s3-$t" ] || "$PY" docs/bench_peers.py prepare "$t" "$M" "$EP" "$W/s3-$t" >/dev/null 2>&1
+  [ -d "$W/s3-$t" ] || "$PY" bench/bench_peers.py prepare "$t" "$M" "$EP" "$W/s3-$t" >/dev/null 2>&1
 done
 
 ROOT="$W/s3-root"; rm -rf "$ROOT"; mkdir -p "$ROOT/bench"
@@ -53,35 +53,35 @@ for _ in $(seq 50); do (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break
 OUT="$W/s3.jsonl"; : > "$OUT"
 echo "$("$PY" -c 'import importlib.metadata as m, sys; print("python", sys.version.split()[0], *["%s %s" % (p, m.version(p)) for p in ("numpy", "boto3", "mosaicml-streaming", "litdata", "torch")])'); $(nproc) cores; epoch $(du -sh --apparent-size "$EP/epoch-0000" | cut -f1); load average $(cut -d' ' -f1-3 /proc/loadavg)"
 "$W/clipshard" push --quiet "$EP" s3://bench/ep >/dev/null
-for t in mosaic litdata; do "$PY" docs/bench_s3.py put "$W/s3-$t" "s3://bench/$t" -; done
+for t in mosaic litdata; do "$PY" bench/bench_s3.py put "$W/s3-$t" "s3://bench/$t" -; done
 for round in 1 2 3; do
   # push against a plain multipart upload (fresh prefixes)
   t=$(date +%s%N); "$W/clipshard" push --quiet "$EP" "s3://bench/push-$round" >/dev/null; t2=$(date +%s%N)
   awk -v a="$t" -v b="$t2" -v r="$round" 'BEGIN{printf "{\"row\": \"push\", \"round\": %d, \"seconds\": %.4f}\n", r, (b-a)/1e9}' >> "$OUT"
-  "$PY" docs/bench_s3.py upload "$EP" "s3://bench/plain-$round" - | sed "s/}$/, \"round\": $round}/" >> "$OUT"
+  "$PY" bench/bench_s3.py upload "$EP" "s3://bench/plain-$round" - | sed "s/}$/, \"round\": $round}/" >> "$OUT"
   for th in 1 2 4 8; do
-    "$PY" docs/bench_s3.py "floor-$th" "$EP" s3://bench/ep - | sed "s/}$/, \"round\": $round}/" >> "$OUT"
+    "$PY" bench/bench_s3.py "floor-$th" "$EP" s3://bench/ep - | sed "s/}$/, \"round\": $round}/" >> "$OUT"
   done
   rm -rf "$W/s3-checked"
-  "$PY" docs/bench_s3.py checked-4 "$EP" s3://bench/ep "$W/s3-checked" | sed "s/}$/, \"round\": $round}/" >> "$OUT"
+  "$PY" bench/bench_s3.py checked-4 "$EP" s3://bench/ep "$W/s3-checked" | sed "s/}$/, \"round\": $round}/" >> "$OUT"
   rm -rf "$W/s3-checked" "$W/s3-cache"
-  "$PY" docs/bench_s3.py loader "$EP" s3://bench/ep "$W/s3-cache" | sed "s/}$/, \"round\": $round, \"cache\": \"cold\"}/" >> "$OUT"
-  "$PY" docs/bench_s3.py loader "$EP" s3://bench/ep "$W/s3-cache" | sed "s/}$/, \"round\": $round, \"cache\": \"warm\"}/" >> "$OUT"
+  "$PY" bench/bench_s3.py loader "$EP" s3://bench/ep "$W/s3-cache" | sed "s/}$/, \"round\": $round, \"cache\": \"cold\"}/" >> "$OUT"
+  "$PY" bench/bench_s3.py loader "$EP" s3://bench/ep "$W/s3-cache" | sed "s/}$/, \"round\": $round, \"cache\": \"warm\"}/" >> "$OUT"
   for R in 2 4; do
     rm -rf "$W/s3-rank-cache"*
-    "$PY" docs/bench_s3.py "ranks-$R" "$EP" s3://bench/ep "$W/s3-rank-cache" | sed "s/}$/, \"round\": $round}/" >> "$OUT"
+    "$PY" bench/bench_s3.py "ranks-$R" "$EP" s3://bench/ep "$W/s3-rank-cache" | sed "s/}$/, \"round\": $round}/" >> "$OUT"
   done
-  "$PY" docs/bench_s3.py local "$EP" s3://bench/ep - | sed "s/}$/, \"round\": $round}/" >> "$OUT"
+  "$PY" bench/bench_s3.py local "$EP" s3://bench/ep - | sed "s/}$/, \"round\": $round}/" >> "$OUT"
   for t in mosaic litdata; do
     for w in 0 2; do
       rm -rf "$W/s3-peer-cache"
-      "$PY" docs/bench_s3.py "$t-$w" "$EP" "s3://bench/$t" "$W/s3-peer-cache" 0 "$(du -sb "$W/s3-$t" | cut -f1)" 2>"$W/s3-err.txt" \
+      "$PY" bench/bench_s3.py "$t-$w" "$EP" "s3://bench/$t" "$W/s3-peer-cache" 0 "$(du -sb "$W/s3-$t" | cut -f1)" 2>"$W/s3-err.txt" \
         | sed "s/}$/, \"round\": $round}/" >> "$OUT" || { tail -5 "$W/s3-err.txt"; exit 1; }
     done
   done
   for S in 20 60; do
     rm -rf "$W/s3-cache"
-    "$PY" docs/bench_s3.py loader "$EP" s3://bench/ep "$W/s3-cache" $S | sed "s/}$/, \"round\": $round, \"cache\": \"cold\"}/" >> "$OUT"
+    "$PY" bench/bench_s3.py loader "$EP" s3://bench/ep "$W/s3-cache" $S | sed "s/}$/, \"round\": $round, \"cache\": \"cold\"}/" >> "$OUT"
   done
   rm -rf "$ROOT/bench/push-$round" "$ROOT/bench/plain-$round"
 done
@@ -92,9 +92,9 @@ if [ -n "${BENCH_LINKS:-}" ]; then
   # The link leg: the same bucket served from a network namespace over a
   # veth pair shaped to each rate of BENCH_LINKS (none: not shaped), rates
   # interleaved in 3 rounds: the floor (4 and 8 threads), the checked floor
-  # and the Loader with a cold cache (docs/bench_link.sh).
+  # and the Loader with a cold cache (bench/bench_link.sh).
   [ "$(id -u)" = 0 ] || { echo "BENCH_LINKS needs root (a network namespace, tc)"; exit 1; }
-  . docs/bench_link.sh
+  . bench/bench_link.sh
   trap 'link_down' EXIT
   link_up
   ROOT_ACCESS_KEY=bench ROOT_SECRET_KEY=bench-secret-key link_serve "$VGW" "$ROOT" "$W/vgw-link.log"
@@ -105,7 +105,7 @@ if [ -n "${BENCH_LINKS:-}" ]; then
       link_rate "$rate"
       for row in floor-4 floor-8 checked-4 loader; do
         rm -rf "$W/s3-checked" "$W/s3-cache"
-        "$PY" docs/bench_s3.py "$row" "$EP" s3://bench/ep "$W/s3-$([ $row = loader ] && echo cache || echo checked)" \
+        "$PY" bench/bench_s3.py "$row" "$EP" s3://bench/ep "$W/s3-$([ $row = loader ] && echo cache || echo checked)" \
           | sed "s/}$/, \"round\": $round, \"link\": \"$rate\"}/" >> "$LOUT"
       done
     done

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# just bench-s3-clients: the two Go S3 clients clipshard push could use,
+# just bench s3-clients: the two Go S3 clients clipshard push could use,
 # minio-go v7 (what it uses) and aws-sdk-go-v2 (its transfer manager), on
 # versitygw over loopback (started here on 127.0.0.1, stopped by PID): a
 # 256 MiB multipart upload (16 MiB parts, 4 at once) and its 8 MiB ranged
 # GETs (2 at once), the clients interleaved in ROUNDS rounds (default 5);
 # the checksum headers each sends; create-only writes (412 the second
-# time). docs/bench_s3_clients/ is a module of its own: clipshard itself
+# time). bench/bench_s3_clients/ is a module of its own: clipshard itself
 # depends on one client only.
-#   docs/bench_s3_clients.sh [WORKDIR]   (CLIPSHARD_VERSITYGW: the server, else .ci/run's cache)
+#   bench/bench_s3_clients.sh [WORKDIR]   (CLIPSHARD_VERSITYGW: the server, else .ci/run's cache)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. docs/bench_lib.sh
+. bench/bench_lib.sh
 VGW=${CLIPSHARD_VERSITYGW:-${XDG_CACHE_HOME:-$HOME/.cache}/clipshard-ci/bin/versitygw}
 [ -x "$VGW" ] || { echo "bench-s3-clients needs versitygw: GOBIN=\$HOME/.cache/clipshard-ci/bin go install github.com/versity/versitygw/cmd/versitygw@v1.8.0"; exit 1; }
 F="$W/clients-256M"
@@ -24,10 +24,10 @@ export AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=bench-secret-key AWS_ENDPOI
 for _ in $(seq 50); do (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.1; done
 echo "$(go version | cut -d' ' -f3-); $(nproc) cores; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 OUT="$W/clients.jsonl"
-(cd docs/bench_s3_clients && go run . "$F" bench "${ROUNDS:-5}") > "$OUT"
+(cd bench/bench_s3_clients && go run . "$F" bench "${ROUNDS:-5}") > "$OUT"
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 for p in mc awsc; do
-  echo "$p: $(cd docs/bench_s3_clients && go list -deps -f '{{if .Module}}{{.Module.Path}}{{end}}' ./$p | sort -u | grep -vc '^github.com/clipshard') modules"
+  echo "$p: $(cd bench/bench_s3_clients && go list -deps -f '{{if .Module}}{{.Module.Path}}{{end}}' ./$p | sort -u | grep -vc '^github.com/clipshard') modules"
 done
 python3 - "$OUT" <<'PY'
 import json, sys, statistics as st

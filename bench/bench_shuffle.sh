@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# Side-by-side shuffle benchmark (just bench-shuffle), on a ~330 MB dataset
+# Side-by-side shuffle benchmark (just bench shuffle), on a ~330 MB dataset
 # (200 clips, float32 [800, 1024] features + motion pickles, converted):
 #   1. shuffle one epoch through the external two-pass path (--mem 64MiB),
 #      durable (default) and --no-fsync, vs cp of the epoch's bytes without
 #      and with fsync; peak RSS
-#   2. the training-read simulation, cold and warm (docs/bench_read.py)
-# Usage: docs/bench_shuffle.sh [WORKDIR]   (default /tmp/clipshard-bench; needs python3-numpy)
+#   2. the training-read simulation, cold and warm (bench/bench_read.py)
+# Usage: bench/bench_shuffle.sh [WORKDIR]   (default /tmp/clipshard-bench; needs python3-numpy)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. docs/bench_lib.sh
+. bench/bench_lib.sh
 S="$W/shuf"
 go build -o "$W/convert" ./cmd/convert
 go build -o "$W/shuffle" ./cmd/shuffle
-[ -f "$S/clips.txt" ] || "$PY" docs/bench_gen.py "$S" 200 600 1000 1024
+[ -f "$S/clips.txt" ] || "$PY" bench/bench_gen.py "$S" 200 600 1000 1024
 "$W/convert" --quiet --clips "$S/clips.txt" --out "$W/shuf-ds" -m 'feat=feat/{clip}.npy' -m 'motion=motion/{clip}.pkl:exp+pose' >/dev/null
 echo "dataset: $(du -sh --apparent-size "$W/shuf-ds" | cut -f1)"
 
@@ -20,7 +20,7 @@ echo "dataset: $(du -sh --apparent-size "$W/shuf-ds" | cut -f1)"
 args=(--dataset "$W/shuf-ds" --window 15 --epochs 1 --seed 1 --shard-samples 1024 --quiet --force)
 # Every run writes a new output (the previous one removed first, untimed),
 # for shuffle and cp alike; the five rows run in turn, one run of each a
-# round (rounds, docs/bench_lib.sh): the external path durable (default)
+# round (rounds, bench/bench_lib.sh): the external path durable (default)
 # and --no-fsync (the page cache, as cp), the in-memory path, cp of the
 # epoch (its source warm: the external row just wrote it) and cp made as
 # durable as shuffle's output (shuffle fsyncs each epoch).
@@ -40,8 +40,8 @@ echo "epoch: $(du -sh --apparent-size "$W/shuf-ep/epoch-0000" | cut -f1)"
 # Let the writes above settle first: cold reads right behind 300 MB of
 # writes measure the disk finishing them, not the reads.
 sync; sleep 3
-"$PY" docs/bench_read.py "$S" "$W/shuf-ds" "$W/shuf-ep" cold
-"$PY" docs/bench_read.py "$S" "$W/shuf-ds" "$W/shuf-ep" warm
+"$PY" bench/bench_read.py "$S" "$W/shuf-ds" "$W/shuf-ep" cold
+"$PY" bench/bench_read.py "$S" "$W/shuf-ds" "$W/shuf-ep" warm
 
 # Cold again, with the reader's memory (page cache included) capped below
 # the dataset's size, as on a node whose RAM is smaller than the features
@@ -57,7 +57,7 @@ elif [ "$(id -u)" = 0 ] && [ -d /sys/fs/cgroup/memory ]; then
 fi
 if [ -n "$cg" ]; then
   echo "memory capped at $CAP (dataset $(du -sh --apparent-size "$W/shuf-ds" | cut -f1)):"
-  sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$cg" "$PY" docs/bench_read.py "$S" "$W/shuf-ds" "$W/shuf-ep" cold
+  sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$cg" "$PY" bench/bench_read.py "$S" "$W/shuf-ds" "$W/shuf-ep" cold
   rmdir "$cg" 2>/dev/null || true
 else
   echo "memory-capped read simulation skipped: needs root and a cgroup memory controller"

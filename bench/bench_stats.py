@@ -1,4 +1,4 @@
-"""What the Python bench scripts share (docs/bench_*.py import it: a
+"""What the Python bench scripts share (bench/bench_*.py import it: a
 script's folder is first on sys.path)."""
 import numpy as np
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""The trainer's loop, side by side (just bench-train; docs/BENCHMARKS.md).
+"""The trainer's loop, side by side (just bench train; docs/BENCHMARKS.md).
 
-    python3 docs/bench_train.py one ROW S MODE SRC DATASET EPOCHS [BATCHES]
+    python3 bench/bench_train.py one ROW S MODE SRC DATASET EPOCHS [BATCHES]
 
 reads BENCH_PASSES (5) epochs (or their first BATCHES batches) of rank 0
 of 1, B=256, float32 delivered (float16 for the *-f16 rows and cat), in a
@@ -42,7 +42,7 @@ import time
 
 import numpy as np
 
-from bench_stats import span  # noqa: E402 (docs/bench_stats.py)
+from bench_stats import span  # noqa: E402 (bench/bench_stats.py)
 
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(here, "..", "python"))

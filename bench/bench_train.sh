@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# just bench-train: the trainer's loop over one epoch of the mixed bench
-# set (docs/bench_gen_mixed.py: float16 whisper, float32 w2v, motion
+# just bench train: the trainer's loop over one epoch of the mixed bench
+# set (bench/bench_gen_mixed.py: float16 whisper, float32 w2v, motion
 # pickles, float32/float64 emotion, mixed byte orders), B=256, W=15,
 # float32 delivered, with a simulated accelerator step of S = 0, 5, 20 ms:
 # clipshard's loader against EpochDataset (0 and 2 DataLoader workers),
@@ -10,19 +10,19 @@
 # Every leg runs its rows interleaved in BENCH_ROUNDS rounds (3: each
 # round runs every row at every S once, in turn), and the tables give the
 # median and range of the rounds and the load average over them.
-#   docs/bench_train.sh [WORKDIR]      (CLIPSHARD_PYTHON: a Python with numpy and torch)
+#   bench/bench_train.sh [WORKDIR]      (CLIPSHARD_PYTHON: a Python with numpy and torch)
 # BENCH_LEGS (warm cold capped sshfs), BENCH_ROUNDS (3), BENCH_S (0 5 20),
 # BENCH_ROWS (the warm and cold rows), BENCH_CAP_ROWS, BENCH_NET_ROWS (the
 # capped and sshfs legs' rows), BENCH_CLIPS (400): fewer, for a quick run
 # (TestBenchTrainRuns and TestBenchTrainLegsRun run it on 40 clips).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. docs/bench_lib.sh
+. bench/bench_lib.sh
 "$PY" -c 'import numpy, torch' || { echo "bench-train needs numpy and torch in $PY (Debian: python3-numpy python3-torch)"; exit 1; }
 go build -o "$W/" ./cmd/convert ./cmd/shuffle
 # The mixed set with one huge clip (20x the median length).
 M="$W/mixed-huge"
-[ -f "$M/clips.txt" ] || "$PY" docs/bench_gen_mixed.py "$M" "${BENCH_CLIPS:-400}" 20
+[ -f "$M/clips.txt" ] || "$PY" bench/bench_gen_mixed.py "$M" "${BENCH_CLIPS:-400}" 20
 mods=(-m 'motion=motion/{clip}.pkl:exp+pose' -m 'whisper@2=whisper/{clip}.npy' -m 'w2v=w2v/{clip}.npy' -m 'emotion=emotion/{clip}.npy')
 [ -f "$W/mixed-huge-ds/dataset.json" ] || "$W/convert" --quiet --clips "$M/clips.txt" --out "$W/mixed-huge-ds" "${mods[@]}" >/dev/null
 # As many epochs as a run reads (BENCH_PASSES, 5): each pass reads an
@@ -36,7 +36,7 @@ echo "$("$PY" -c 'import numpy, torch, sys; print("python", sys.version.split()[
 one() {  # ROW S MODE [BATCHES] [SRC DS EP]
   local src=${5:-$M} ds=${6:-$W/mixed-huge-ds} ep=${7:-$EP}
   local rc=0
-  BENCH_ROUND=$round "$PY" docs/bench_train.py one "$1" "$2" "$3" "$src" "$ds" "$ep" "${4:-all}" >> "$OUT" 2>"$W/train.err" || rc=$?
+  BENCH_ROUND=$round "$PY" bench/bench_train.py one "$1" "$2" "$3" "$src" "$ds" "$ep" "${4:-all}" >> "$OUT" 2>"$W/train.err" || rc=$?
   if [ "$rc" != 0 ]; then
     tail -3 "$W/train.err"; echo "{\"row\": \"$1\", \"S\": $2, \"mode\": \"$3\", \"round\": $round, \"killed\": \"exit $rc\"}" >> "$OUT"
   fi
@@ -77,7 +77,7 @@ if [ -n "$cg" ]; then
     for S in 0 20; do
       for row in ${BENCH_CAP_ROWS:-loader-f16 loader-np reader-mmap reader-read preload naive-np}; do
         n=all; [ "$row" = naive-np ] && n=6
-        BENCH_ROUND=$round BENCH_PREFETCH=1 sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$cg" "$PY" docs/bench_train.py one "$row" "$S" "cold, memory capped at $CAP" "$M" "$W/mixed-huge-ds" "$EP" "$n" >> "$OUT" 2>"$W/train.err" ||
+        BENCH_ROUND=$round BENCH_PREFETCH=1 sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$cg" "$PY" bench/bench_train.py one "$row" "$S" "cold, memory capped at $CAP" "$M" "$W/mixed-huge-ds" "$EP" "$n" >> "$OUT" 2>"$W/train.err" ||
           echo "{\"row\": \"$row\", \"S\": $S, \"mode\": \"cold, memory capped at $CAP\", \"round\": $round, \"killed\": \"out of memory\"}" >> "$OUT"
       done
     done
@@ -127,4 +127,4 @@ CFG
 else
   echo "network-filesystem leg skipped: needs root, sshfs and openssh-server (Debian: apt install sshfs openssh-server)"
 fi
-"$PY" docs/bench_train.py table "$OUT"
+"$PY" bench/bench_train.py table "$OUT"

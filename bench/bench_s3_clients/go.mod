@@ -1,4 +1,4 @@
-module github.com/clipshard/clipshard/docs/bench_s3_clients
+module github.com/clipshard/clipshard/bench/bench_s3_clients
 
 go 1.26.0
 

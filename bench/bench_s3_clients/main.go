@@ -1,6 +1,6 @@
 // Command bench_s3_clients compares the two Go S3 clients clipshard push
 // could use, minio-go v7 and aws-sdk-go-v2 (its transfer manager), on the
-// server at AWS_ENDPOINT_URL (just bench-s3-clients: versitygw on
+// server at AWS_ENDPOINT_URL (just bench s3-clients: versitygw on
 // loopback): a multipart upload (16 MiB parts, 4 at once) and ranged GETs
 // (8 MiB, 2 at once) of the same file, the clients interleaved in rounds;
 // which checksum headers each sends; create-only writes (If-None-Match:
@@ -23,8 +23,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/clipshard/clipshard/docs/bench_s3_clients/awsc"
-	"github.com/clipshard/clipshard/docs/bench_s3_clients/mc"
+	"github.com/clipshard/clipshard/bench/bench_s3_clients/awsc"
+	"github.com/clipshard/clipshard/bench/bench_s3_clients/mc"
 )
 
 // recorder counts requests and notes the checksum headers they carry.

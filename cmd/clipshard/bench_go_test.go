@@ -11,7 +11,7 @@ import (
 	"github.com/clipshard/clipshard/internal/numpytest"
 )
 
-// TestBenchGoRuns (#35): docs/bench_go.sh (just bench) runs the Go
+// TestBenchGoRuns (#35): bench/bench_go.sh (just bench go) runs the Go
 // benchmarks of formats/ and numpy's astype in 3 rounds and prints each
 // benchmark's median (range) with the load average; here one iteration of
 // npy's ReadFile (with CLIPSHARD_EXHAUSTIVE=1, CI: of the decoders, the
@@ -24,7 +24,7 @@ func TestBenchGoRuns(t *testing.T) {
 		filter = "FromFloat32|ReadFile|DecodeFile|SwapBytes"
 		rows = append(rows, "f16 | `BenchmarkFromFloat32/L2/f16c/audit=true", "pickle | `BenchmarkDecodeFile/protocol5", "array | `BenchmarkSwapBytes/2")
 	}
-	cmd := exec.Command("bash", filepath.Join("..", "..", "docs", "bench_go.sh"), t.TempDir())
+	cmd := exec.Command("bash", filepath.Join("..", "..", "bench", "bench_go.sh"), t.TempDir())
 	cmd.Env = append(os.Environ(), "CLIPSHARD_PYTHON="+py, "BENCHTIME=1x", "ROUNDS=2", "BENCH_FILTER="+filter, "BENCH_STREAM_VALUES=65536")
 	out, err := cmd.CombinedOutput()
 	got := string(out)

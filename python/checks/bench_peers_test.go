@@ -13,7 +13,7 @@ import (
 	"github.com/clipshard/clipshard/internal/numpytest"
 )
 
-// TestBenchPeersRuns (#35): docs/bench_peers.sh (just bench-peers) runs
+// TestBenchPeersRuns (#35): bench/bench_peers.sh (just bench peers) runs
 // end to end on a tiny mixed set, so that it cannot rot: every peer's
 // writer (Mosaic's in 2 processes, WebDataset's two layouts), a sweep of
 // two configurations of each peer, the best chosen from it, the main
@@ -103,7 +103,7 @@ func TestBenchPeersRuns(t *testing.T) {
 	// steady epoch to take them from).
 	p := filepath.Join(w, "peers-huge-48")
 	for _, c := range []struct{ tool, config, data string }{{"clipshard", "threads2", "ep"}, {"litdata", "w0", "litdata"}} {
-		cmd := exec.Command(py, filepath.Join("..", "..", "docs", "bench_peers.py"), "read", c.tool, c.config, "0", "warm", filepath.Join(p, c.data))
+		cmd := exec.Command(py, filepath.Join("..", "..", "bench", "bench_peers.py"), "read", c.tool, c.config, "0", "warm", filepath.Join(p, c.data))
 		cmd.Env = append(os.Environ(), "TMPDIR="+t.TempDir(), "BENCH_EPOCHS=1")
 		out, err := cmd.Output()
 		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
@@ -116,9 +116,9 @@ func TestBenchPeersRuns(t *testing.T) {
 			t.Fatalf("bench_peers.py read %s %s, one epoch: %v %+v\n%s", c.tool, c.config, err, r, out)
 		}
 	}
-	// docs/bench_cast.py (where a float32 batch's time goes) over the
+	// bench/bench_cast.py (where a float32 batch's time goes) over the
 	// same epoch, one round: every row a rate, the bound below the read.
-	cmd := exec.Command(py, filepath.Join("..", "..", "docs", "bench_cast.py"), filepath.Join(p, "ep"), "1")
+	cmd := exec.Command(py, filepath.Join("..", "..", "bench", "bench_cast.py"), filepath.Join(p, "ep"), "1")
 	cmd.Env = append(os.Environ(), "TMPDIR="+t.TempDir())
 	out, err := cmd.Output()
 	var r map[string]float64
@@ -144,7 +144,7 @@ func TestBenchPeersRuns(t *testing.T) {
 // folders of DataLoader workers) goes with the test, not into /tmp.
 func benchScript(t *testing.T, name, w string, env ...string) string {
 	t.Helper()
-	cmd := exec.Command("bash", filepath.Join("..", "..", "docs", name), w)
+	cmd := exec.Command("bash", filepath.Join("..", "..", "bench", name), w)
 	cmd.Env = append(append(os.Environ(), "TMPDIR="+t.TempDir()), env...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -153,7 +153,7 @@ func benchScript(t *testing.T, name, w string, env ...string) string {
 	return string(out)
 }
 
-// TestBenchLibRounds (#35): docs/bench_lib.sh's rounds, behind every
+// TestBenchLibRounds (#35): bench/bench_lib.sh's rounds, behind every
 // best/bestpair of the bench_*.sh scripts, runs its rows in turn, one run
 // of each a round, at least 3 rounds, FRESH removed before each run, an
 // argument with spaces and quotes passed as it is, and prints each row's
@@ -163,7 +163,7 @@ func benchScript(t *testing.T, name, w string, env ...string) string {
 func TestBenchLibRounds(t *testing.T) {
 	w := t.TempDir()
 	sh := `set -euo pipefail
-. docs/bench_lib.sh "$1"
+. bench/bench_lib.sh "$1"
 RUNS=2 rounds a "$1/fresh" sh -c 'test ! -e "$1/fresh" || exit 9; echo x >> "$1/log"; touch "$1/fresh"' sh "$1" -- \
   b "" sh -c 'echo "y $2" >> "$1/log"; sleep 0.05' sh "$1" "it's one arg"
 cat "$1/log"; cat "$1/a.median" "$1/b.best"
@@ -222,7 +222,7 @@ func TestBenchPeersTables(t *testing.T) {
 	if err := os.WriteFile(p, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	got := string(numpytest.Run(t, filepath.Join("..", "..", "docs", "bench_peers.py"), "table", p))
+	got := string(numpytest.Run(t, filepath.Join("..", "..", "bench", "bench_peers.py"), "table", p))
 	for _, want := range []string{
 		"| sshfs, cold, S=0 (load average 1.00–2.00) |", "| clipshard threads2 | 3000 (2000–4000) | 2 |", "| litdata w0 | 1500 (1000–2000) | 2 |",
 		"| floor: 2 threads, 1024 KiB | 12000 (8000–16000) | 2 |", "sshfs: clipshard / the floor, round by round: clipshard threads2 0.25 (0.25–0.25)",

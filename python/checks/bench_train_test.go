@@ -11,7 +11,7 @@ import (
 	"github.com/clipshard/clipshard/internal/numpytest"
 )
 
-// TestBenchTrainRuns (#35): docs/bench_train.sh (just bench-train) runs
+// TestBenchTrainRuns (#35): bench/bench_train.sh (just bench train) runs
 // end to end on a small mixed set, so that it cannot rot: its rows in
 // rounds (every row at every S once a round, in turn), and the table of
 // the medians and ranges of the rounds with the load average and the
@@ -62,8 +62,8 @@ func TestBenchTrainRuns(t *testing.T) {
 	}
 }
 
-// TestBenchReadRuns (#35): docs/bench_read.py (the training-read
-// simulation of just bench-shuffle) runs end to end on a small set: its
+// TestBenchReadRuns (#35): bench/bench_read.py (the training-read
+// simulation of just bench shuffle) runs end to end on a small set: its
 // five ways in rounds, each with the median and range of the rounds,
 // the ratios to the first round by round, and the load average.
 func TestBenchReadRuns(t *testing.T) {
@@ -72,10 +72,10 @@ func TestBenchReadRuns(t *testing.T) {
 	sh := `set -euo pipefail
 W=$1; PY=$2
 go build -o "$W/" ./cmd/convert ./cmd/shuffle
-"$PY" docs/bench_gen.py "$W/src" 30 50 80 16
+"$PY" bench/bench_gen.py "$W/src" 30 50 80 16
 "$W/convert" --quiet --clips "$W/src/clips.txt" --out "$W/ds" -m 'feat=feat/{clip}.npy' -m 'motion=motion/{clip}.pkl:exp+pose' >/dev/null
 "$W/shuffle" --quiet --dataset "$W/ds" --out "$W/ep" --window 15 --epochs 1 --seed 1 >/dev/null
-BENCH_ROUNDS=3 "$PY" docs/bench_read.py "$W/src" "$W/ds" "$W/ep" warm`
+BENCH_ROUNDS=3 "$PY" bench/bench_read.py "$W/src" "$W/ds" "$W/ep" warm`
 	cmd := exec.Command("bash", "-c", sh, "bash", w, py)
 	cmd.Dir = filepath.Join("..", "..")
 	out, err := cmd.CombinedOutput()
@@ -198,7 +198,7 @@ func TestBenchDropLeavesFifos(t *testing.T) {
 	}
 	os.Symlink("/dev/zero", filepath.Join(d, "zero"))
 	os.WriteFile(filepath.Join(d, "data"), []byte("x"), 0o644)
-	script := `import sys; sys.path[:0] = ["docs", "python"]; import bench_train as b
+	script := `import sys; sys.path[:0] = ["bench", "python"]; import bench_train as b
 print(sorted(b.regular_files([sys.argv[1]]))); b.drop([sys.argv[1]]); b.warm([sys.argv[1]]); print("done")`
 	cmd := exec.Command("timeout", "20", py, "-c", script, d)
 	cmd.Dir = filepath.Join("..", "..")

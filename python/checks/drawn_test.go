@@ -43,7 +43,7 @@ func TestDrawnHugeClip(t *testing.T) {
 	t.Log(strings.TrimSpace(got))
 }
 
-// TestBenchDrawnRuns: docs/bench_drawn.py (just bench-drawn) runs end to
+// TestBenchDrawnRuns: bench/bench_drawn.py (just bench drawn) runs end to
 // end on the demo set, so that it cannot rot: the quality table (with
 // materialised epochs, and without), a fake dataset's, and a speed row
 // of each kind, and the speed table.
@@ -53,7 +53,7 @@ func TestBenchDrawnRuns(t *testing.T) {
 	if r := shuffleRun(t, nil, "--dataset", ds, "--out", ep, "--window", "5", "--epochs", "2", "--shard-samples", "8", "--seed", "3"); r.Code != 0 {
 		t.Fatal(r.Stderr)
 	}
-	script := filepath.Join("..", "..", "docs", "bench_drawn.py")
+	script := filepath.Join("..", "..", "bench", "bench_drawn.py")
 	env := []string{"BENCH_B=4", "BENCH_W=5"}
 	for _, args := range [][]string{{"quality", ds, ep}, {"quality", ds, "-"}} {
 		got := string(numpytest.RunEnv(t, env, append([]string{script}, args...)...))

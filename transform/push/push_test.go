@@ -632,14 +632,14 @@ func wideDataset(t *testing.T, y bool) string {
 		func(i, r, c int) float32 { return float32((r*13+c*5+i)%2048) / 256 }, y)
 }
 
-// TestBenchS3Runs: docs/bench_s3.py's rows of clipshard and the floors
+// TestBenchS3Runs: bench/bench_s3.py's rows of clipshard and the floors
 // (the peers' rows need their packages: bench-peers' venv) run end to end
 // on the demo epoch in versitygw, each printing its figures, so that the
 // script behind the "Epochs in a bucket" table cannot rot.
 func TestBenchS3Runs(t *testing.T) {
 	s, ep := pushedEpochs(t, "1", "16")
 	env := append(s.Env(), "AWS_PROFILE=", "BENCH_BATCH=32")
-	script := filepath.Join("..", "..", "docs", "bench_s3.py")
+	script := filepath.Join("..", "..", "bench", "bench_s3.py")
 	dir := t.TempDir()
 	for _, c := range [][]string{
 		{"floor-2", ep, "s3://bkt/ep", "-"},
@@ -663,7 +663,7 @@ func TestBenchS3Runs(t *testing.T) {
 	}
 }
 
-// TestBenchLinkRuns: docs/bench_link.sh (bench-s3's BENCH_LINKS leg)
+// TestBenchLinkRuns: bench/bench_link.sh (bench-s3's BENCH_LINKS leg)
 // serves a bucket from a network namespace over a veth pair shaped to a
 // rate: bench_s3.py's floor and cold Loader rows read the epoch through
 // it, no faster than the link (so the shaping is in force), and
@@ -696,7 +696,7 @@ echo "ns $LINK_NS $LINK_HOST"
 "$PY" "$2" floor-2 "$EP" s3://bkt/ep -
 "$PY" "$2" loader "$EP" s3://bkt/ep "$DIR/cache"
 `
-	cmd := exec.Command("bash", "-c", sh, "bash", filepath.Join("..", "..", "docs", "bench_link.sh"), filepath.Join("..", "..", "docs", "bench_s3.py"))
+	cmd := exec.Command("bash", "-c", sh, "bash", filepath.Join("..", "..", "bench", "bench_link.sh"), filepath.Join("..", "..", "bench", "bench_s3.py"))
 	var env []string
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "AWS_PROFILE=") {
