@@ -18,7 +18,7 @@ MODE:
   replay        clipshard.Loader over WORK/ep, epochs 3-4 replayed, mixing 2 shards
   drawn         clipshard.torch.Loader(dataset=WORK/ds), epochs 0-1, float32
   mixed         clipshard.Loader over WORK/mix (two sources), epoch 0
-  bucket        clipshard.torch.Loader over s3://bench/ep (AWS_ENDPOINT_URL),
+  bucket        clipshard.torch.Loader over s3://bench/ep (AWS_ENDPOINT_URL), epochs 0-2,
                 a new cache under WORK, float32
   drawn-bucket  clipshard.Loader(dataset=s3://bench/ds), epoch 0, float16
 B is 256 (BENCH_BATCH).
@@ -49,7 +49,7 @@ def make():
         if mode == "drawn":
             return TL(dataset=os.path.join(work, "ds"), epochs=[0, 1], window=15, seed=5, batch_size=B, dtype=torch.float32)
         cache = tempfile.mkdtemp(dir=work, prefix="ab-cache-")
-        return TL("s3://bench/ep", epochs=[0], batch_size=B, dtype=torch.float32, cache_dir=cache, cache_limit="4GiB")
+        return TL("s3://bench/ep", epochs=[0, 1, 2], batch_size=B, dtype=torch.float32, cache_dir=cache, cache_limit="4GiB")
     if mode == "reader":
         return clipshard.EpochReader(os.path.join(work, "ep"), 1, batch_size=B)
     if mode == "replay":

@@ -35,10 +35,11 @@ go build -o "$A/" ./cmd/clipshard
 M="$W/mixed-huge"
 [ -f "$M/clips.txt" ] || "$PY" bench/bench_gen_mixed.py "$M" 400 20
 mods=(-m 'motion=motion/{clip}.pkl:exp+pose' -m 'whisper@2=whisper/{clip}.npy' -m 'w2v=w2v/{clip}.npy' -m 'emotion=emotion/{clip}.npy')
-if [ ! -f "$A/ds/dataset.json" ]; then
+if [ ! -f "$A/mix/epochs.json" ]; then
+  rm -rf "$A/ds" "$A/ds2" "$A/ep" "$A/mix"
   "$A/clipshard" convert --quiet --clips "$M/clips.txt" --out "$A/ds" "${mods[@]}" >/dev/null
-  head -200 "$M/clips.txt" > "$A/half.txt"
-  "$A/clipshard" convert --quiet --clips "$A/half.txt" --out "$A/ds2" "${mods[@]}" >/dev/null
+  head -200 "$M/clips.txt" > "$M/half.txt"  # (beside clips.txt: the templates are relative to the list's folder)
+  "$A/clipshard" convert --quiet --clips "$M/half.txt" --out "$A/ds2" "${mods[@]}" >/dev/null
   "$A/clipshard" shuffle --quiet --dataset "$A/ds" --out "$A/ep" --window 15 --epochs 3 --seed 3 --shard-samples 512 >/dev/null
   "$A/clipshard" shuffle --quiet --source "a=$A/ds" --source "b=$A/ds2" --out "$A/mix" --window 15 --epochs 1 --seed 4 >/dev/null
 fi
@@ -47,7 +48,8 @@ ROOT="$A/s3-root"; rm -rf "$ROOT"; mkdir -p "$ROOT/bench"
 PORT=$(( 20000 + RANDOM % 20000 ))
 ROOT_ACCESS_KEY=bench ROOT_SECRET_KEY=bench-secret-key "$VGW" --port "127.0.0.1:$PORT" posix "$ROOT" > "$A/vgw.log" 2>&1 &
 VPID=$!
-trap 'kill $VPID 2>/dev/null; sleep 0.5; kill -9 $VPID 2>/dev/null; git worktree remove --force "$A/old" 2>/dev/null || true' EXIT
+stop() { kill "$VPID" 2>/dev/null || true; sleep 0.5; kill -9 "$VPID" 2>/dev/null || true; git worktree remove --force "$A/old" 2>/dev/null || true; }
+trap stop EXIT
 export AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=bench-secret-key AWS_ENDPOINT_URL="http://127.0.0.1:$PORT" AWS_REGION=us-east-1
 for _ in $(seq 50); do (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.1; done
 "$A/clipshard" push --quiet "$A/ep" s3://bench/ep >/dev/null

@@ -133,20 +133,24 @@ class Cutter:
     def close(self) -> None:
         self._ch = None
 
+    def jobs(self, g: int, out: Mapping[str, np.ndarray], parts: int) -> list[Callable[[], None]]:
+        """pieces(g, out, parts)' jobs alone."""
+        return [job for _, _, job in self.pieces(g, out, parts)]
+
     def fill(self, g: int, out: Mapping[str, np.ndarray]) -> None:
         """Batch g into out (name -> array [n, ...] of the batch's shape;
         "samples" too): jobs(g, out, 1) done."""
         for job in self.jobs(g, out, 1):
             job()
 
-    def jobs(self, g: int, out: Mapping[str, np.ndarray], parts: int) -> list[Callable[[], None]]:
+    def pieces(self, g: int, out: Mapping[str, np.ndarray], parts: int) -> list[tuple[int, int, Callable[[], None]]]:
         """Batch g's fill into out, prepared: "samples" written, every check
         made and every index computed here, once; returned as at most
-        `parts` jobs, each copying a stretch of the batch's rows (of every
-        modality) and nothing else, for the read threads to run at once (a
-        copy releases the GIL; when each thread computed the indices and
-        made the checks of its half, that Python, the GIL's to hold, was
-        a third of a warm batch's thread time).
+        `parts` (first row, end row, job), each job copying that stretch of
+        the batch's rows (of every modality) and nothing else, for the read
+        threads to run at once (a copy releases the GIL; when each thread
+        computed the indices and made the checks of its half, that Python,
+        the GIL's to hold, was a third of a warm batch's thread time).
 
         A streamed modality's windows are gathered from the memory map of
         its blob (read=False; its size checked first), or each read by one
@@ -182,7 +186,7 @@ class Cutter:
                                                        "clip", sh if sh is not None and len(sh) else None, vr[lo:hi])))
                 else:
                     ops.append((sel, functools.partial(_pread_windows, arg, dst, idx[lo:hi], vr[lo:hi])))
-        return [functools.partial(_copy, ops, i, k) for i, k in _rows(n, parts)]
+        return [(i, k, functools.partial(_copy, ops, i, k)) for i, k in _rows(n, parts)]
 
     def _chunk(self, g: int) -> "_Chunk":
         """The chunk of batches holding batch g: g and the batches this

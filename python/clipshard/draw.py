@@ -454,6 +454,11 @@ class DrawnReader:
         "samples" too)."""
         self.cut.fill(g, out)
 
+    def pieces(self, g: int, out: Mapping[str, np.ndarray], parts: int) -> list[tuple[int, int, Callable[[], None]]]:
+        """Batch g's fill into out as at most `parts` (first row, end row,
+        job) for the read threads (Cutter.pieces)."""
+        return self.cut.pieces(g, out, parts)
+
     def jobs(self, g: int, out: Mapping[str, np.ndarray], parts: int) -> list[Callable[[], None]]:
         """Batch g's fill into out as at most `parts` jobs for the read
         threads (Cutter.jobs)."""
