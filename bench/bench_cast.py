@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where a float32 batch's time goes on this box (docs/BENCHMARKS.md,
+"""Where a float32 batch's time goes on this box (docs/BENCHMARKS-HISTORY.md,
 "Against the peers": #35's float32 goal), warm, 2 threads:
 
     python3 bench/bench_cast.py EPOCHS_DIR [ROUNDS]

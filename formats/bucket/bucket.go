@@ -17,7 +17,7 @@
 // aws-chunked) over plain http; and each object clipshard writes carries
 // its sha256 as user metadata (x-amz-meta-sha256), the hash its folder's
 // SHA256SUMS records. minio-go against aws-sdk-go-v2:
-// docs/BENCHMARKS.md, "The Go S3 client".
+// docs/BENCHMARKS-HISTORY.md, "The Go S3 client".
 package bucket
 
 import (

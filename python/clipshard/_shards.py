@@ -265,7 +265,7 @@ class ShardFiles:
         for memory-mapped batches: their maps are MADV_RANDOM, and a
         range whose ends are cached but not its middle would be faulted
         in a page at a time (a cold epoch read per rank took 1.5x as
-        long, at times 4x, probing: docs/BENCHMARKS.md, "The trainer's
+        long, at times 4x, probing: docs/BENCHMARKS-HISTORY.md, "The trainer's
         read"); a preadv of such a range reads what is missing at once."""
         if probe:
             if self._probe_skip:
