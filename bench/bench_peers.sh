@@ -94,7 +94,7 @@ if leg sweep; then
   # Every peer's documented knobs (CONFIGS in bench_peers.py: workers
   # 0/1/2, persistent workers, WebDataset's two layouts), warm, S=0,
   # BENCH_EPOCHS epochs a process; each round runs every configuration once.
-  configs() { "$PY" -c 'import sys; sys.path.insert(0, "docs"); import bench_peers as b; print(" ".join(b.CONFIGS[sys.argv[1]]))' "$1"; }
+  configs() { "$PY" -c 'import sys; sys.path.insert(0, "bench"); import bench_peers as b; print(" ".join(b.CONFIGS[sys.argv[1]]))' "$1"; }
   for round in $(seq "$ROUNDS"); do
     for t in $PEERS; do
       for c in $(configs "$t"); do
