@@ -13,6 +13,7 @@ from typing import Any, Iterable, Iterator, Mapping, Optional, Union
 import numpy as np
 
 from ._manifest import STATE_VERSION, check_datasets, check_state, epoch_identity, load_epochs
+from ._order import Stride
 from ._prefetch import disk_steps, drawn_steps
 from ._shards import open_epochs
 from .draw import STATE_FORMAT as DRAWN_STATE, Drawn, DrawnReader
@@ -160,10 +161,7 @@ class EpochList:
             r = self.reader(pos)
             r._resume(*start)
             return r.batches_left()
-        left, per = self.len(pos)[0] - start, self.batch_size * self.world_size
-        if left <= 0:
-            return 0
-        return left // per if self.remainder == "drop" else -(-left // per)
+        return Stride(self.len(pos)[0], self.rank, self.world_size, self.batch_size, self.remainder).left(start)
 
     def state(self, at: int, start: Any, handed: Optional[tuple[Any, bool]]) -> dict[str, Any]:
         """The state of a loader at epoch position at (see Loader.state_dict)."""

@@ -50,7 +50,7 @@ from ._draworder import Order, _check_schedule, _intervals, _spans
 from ._files import memory_limit
 from ._groupreads import GroupReads
 from ._manifest import parse_size
-from ._order import check_rank_args, worker
+from ._order import Stride, check_rank_args, worker
 
 __all__ = ["Drawn", "DrawnReader", "Order"]
 
@@ -337,13 +337,7 @@ class DrawnReader:
         self.remaining, self.done = remaining, done
         n = sum(b - a for a, b in remaining)
         self.left = n
-        per = self.batch_size * self.world_size
-        if done or n == 0:
-            self.nb = 0
-        elif self.remainder == "drop":
-            self.nb = n // per
-        else:
-            self.nb = -(-n // per)
+        self.nb = 0 if done else Stride(n, self.rank, self.world_size, self.batch_size, self.remainder).left(0)
         self.consumed_batches = 0  # this rank's batches handed out since the resume point
         self._pos: Optional[np.ndarray] = None
         self.reads.reset(self.positions, self.nb)
