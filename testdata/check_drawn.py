@@ -323,7 +323,7 @@ for dirs, opts in (CASES[0], CASES[2], CASES[4], CASES[6], ([DEMO], dict(window=
     # never copy what mode="clip" would make of them
     src = plans[0].sources[0]
     name = next(iter(src.maps))  # (every case streams a modality)
-    m, f = src.maps[name], src.files[name]
+    (m,), (f,) = src.maps[name], src.files[name]  # (one segment: one blob)
     for first in (len(m), -1):
         try:
             Cutter._gather_index(f, m, np.array([first]), np.array([1]), 1)
@@ -566,7 +566,7 @@ if hasattr(os, "posix_fadvise"):
                         for rec in src.mods:
                             if rec["held"]:
                                 continue
-                            f = src.files[rec["name"]]
+                            (f,) = src.files[rec["name"]]
                             mine_f = sorted((off, off + n) for fd, off, n in asked if fd == f.fd)
                             got = [(fd, off) for fd, off, n in asked if fd == f.fd]
                             assert [x[1] for x in got] == sorted(x[1] for x in got), (rec["name"], "asked out of order")
@@ -593,7 +593,7 @@ if hasattr(os, "posix_fadvise"):
         plan, _ = plan_of(*CASES[2])
         rd = DrawnReader(plan, 1, batch_size=3)
         src = plan.sources[0]
-        streamed = [src.files[rec["name"]].fd for rec in src.mods if not rec["held"]]
+        streamed = [src.files[rec["name"]][0].fd for rec in src.mods if not rec["held"]]
         assert len(streamed) > 1, "the case streams one modality"
         _reads._cached = lambda fd, off, n: fd == streamed[0]
         for gid in rd.reads._needs()[1].tolist():

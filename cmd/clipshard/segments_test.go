@@ -14,8 +14,8 @@ import (
 // keeps the version its epochs were cut from: verify (plain and --deep)
 // and every Python reader (testdata/check_changed.py) read those epochs
 // through; inspect and the Python Dataset read the grown dataset (equal
-// to a full convert's, testdata/check_format2.py); drawn epochs and push
-// refuse format 2 naming the fix. The same
+// to a full convert's, testdata/check_format2.py), and so do drawn epochs;
+// push refuses format 2 naming the fix. The same
 // convert without --segments writes format 1 again, and the epochs are
 // then refused as cut from a dataset converted again (#60.5).
 func TestEpochsOfKeptVersions(t *testing.T) {
@@ -67,4 +67,21 @@ func TestEpochsOfKeptVersions(t *testing.T) {
 		t.Fatalf("verify of epochs whose version was dropped: exit %d: %s", r.Code, r.Stdout)
 	}
 	numpytest.Run(t, filepath.Join(py, "check_changed.py"), ep, ds)
+}
+
+// TestDrawnSegments (#61): epochs drawn at read time from a dataset in
+// segments and versions (testdata/check_drawn_format2.py): five versions
+// (append, a modality added, clips reordered and removed, a source
+// changed), each read byte-equal to a full convert of its list in every
+// read mode; a loader reads on the version it began on while newer ones
+// are committed, a state resumes on its version, a dropped version and a
+// dataset converted again in place are refused, and so are a where.npy
+// outside its blob, a FIFO blob and a segment linked out of the folder.
+func TestDrawnSegments(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "src")
+	clitest.CopyTree(t, clitest.DemoDir(), src)
+	got := string(numpytest.Run(t, filepath.Join("..", "..", "testdata", "check_drawn_format2.py"), bin, src, t.TempDir()))
+	if !strings.HasPrefix(got, "ok: drawn epochs of 5 versions") {
+		t.Fatalf("check_drawn_format2: %s", got)
+	}
 }

@@ -7,13 +7,14 @@ a bucket through a node-local cache entry.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 import numpy as np
 
 from . import _remote
+from ._segments import Runs, blob_entries, check_where
+from ._versions import check_current, kept, open_version
 from ._files import MAX_MANIFEST, Npy, clip_starts, confined, dataset_modality, dataset_top, open_regular, pread_all
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ class Source:
     SHA256SUMS), its fds kept for the block reads. A bucket's (s3://) is
     read through a node-local cache entry."""
 
-    def __init__(self, i: int, name: str, where: str, plan: "Drawn") -> None:
+    def __init__(self, i: int, name: str, where: str, plan: "Drawn", version: Optional[int] = None) -> None:
         self.i, self.name, self.url = i, name, where
         self.remote: Any = None
         path = where
@@ -45,14 +46,12 @@ class Source:
         if not os.path.lexists(os.path.join(path, "dataset.json")) and os.path.lexists(os.path.join(path, "epochs.json")):
             raise ValueError("%s is an epochs folder (it holds epochs.json), not a dataset: give Loader(edir) the epochs "
                              "folder, or Loader(dataset=...) the folder convert wrote" % where)
-        raw = self._bytes("dataset.json")
-        self.sha = hashlib.sha256(raw).hexdigest()
-        try:
-            man = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError, RecursionError) as e:
-            raise ValueError("%s: dataset.json: not JSON: %s" % (where, e)) from None
-        files, mods, clips, frames = dataset_top(where, man)
+        self.sha, self.manifest_rel = "", "dataset.json"  # (of the version read: open_version)
+        self.version: Optional[int] = None
+        man = open_version(self, version)
+        files, mods, clips, frames = dataset_top(where, man, formats=(1,) if self.remote is not None else (1, 2))
         self.clips, self.frames = clips, frames
+        segmented = man["version"] == 2
         if self.remote is not None:
             self._room(files, mods)
         self.sums = self._sums(files.get("sha256sums"))
@@ -65,46 +64,88 @@ class Source:
             idx.close()
         self.starts, self.lengths = clip_starts(index, frames, idx.path)
         # The modalities: (name, dtype, frame shape, rate, per_clip), each
-        # blob's header checked; the small ones read whole.
+        # blob's header checked, where their rows are (format 2: where.npy,
+        # checked against the blobs); the small ones read whole.
         self.mods: list[dict[str, Any]] = []
-        self.files: dict[str, Npy] = {}
-        self.held: dict[str, np.ndarray] = {}  # name -> rows (and a zero row past the end)
-        self.maps: dict[str, np.ndarray] = {}  # name -> a streamed blob's rows mapped, uint8 [rows, row bytes] (read=False)
+        self.files: dict[str, list[Npy]] = {}  # name -> its blobs (format 1: the one)
+        self.held: dict[str, np.ndarray] = {}  # name -> rows in clip order (and a zero row past the end)
+        self.maps: dict[str, list[np.ndarray]] = {}  # name -> its blobs' rows mapped, uint8 [rows, row bytes] (read=False)
         hold = plan.hold
         try:
-            for m in mods:
-                name, per, rate, frame = dataset_modality(where, m, self.files, ("samples",))
-                try:
-                    dtype = np.dtype(m.get("dtype"))
-                except (TypeError, ValueError) as e:
-                    raise ValueError("%s: dataset.json: modality %r: dtype: %s" % (where, name, e)) from None
-                rows = clips if per else frames * rate
-                f = self._open(m.get("file"), "modality %r file" % name)
-                self.files[name] = f
-                f.expect(m.get("dtype"), [rows] + frame)
-                if f.offset != m.get("data_offset"):
-                    raise ValueError("%s: data at offset %d, dataset.json says %r" % (f.path, f.offset, m.get("data_offset")))
-                if dtype.byteorder == ">":
-                    raise ValueError("%s: dtype %s: big-endian (convert writes little-endian)" % (f.path, dtype.str))
-                rec = dict(name=name, dtype=dtype.str, frame=tuple(frame), rate=rate, per_clip=per, file=m.get("file"),
-                           row=f.row, frame_bytes=f.row * max(rate, 1))
-                rec["held"] = per or f.size - f.offset <= hold
-                if not per and f.row == 0:
-                    raise ValueError("%s: modality %r: frame shape %s holds no values (windows of nothing; not a file "
-                                     "convert wrote)" % (f.path, name, frame))
-                self.mods.append(rec)
+            at = self._where(files.get("where"), clips, len(mods)) if segmented else None
+            for k, m in enumerate(mods):
+                self.mods.append(self._modality(k, m, at, hold))
             if all(r["per_clip"] for r in self.mods):
                 raise ValueError("%s: every modality is per clip: no frames to cut windows from" % where)
             for rec in self.mods:
-                f = self.files[rec["name"]]
                 if rec["held"]:
-                    a = self._whole(f, rec["file"])
-                    self.held[rec["name"]] = np.concatenate([a, np.zeros((1,) + a.shape[1:], dtype=a.dtype)])
+                    self.held[rec["name"]] = self._held(rec)
         except BaseException:
             self.close()
             raise
         self.block_frames, self.group_blocks = self._geometry(plan, frames)
         self.blocks = -(-frames // self.block_frames) if frames else 0
+
+    def _modality(self, k: int, m: Any, at: Optional[tuple[np.ndarray, str]], hold: int) -> dict[str, Any]:
+        """Modality k's record (m: its entry of dataset.json): its blobs
+        opened and their headers checked, where its rows are (format 2:
+        at, where.npy and its path; checked against the blobs), whether
+        it is held."""
+        name, per, rate, frame = dataset_modality(self.url, m, self.files, ("samples",))
+        try:
+            dtype = np.dtype(m.get("dtype"))
+        except (TypeError, ValueError) as e:
+            raise ValueError("%s: dataset.json: modality %r: dtype: %s" % (self.url, name, e)) from None
+        clips = self.clips
+        rows = clips if per else self.frames * rate
+        blobs = blob_entries(self.url, name, m, at is not None)
+        fs: list[Npy] = []
+        self.files[name] = fs
+        for b in blobs:
+            f = self._open(b.get("file"), "modality %r file" % name)
+            fs.append(f)
+            f.expect(m.get("dtype"), [b["rows"] if at is not None else rows] + frame)
+            if f.offset != b.get("data_offset"):
+                raise ValueError("%s: data at offset %d, dataset.json says %r" % (f.path, f.offset, b.get("data_offset")))
+        if dtype.byteorder == ">":
+            raise ValueError("%s: dtype %s: big-endian (convert writes little-endian)" % (fs[0].path, dtype.str))
+        runs = Runs.one(rows)
+        if at is not None:
+            n = np.ones(clips, np.int64) if per else self.lengths * rate
+            check_where(at[1], name, at[0][:, k, 0], at[0][:, k, 1], n, np.array([f.shape[0] for f in fs], np.int64))
+            runs = Runs.of(n, at[0][:, k, 0], at[0][:, k, 1])
+        row = fs[0].row
+        rec = dict(name=name, dtype=dtype.str, frame=tuple(frame), rate=rate, per_clip=per, file=blobs[0].get("file"),
+                   files=[b.get("file") for b in blobs], sha256=[b.get("sha256") if at is not None else None for b in blobs],
+                   row=row, frame_bytes=row * max(rate, 1), runs=runs, rows=rows)
+        # (held or streamed by the version's bytes, as its one-segment twin: the same blocks, the same order)
+        rec["held"] = per or rows * row <= hold
+        if not per and row == 0:
+            raise ValueError("%s: modality %r: frame shape %s holds no values (windows of nothing; not a file "
+                             "convert wrote)" % (fs[0].path, name, frame))
+        return rec
+
+    def _where(self, rel: Any, clips: int, mods: int) -> tuple[np.ndarray, str]:
+        """where.npy (format 2): [clips, modalities, 2] (blob, first row)."""
+        w = self._open(rel, "files.where")
+        try:
+            w.expect("<i8", [clips, mods, 2])
+            return self._whole(w, str(rel)), w.path
+        finally:
+            w.close()
+
+    def _held(self, rec: dict[str, Any]) -> np.ndarray:
+        """A held modality's rows in clip order (each blob read whole and
+        checked), and a zero row past them."""
+        fs = self.files[rec["name"]]
+        arrs = [self._whole(f, rel, sha) for f, rel, sha in zip(fs, rec["files"], rec["sha256"])]
+        runs, a = rec["runs"], arrs[0]
+        out = np.zeros((rec["rows"] + 1,) + a.shape[1:], dtype=a.dtype)
+        if runs.flat:
+            out[: rec["rows"]] = a[: rec["rows"]]
+        else:
+            runs.assemble(arrs, out)
+        return out
 
     def _geometry(self, plan: "Drawn", frames: int) -> tuple[int, int]:
         """(frames per block, blocks per group) (FORMAT.md)."""
@@ -165,23 +206,25 @@ class Source:
             self.remote.ensure_head(rel)
         return Npy(p)
 
-    def _whole(self, f: Npy, rel: str) -> np.ndarray:
+    def _whole(self, f: Npy, rel: str, want: Optional[str] = None) -> np.ndarray:
         """f's whole array, read once (a bucket's: fetched, checked), and
-        checked against SHA256SUMS when the dataset lists it."""
+        checked against its sha256 (want: format 2's blob entry), or
+        SHA256SUMS when the dataset lists it."""
         if self.remote is not None:
             self.remote.ensure_range(rel, 0, None)
         b = pread_all(f.fd, f.size, 0, f.path)
         if len(b) != f.size:
             raise ValueError("%s: shorter than when it was checked" % f.path)
-        want = self.sums.get(rel)
+        what = "dataset.json's sha256 of it" if want else "the dataset's SHA256SUMS"
+        want = want or self.sums.get(rel)
         if want is not None and hashlib.sha256(b).hexdigest() != want:
-            raise ValueError("%s: sha256 %s, the dataset's SHA256SUMS says %s (changed since convert wrote it)" % (
-                f.path, hashlib.sha256(b).hexdigest(), want))
+            raise ValueError("%s: sha256 %s, %s says %s (changed since convert wrote it)" % (
+                f.path, hashlib.sha256(b).hexdigest(), what, want))
         return np.frombuffer(b, dtype=f.dtype, offset=f.offset).reshape(f.shape)
 
     def streamed_bytes(self) -> int:
         """Bytes of the blobs a drawn epoch reads (not held)."""
-        return sum(self.files[r["name"]].size for r in self.mods if not r["held"])
+        return sum(f.size for r in self.mods if not r["held"] for f in self.files[r["name"]])
 
     def map_streamed(self, strict: bool) -> None:
         """The streamed blobs' rows mapped (read=False). A blob the file
@@ -190,23 +233,36 @@ class Source:
         naming it."""
         for rec in self.mods:
             if not rec["held"] and rec["name"] not in self.maps:
-                f = self.files[rec["name"]]
-                try:
-                    # (through the fd checked: the file checked is the file mapped)
-                    m = f.memmap()
-                except OSError as e:  # (named: Npy.memmap)
-                    if strict:
-                        raise ValueError("%s; read=False was given" % e.strerror) from None
-                    continue
-                self.maps[rec["name"]] = m.view(np.uint8).reshape(f.shape[0], f.row)
+                maps = []
+                for f in self.files[rec["name"]]:
+                    try:
+                        # (through the fd checked: the file checked is the file mapped)
+                        m = f.memmap()
+                    except OSError as e:  # (named: Npy.memmap)
+                        if strict:
+                            raise ValueError("%s; read=False was given" % e.strerror) from None
+                        break
+                    maps.append(m.view(np.uint8).reshape(f.shape[0], f.row))
+                else:
+                    self.maps[rec["name"]] = maps
+
+    def kept(self) -> str:
+        return kept(self.dir)
+
+    def check_current(self) -> None:
+        """Refuse a version changed or dropped since it was checked
+        (_versions.check_current)."""
+        check_current(self)
 
     def signature(self) -> list[Any]:
         return [(r["name"], r["dtype"], list(r["frame"]), r["rate"], r["per_clip"]) for r in self.mods]
 
     def close(self) -> None:
         self.maps = {}  # (unmapped when the last batch being filled lets go of them)
-        for f in self.files.values():
-            f.close()
+        for fs in self.files.values():
+            for f in fs:
+                f.close()
         self.files = {}
         if self.remote is not None:
             self.remote.close()
+

@@ -67,20 +67,59 @@ def _take_windows(src: np.ndarray, idx: np.ndarray, dst: np.ndarray, mode: Liter
             dst[k if rows is None else int(rows[k - a]), int(valid[k]):] = 0
 
 
-def _pread_windows(f: Npy, dst: np.ndarray, first: np.ndarray, valid: np.ndarray, a: int, b: int,
-                   rows: Optional[np.ndarray]) -> None:
-    """Windows a..b of rows [first, first + valid) of f each read by one
-    pread into dst's rows (a..b, or rows; dst: [n, per rows, ...],
-    C-contiguous), zeros past valid; a file cut short raises, naming it."""
+def _pread_windows(fs: list[Npy], bl: Optional[np.ndarray], dst: np.ndarray, first: np.ndarray, valid: np.ndarray, a: int,
+                   b: int, rows: Optional[np.ndarray]) -> None:
+    """Windows a..b of rows [first, first + valid) of their blob (fs[bl],
+    or with bl None fs[0]) each read by one pread into dst's rows (a..b,
+    or rows; dst: [n, per rows, ...], C-contiguous), zeros past valid; a
+    file cut short raises, naming it."""
     view = memoryview(dst.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
-    row, per = f.row, dst.nbytes // len(dst)
-    for k, at, v in zip(range(a, b) if rows is None else rows.tolist(), first[a:b].tolist(), valid[a:b].tolist()):
+    row, per = fs[0].row, dst.nbytes // len(dst)
+    which = [0] * (b - a) if bl is None else bl[a:b].tolist()
+    for k, at, v, j in zip(range(a, b) if rows is None else rows.tolist(), first[a:b].tolist(), valid[a:b].tolist(), which):
+        f = fs[j]
         n, d = v * row, k * per
         if pread_into(f.fd, view[d: d + n], f.offset + at * row) < n:
             raise ValueError("%s: shorter than its header says (rows %d..%d; changed since it was checked?)"
                              % (f.path, at, at + v))
         if n < per:
             view[d + n: d + per] = bytes(per - n)
+
+
+def _blob_ops(arg: tuple[list[Npy], list[np.ndarray], np.ndarray], idx: np.ndarray, valid: np.ndarray, dst: np.ndarray,
+              sel: Optional[np.ndarray]) -> list[tuple[Optional[np.ndarray], Callable[[int, int, Any], None]]]:
+    """The copies of a batch's windows of a modality in segments (a memory
+    map of each blob): the blob most of them are in gathers into every
+    row of the batch (the others' rows of it are one of its own windows'
+    again, overwritten next), then each other blob's windows are gathered
+    and put in their rows. (A batch whose windows were all gathered and put
+    by blob copies twice; most of a batch drawn from a dataset grown by a
+    few percent is in its first blob.) idx: the windows' rows in their
+    blob; sel: the batch's rows they fill (None: all)."""
+    fs, ms, bl = arg
+    for f in fs:
+        _check_size(f)
+    if not len(bl):
+        return []
+    per = idx.shape[1]
+    count = np.bincount(bl, minlength=len(ms))
+    top = int(np.argmax(count))
+    own = bl == top
+    short = np.flatnonzero(own & (valid < per))
+    ix = idx
+    if not own.all():
+        ix = idx.copy()
+        ix[~own] = idx[int(np.argmax(own))]
+    ops: list[tuple[Optional[np.ndarray], Callable[[int, int, Any], None]]] = [
+        (sel, functools.partial(_take_windows, ms[top], ix, dst, "clip", short if len(short) else None, valid))]
+    for j in np.flatnonzero(count).tolist():
+        if j == top:
+            continue
+        w = np.flatnonzero(bl == j)
+        sh = np.flatnonzero(valid[w] < per)
+        ops.append((w if sel is None else sel[w],
+                    functools.partial(_take_windows, ms[j], idx[w], dst, "clip", sh if len(sh) else None, valid[w])))
+    return ops
 
 
 def _check_size(f: Npy) -> None:
@@ -97,7 +136,8 @@ class _Chunk(NamedTuple):
     place j; the batches' rows [cut[j], cut[j+1]) of samples; and of each
     source, (source, its rows of the chunk or None for all of them, its
     rows' bounds of each batch, and of each modality (name, "held" | "map"
-    | "pread", what it copies from, the gather indices (pread: each
+    | "maps" (in segments: a map of each blob) | "pread", what it copies
+    from, the gather indices (pread: each
     window's first row), the windows shorter than the indices (map), the
     windows' valid rows))."""
     batch: dict[int, int]
@@ -184,8 +224,14 @@ class Cutter:
                         sh = short[int(np.searchsorted(short, lo)): int(np.searchsorted(short, hi))] - lo
                     ops.append((sel, functools.partial(_take_windows, m, idx[lo:hi], dst.reshape(n, idx.shape[1], -1).view(np.uint8),
                                                        "clip", sh if sh is not None and len(sh) else None, vr[lo:hi])))
+                elif kind == "maps":
+                    fs, ms, bl = arg
+                    ops += _blob_ops((fs, ms, bl[lo:hi]), idx[lo:hi], vr[lo:hi], dst.reshape(n, idx.shape[1], -1).view(np.uint8),
+                                     sel)
                 else:
-                    ops.append((sel, functools.partial(_pread_windows, arg, dst, idx[lo:hi], vr[lo:hi])))
+                    fs, bl = arg
+                    ops.append((sel, functools.partial(_pread_windows, fs, None if bl is None else bl[lo:hi], dst, idx[lo:hi],
+                                                       vr[lo:hi])))
         return [(i, k, functools.partial(_copy, ops, i, k)) for i, k in _rows(n, parts)]
 
     def _chunk(self, g: int) -> "_Chunk":
@@ -244,16 +290,43 @@ class Cutter:
                             idx = np.where(r[None, :] < (v * rate)[:, None], idx, len(a) - 1)  # past valid: the zero row
                     mods.append((name, "held", a, idx, None, None))
                     continue
-                f = src.files[name]
-                m = src.maps.get(name)
-                if m is not None:
-                    idx, short_ = self._gather_index(f, m, first * rate, v * rate, W * rate, rows_at(rate))
-                    mods.append((name, "map", (f, m), idx, short_, v * rate))
+                fs, ms, runs = src.files[name], src.maps.get(name), rec["runs"]
+                if runs.flat:  # (format 1, or a modality whose rows never moved: its first blob's rows are the clips')
+                    if ms is not None:
+                        idx, short_ = self._gather_index(fs[0], ms[0], first * rate, v * rate, W * rate, rows_at(rate))
+                        mods.append((name, "map", (fs[0], ms[0]), idx, short_, v * rate))
+                    else:
+                        mods.append((name, "pread", (fs[:1], None), first * rate, None, v * rate))
+                    continue
+                bl, at = runs.locate(first * rate)  # (in segments: each window's blob, and its first row there)
+                if ms is not None:
+                    idx = self._blobs_index(fs, ms, bl, at, v * rate, W * rate)
+                    mods.append((name, "maps", (fs, ms, bl), idx, None, v * rate))
                 else:
-                    mods.append((name, "pread", f, first * rate, None, v * rate))
+                    mods.append((name, "pread", (fs, bl), at, None, v * rate))
             sources.append((s, rows, bnd, mods))
         self._ch = _Chunk({x: i for i, x in enumerate(gs_)}, cut, samples, sources)
         return self._ch
+
+    @staticmethod
+    def _blobs_index(fs: list[Npy], ms: list[np.ndarray], bl: np.ndarray, at: np.ndarray, valid: np.ndarray,
+                     per: int) -> np.ndarray:
+        """_gather_index of windows each in its own blob (bl: which; at:
+        their first rows there), [n, per]: the blobs' sizes checked first,
+        the rows against their blob, rows past valid any of that blob."""
+        for f in fs:
+            _check_size(f)
+        if not len(at):
+            return np.zeros((0, per), np.int64)
+        size = np.array([len(m) for m in ms], np.int64)[bl]
+        if int(at.min()) < 0 or bool((at + np.minimum(valid, per) > size).any()):
+            k = int(np.flatnonzero((at < 0) | (at + np.minimum(valid, per) > size))[0])
+            raise ValueError("%s: rows %d..%d asked of its %d rows (the order and the blob disagree)" % (
+                fs[int(bl[k])].path, int(at[k]), int(at[k] + valid[k]), int(size[k])))
+        idx = at[:, None] + np.arange(per, dtype=np.int64)[None, :]
+        if bool((valid < per).any()):
+            idx = np.minimum(idx, np.maximum(size - 1, 0)[:, None])  # (rows past valid: any row, zeroed after the copy)
+        return idx
 
     @staticmethod
     def _gather_index(f: Npy, m: np.ndarray, first: np.ndarray, valid: np.ndarray, per: int,

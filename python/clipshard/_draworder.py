@@ -9,6 +9,7 @@ lengths and geometry only.
 """
 from __future__ import annotations
 
+import os
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
@@ -271,3 +272,34 @@ def _spans(ivs: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]
             break
     return out
 
+
+def _check_options(window: Any, sampling: Any, short: Any, per_clip: Any, seed: Any, epoch_samples: Any) -> None:
+    if type(window) is not int or not 1 <= window < 1 << 31:
+        raise ValueError("window %r: want an int in [1, 2**31) (frames of each window)" % (window,))
+    if sampling not in ("tile", "random"):
+        raise ValueError("sampling %r: want 'tile' or 'random'" % (sampling,))
+    if short not in ("pad", "skip"):
+        raise ValueError("short %r: want 'pad' or 'skip'" % (short,))
+    if type(per_clip) is not int or per_clip < 1 or (per_clip != 1 and sampling != "random"):
+        raise ValueError("per_clip %r: want an int >= 1 (windows per clip, with sampling='random')" % (per_clip,))
+    if type(seed) is not int or not 0 <= seed < 1 << 64:
+        raise ValueError("seed %r: want an int in [0, 2**64)" % (seed,))
+    if type(epoch_samples) is not int or not 0 <= epoch_samples <= 1 << 40:
+        raise ValueError("epoch_samples %r: want an int in [0, 2**40] (0: the sources' own windows added up; an epoch's "
+                         "order takes 26 bytes a window)" % (epoch_samples,))
+
+
+def _items(dataset: Any) -> tuple[list[tuple[str, Any]], bool]:
+    """[(name, folder or URL)] of dataset, and whether it mixes several."""
+    if isinstance(dataset, Mapping):
+        items = list(dataset.items())
+        if not items:
+            raise ValueError("dataset: an empty {name: folder} mapping")
+        for n, _ in items:
+            if not isinstance(n, str) or not 1 <= len(n) <= 64 or not all(c.isalnum() or c in "_.-" for c in n) or not n.isascii():
+                raise ValueError("dataset: source name %r: want 1-64 of [A-Za-z0-9_.-]" % (n,))
+        return items, True
+    if isinstance(dataset, (str, os.PathLike)):
+        where = os.fspath(dataset)
+        return [(os.path.basename(os.path.normpath(where)) or "dataset", where)], False
+    raise ValueError("dataset %r: want a folder, an s3:// URL, or {name: folder or URL}" % (dataset,))

@@ -16,6 +16,7 @@ from ._manifest import STATE_VERSION, check_datasets, check_state, epoch_identit
 from ._order import Stride
 from ._prefetch import disk_steps, drawn_steps
 from ._shards import open_epochs
+from ._versions import pinned
 from .draw import STATE_FORMAT as DRAWN_STATE, Drawn, DrawnReader
 from .epochs import STATE_FORMAT as READER_STATE, EpochReader
 
@@ -44,6 +45,7 @@ class EpochList:
             _check_drawn_args(edir, dataset, epochs, replay_seed, mix_shards, mix_mem, draw)
             self.draw_args: dict[str, Any] = dict(dataset=dataset, cache_dir=cache_dir, cache_limit=cache_limit, **draw)
             self.drawn = Drawn(**self.draw_args)
+            self.draw_args["version"] = self.drawn._made[1]["version"]  # (opened again after close(): the version read)
             self.manifest: dict[str, Any] = {"seed": self.drawn.seed}
             on_disk: list[int] = []
             edir = str(dataset)
@@ -233,7 +235,8 @@ class EpochList:
         else:
             pos, (rem, done) = at, start
         return {"format": DRAWN_STATE, "version": 1, "epoch": self.epochs[pos], "id": self.drawn.identity,
-                "samples": self.len(pos)[0], "remaining": [[int(a), int(b)] for a, b in rem], "done": bool(done)}
+                "samples": self.len(pos)[0], "remaining": [[int(a), int(b)] for a, b in rem], "done": bool(done),
+                "versions": dict(self.drawn.versions)}
 
     def _resume_drawn(self, state: Mapping[str, Any]) -> tuple[int, Any]:
         if self.drawn is None:
@@ -245,6 +248,8 @@ class EpochList:
         if type(e) is not int or e not in self.epochs:
             raise ValueError("state is of epoch %r, not one of this loader's epochs %s" % (e, self.epochs))
         pos = self.epochs.index(e)
+        # (a state of another dataset version: that version read from now on)
+        self.drawn, self.draw_args = pinned(self.drawn, self.draw_args, state.get("versions"), state.get("id"))
         r = self.reader(pos)
         r.load_state_dict(state)  # (checks the identity, the size and the intervals)
         fresh = r.remaining == ([(0, r.samples)] if r.samples else []) and not r.done

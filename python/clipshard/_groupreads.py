@@ -89,7 +89,7 @@ class GroupReads:
                 blocks = self._blocks().get(gid, np.zeros(0, np.int64))  # (the group's blocks this rank reads windows of)
             for k in blocks[part::parts].tolist():
                 a, b = k * BF, min(F, (k + 1) * BF + W - 1)
-                for rec, f in streamed:
+                for rec, (f,) in streamed:  # (a bucket's dataset is one segment: format 1)
                     off = f.offset + a * rec["rate"] * f.row
                     src.remote.ensure_range(rec["file"], off, off + (b - a) * rec["rate"] * f.row)
         got = self._probe(gid)
@@ -118,13 +118,20 @@ class GroupReads:
         s, _ = self.order.groups[gid]
         src = self.plan.sources[s]
         streamed = [(rec, src.files[rec["name"]]) for rec in src.mods if not rec["held"]]
-        streamed = [(rec, f) for rec, f in streamed if f.fd >= 0]
+        streamed = [(rec, fs) for rec, fs in streamed if all(f.fd >= 0 for f in fs)]
         if not hasattr(os, "posix_fadvise") or not streamed:
             return None
 
         def ranges(a: int, b: int) -> Iterator[tuple[int, int, int]]:
-            for rec, f in streamed:
-                yield f.fd, f.offset + a * rec["rate"] * f.row, (b - a) * rec["rate"] * f.row
+            for rec, fs in streamed:
+                rate, runs = rec["rate"], rec["runs"]
+                if runs.flat:
+                    f = fs[0]
+                    yield f.fd, f.offset + a * rate * f.row, (b - a) * rate * f.row
+                    continue
+                for j, at, n in runs.pieces(a * rate, b * rate):  # (in segments: the blobs' rows of these frames)
+                    f = fs[j]
+                    yield f.fd, f.offset + at * f.row, n * f.row
         with self._probe_lock:
             got = self._probed.get(gid)
             if got is None:

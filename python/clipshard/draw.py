@@ -46,11 +46,12 @@ import numpy as np
 
 from ._blocks import Source
 from ._cut import Cutter
-from ._draworder import Order, _check_schedule, _intervals, _spans
+from ._draworder import Order, _check_options, _check_schedule, _intervals, _items, _spans
 from ._files import memory_limit
 from ._groupreads import GroupReads
 from ._manifest import parse_size
 from ._order import Stride, check_rank_args, worker
+from ._versions import said, versions_of
 
 __all__ = ["Drawn", "DrawnReader", "Order"]
 
@@ -110,18 +111,25 @@ class Drawn:
     cache_dir, cache_limit: for s3:// sources, the node-local cache (it
         must hold the streamed modalities: blocks are not evicted while an
         epoch reads them).
+    version: the dataset version to read (a dataset in segments and
+        versions, convert --segments: one it keeps, versions/N; with
+        several datasets, {name: version}); None: the current one. Either
+        way the version read is pinned: a newer one committed while epochs
+        are drawn is not read (the one read is, while convert keeps it),
+        and .versions says which were read.
     """
 
     def __init__(self, dataset: Union[str, Mapping[str, str]], window: int, seed: int = 0, sampling: str = "tile",
                  per_clip: int = 1, short: str = "pad", weights: Any = None, epoch_samples: int = 0,
                  block: Union[str, int] = "auto", buffer: Union[str, int] = BUFFER, group: Optional[int] = None,
                  hold: Union[str, int] = HOLD, read: Union[bool, str] = "auto",
-                 cache_dir: Optional[str] = None, cache_limit: Union[str, int, None] = None) -> None:
+                 cache_dir: Optional[str] = None, cache_limit: Union[str, int, None] = None,
+                 version: Union[int, Mapping[str, int], None] = None) -> None:
         # (what makes these epochs again in another process: see __reduce__)
         self._made = (dict(dataset) if isinstance(dataset, Mapping) else dataset, dict(
             window=window, seed=seed, sampling=sampling, per_clip=per_clip, short=short, weights=weights,
             epoch_samples=epoch_samples, block=block, buffer=buffer, group=group, hold=hold, read=read,
-            cache_dir=cache_dir, cache_limit=cache_limit))
+            cache_dir=cache_dir, cache_limit=cache_limit, version=version))
         _check_options(window, sampling, short, per_clip, seed, epoch_samples)
         self.window, self.seed, self.sampling, self.per_clip, self.short = window, seed, sampling, per_clip, short
         self.block: Optional[int] = None if block == "auto" else parse_size(block)
@@ -146,12 +154,16 @@ class Drawn:
             raise ValueError("weights and epoch_samples mix several datasets: give dataset={name: folder, ...}")
         self.sources: list[Source] = []
         try:
-            self._open(items)
+            self._open(items, versions_of(version, self.names, self.mixed))
         except BaseException:
             self.close()
             raise
         first = self.sources[0]
         self.modalities = [r["name"] for r in first.mods]
+        # The versions read: pinned (made again in another process, or
+        # after close(), these are opened, not whatever is current then).
+        self.versions = {s.name: s.version for s in self.sources}
+        self._made[1]["version"] = dict(self.versions) if self.mixed else first.version
         # What identifies these epochs: the sources (names, dataset.json's
         # sha256) and every option the order depends on.
         ident = {"sources": [[s.name, s.sha] for s in self.sources], "window": window, "seed": seed, "sampling": sampling,
@@ -162,11 +174,11 @@ class Drawn:
         self._lock = threading.Lock()
         self.closed = False
 
-    def _open(self, items: list[tuple[str, Any]]) -> None:
+    def _open(self, items: list[tuple[str, Any]], versions: list[Optional[int]]) -> None:
         """The sources opened and checked (their modalities must agree),
         the read mode chosen ("auto"), the streamed blobs mapped (read=False)."""
         for i, (n, where) in enumerate(items):
-            src = Source(i, n, os.fspath(where), self)
+            src = Source(i, n, os.fspath(where), self, versions[i])
             self.sources.append(src)
         first = self.sources[0]
         for s in self.sources[1:]:
@@ -218,17 +230,12 @@ class Drawn:
             return o
 
     def check_current(self) -> None:
-        """Refuse sources whose dataset.json changed since they were
-        checked (convert --force, an incremental convert)."""
+        """Refuse sources whose version changed or was dropped since they
+        were checked (convert --force, an incremental convert in place,
+        convert --keep); a version kept while newer ones are committed
+        (convert --segments) is read on."""
         for s in self.sources:
-            try:
-                now = hashlib.sha256(s._bytes("dataset.json")).hexdigest() if s.remote is None else \
-                    hashlib.sha256(s.remote.check_current()).hexdigest()
-            except (ValueError, OSError) as e:
-                raise ValueError("%s: dataset.json cannot be read again: %s" % (s.url, e)) from None
-            if now != s.sha:
-                raise ValueError("%s: dataset.json changed since the loader checked it (converted again?): make the loader "
-                                 "again" % s.url)
+            s.check_current()
 
     def close(self) -> None:
         """Close every file of the sources (a reader then refuses to read)."""
@@ -245,38 +252,6 @@ class Drawn:
         if self.closed:
             raise ValueError("a closed Drawn cannot be pickled (its sources are closed)")
         return (_drawn_again, self._made + (self.identity,))
-
-
-def _check_options(window: Any, sampling: Any, short: Any, per_clip: Any, seed: Any, epoch_samples: Any) -> None:
-    if type(window) is not int or not 1 <= window < 1 << 31:
-        raise ValueError("window %r: want an int in [1, 2**31) (frames of each window)" % (window,))
-    if sampling not in ("tile", "random"):
-        raise ValueError("sampling %r: want 'tile' or 'random'" % (sampling,))
-    if short not in ("pad", "skip"):
-        raise ValueError("short %r: want 'pad' or 'skip'" % (short,))
-    if type(per_clip) is not int or per_clip < 1 or (per_clip != 1 and sampling != "random"):
-        raise ValueError("per_clip %r: want an int >= 1 (windows per clip, with sampling='random')" % (per_clip,))
-    if type(seed) is not int or not 0 <= seed < 1 << 64:
-        raise ValueError("seed %r: want an int in [0, 2**64)" % (seed,))
-    if type(epoch_samples) is not int or not 0 <= epoch_samples <= 1 << 40:
-        raise ValueError("epoch_samples %r: want an int in [0, 2**40] (0: the sources' own windows added up; an epoch's "
-                         "order takes 26 bytes a window)" % (epoch_samples,))
-
-
-def _items(dataset: Any) -> tuple[list[tuple[str, Any]], bool]:
-    """[(name, folder or URL)] of dataset, and whether it mixes several."""
-    if isinstance(dataset, Mapping):
-        items = list(dataset.items())
-        if not items:
-            raise ValueError("dataset: an empty {name: folder} mapping")
-        for n, _ in items:
-            if not isinstance(n, str) or not 1 <= len(n) <= 64 or not all(c.isalnum() or c in "_.-" for c in n) or not n.isascii():
-                raise ValueError("dataset: source name %r: want 1-64 of [A-Za-z0-9_.-]" % (n,))
-        return items, True
-    if isinstance(dataset, (str, os.PathLike)):
-        where = os.fspath(dataset)
-        return [(os.path.basename(os.path.normpath(where)) or "dataset", where)], False
-    raise ValueError("dataset %r: want a folder, an s3:// URL, or {name: folder or URL}" % (dataset,))
 
 
 def _drawn_reader_again(plan: Drawn, epoch: int, rank: int, world_size: int, batch_size: int, remainder: str, threads: int,
@@ -409,7 +384,8 @@ class DrawnReader:
     def state_after(self, k: int) -> dict[str, Any]:
         rem, done = self.remaining_after(k)
         return {"format": STATE_FORMAT, "version": STATE_VERSION, "epoch": self.epoch, "id": self.plan.identity,
-                "samples": self.samples, "remaining": [[a, b] for a, b in rem], "done": done}
+                "samples": self.samples, "remaining": [[a, b] for a, b in rem], "done": done,
+                "versions": dict(self.plan.versions)}
 
     def state_dict(self) -> dict[str, Any]:
         """What is left of the epoch once every rank has handed out the
@@ -424,6 +400,12 @@ class DrawnReader:
             raise ValueError("not a clipshard drawn-epoch state: %r" % (state,))
         if state.get("version") != STATE_VERSION:
             raise ValueError("state version %r: this reader knows version %d" % (state.get("version"), STATE_VERSION))
+        was = state.get("versions")
+        if isinstance(was, Mapping) and was != self.plan.versions and state.get("id") != self.plan.identity:
+            raise ValueError("state is of dataset version%s %s, this reader reads %s: make the loader with version=%s to "
+                             "finish the epoch on the bytes it began with (a version convert keeps reads as it was)" % (
+                                 "s" if len(was) > 1 else "", said(was), said(self.plan.versions),
+                                 was if self.mixed else next(iter(was.values()), None)))
         for k, mine in (("epoch", self.epoch), ("id", self.plan.identity), ("samples", self.samples)):
             if state.get(k) != mine or type(state.get(k)) is bool:
                 raise ValueError("state is of %s %r, this reader's is %r (another epoch, other datasets or options)" % (k, state.get(k), mine))

@@ -173,8 +173,8 @@ class Loader:
         """Go on where state says, with this loader's world size and batch
         size (which may differ from those that saved it). Also takes an
         EpochReader's or EpochDataset's state (its virtual epoch)."""
+        self._stop()  # (before: a state of another dataset version closes the one the read-ahead reads)
         pos, start = self.list.resume(state)
-        self._stop()
         self._pos, self._start, self._handed = pos, start, None
 
     # -- iteration --------------------------------------------------------
