@@ -12,7 +12,7 @@
 # untimed, before each run over it. The segmented output is checked
 # against the full one: verify --deep, and shuffle's shards byte-identical.
 # Usage: bench/bench_append.sh [WORKDIR]   (default /tmp/clipshard-bench; needs python3-numpy)
-#   SIZES="200 400 800" (clips), RUNS=3
+#   SIZES="200 400 800" (clips), RUNS=3, READERS=only (the readers' table alone, on the last size)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/bench_lib.sh
@@ -36,7 +36,10 @@ mib() { awk -v b="$1" 'BEGIN{printf "%.1f MiB", b/1048576}'; }
 med() { sort -g | awk '{a[NR]=$1} END{printf "%s", a[int((NR+1)/2)]}'; }
 rng() { sort -g | awk '{a[NR]=$1} END{printf "%s-%s", a[1], a[NR]}'; }
 
-for n in ${SIZES:-200 400 800}; do
+SIZES=${SIZES:-200 400 800}
+last=${SIZES##* }
+[ "${READERS:-}" = only ] && SIZES=""
+for n in $SIZES; do
   S="$W/append-$n"
   [ -f "$S/clips.txt" ] || "$PY" bench/bench_gen_mixed.py "$S" "$n" >/dev/null
   add=$(( n / 100 > 2 ? n / 100 : 2 ))
@@ -76,6 +79,8 @@ done
 
 # Adding a modality (emotion) to the largest set's dataset of the other three.
 S="$W/append-$last"
+[ -f "$S/clips.txt" ] || "$PY" bench/bench_gen_mixed.py "$S" "$last" >/dev/null
+if [ "${READERS:-}" != only ]; then
 rm -rf "$W/old3"
 "$B" convert --quiet --clips "$S/clips.txt" --root "$S" --out "$W/old3" "${mods[@]:0:6}" >/dev/null
 rm -f "$W"/{emotion-only,copy,segments}.rows
@@ -95,15 +100,20 @@ for leg in emotion-only copy segments; do
     'BEGIN{printf "  %-12s %7.3f s (%s)  wrote %9.1f MiB   %6.2fx the modality alone'"'"'s bytes, %5.2fx its time\n", leg, t, tr, b/1048576, b/nb, t/nt}'
 done
 rm -rf "$W/emotion-only" "$W/copy" "$W/segments" "$W/old3"
+fi
 
 # Readers of a segmented version against its compacted twin (the goal:
 # within 0.95x): the largest set converted from 80 % of its clips, grown
 # in 4 appends of 5 % (5 segments), against a full convert of the list.
 # shuffle in memory and on the external path (--mem 64MiB; both
 # --no-fsync: the disk's flush of the shards is the same for both and
-# its noise, 0.4-2.1 s a run here, hid the reads), and the
+# its noise, 0.4-2.1 s a run here, hid the reads), the
 # Python Dataset reading every clip's rows of every modality (a sum of
-# each, so that the pages are read), rows interleaved, 3 rounds.
+# each, so that the pages are read), and two epochs drawn at read time
+# (Loader(dataset=...), windows of 30 frames, batches of 64 as float32,
+# 2 threads; read=False: a memory map of each blob, read=True: a pread a
+# window; the sha256 of every batch equal for both datasets, or the
+# bench stops), rows interleaved, 3 rounds, warm.
 S="$W/append-$last"
 n=$(wc -l < "$S/clips.txt")
 rm -rf "$W/seg" "$W/twin"
@@ -125,7 +135,23 @@ for i in range(len(ds)):
         s += float(np.asarray(a, dtype=np.float32).sum())
 print("%.3f" % (time.perf_counter() - t0))
 PY
-rm -f "$W"/r-*.rows
+cat > "$W/read_drawn.py" <<'PY'
+import hashlib, sys, time
+import numpy as np
+sys.path.insert(0, sys.argv[2])
+import clipshard
+read = sys.argv[3] == "pread"
+t0 = time.perf_counter()
+ld = clipshard.Loader(dataset=sys.argv[1], epochs=[0, 1], window=30, batch_size=64, threads=2, dtype=np.float32, read=read)
+h = hashlib.sha256()
+for _ in ld.epochs:
+    for b in ld:
+        for k in sorted(b):
+            h.update(np.ascontiguousarray(b[k]).view(np.uint8))
+ld.close()
+print("%.3f %s" % (time.perf_counter() - t0, h.hexdigest()[:16]))
+PY
+rm -f "$W"/r-*.rows "$W"/h-*.rows
 l0=$(cut -d' ' -f1 /proc/loadavg)
 for r in $(seq "$RUNS"); do
   for d in twin seg; do
@@ -135,10 +161,18 @@ for r in $(seq "$RUNS"); do
       t1=$(date +%s%N); awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.3f\n", (b-a)/1e9}' >> "$W/r-shuffle-$mem-$d.rows"
     done
     "$PY" "$W/read_ds.py" "$W/$d" "$PWD/python" >> "$W/r-dataset-$d.rows"
+    for mode in map pread; do
+      "$PY" "$W/read_drawn.py" "$W/$d" "$PWD/python" $mode | tee -a "$W/h-drawn-$mode-$d.rows" | cut -d' ' -f1 >> "$W/r-drawn-$mode-$d.rows"
+    done
   done
 done
 echo "readers, $n clips: a version of 5 segments (4 appends of 5 %) against its compacted twin; $RUNS rounds, load average $l0-$(cut -d' ' -f1 /proc/loadavg):"
-for what in shuffle-2GiB shuffle-64MiB dataset; do
+for mode in map pread; do
+  if [ "$(cut -d' ' -f2 "$W/h-drawn-$mode-twin.rows" "$W/h-drawn-$mode-seg.rows" | sort -u | wc -l)" != 1 ]; then
+    echo "drawn ($mode): the batches of the segmented version differ from its twin's"; exit 1
+  fi
+done
+for what in shuffle-2GiB shuffle-64MiB dataset drawn-map drawn-pread; do
   a=$(med < "$W/r-$what-twin.rows"); b=$(med < "$W/r-$what-seg.rows")
   awk -v w="$what" -v a="$a" -v b="$b" -v ra="$(rng < "$W/r-$what-twin.rows")" -v rb="$(rng < "$W/r-$what-seg.rows")" \
     'BEGIN{printf "  %-14s one segment %.3f s (%s)   5 segments %.3f s (%s)   speed %.2fx\n", w, a, ra, b, rb, a/b}'
