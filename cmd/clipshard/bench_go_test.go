@@ -13,17 +13,16 @@ import (
 
 // TestBenchGoRuns (#35): bench/bench_go.sh (just bench go) runs the Go
 // benchmarks of formats/ and numpy's astype in 3 rounds and prints each
-// benchmark's median (range) with the load average; here one iteration of
-// npy's ReadFile (with CLIPSHARD_EXHAUSTIVE=1, CI: of the decoders, the
-// byte swaps and float16 from float32 too) and numpy's "stream" on 64 Ki
-// values, so that the script cannot rot.
+// benchmark's median (range) with the load average; here (with
+// CLIPSHARD_EXHAUSTIVE=1, CI) one iteration of npy's ReadFile, the
+// decoders, the byte swaps and float16 from float32, and numpy's "stream"
+// on 64 Ki values, so that the script cannot rot.
 func TestBenchGoRuns(t *testing.T) {
+	clitest.LongOnly(t, "the Go benchmarks end to end")
 	py := numpytest.Python(t)
-	filter, rows := "ReadFile", []string{"npy | `BenchmarkReadFile", "numpy | `astype-float32-stream`", "numpy | `astype-float64-L2`"}
-	if clitest.Long() {
-		filter = "FromFloat32|ReadFile|DecodeFile|SwapBytes"
-		rows = append(rows, "f16 | `BenchmarkFromFloat32/L2/f16c/audit=true", "pickle | `BenchmarkDecodeFile/protocol5", "array | `BenchmarkSwapBytes/2")
-	}
+	filter := "FromFloat32|ReadFile|DecodeFile|SwapBytes"
+	rows := []string{"npy | `BenchmarkReadFile", "numpy | `astype-float32-stream`", "numpy | `astype-float64-L2`",
+		"f16 | `BenchmarkFromFloat32/L2/f16c/audit=true", "pickle | `BenchmarkDecodeFile/protocol5", "array | `BenchmarkSwapBytes/2"}
 	cmd := exec.Command("bash", filepath.Join("..", "..", "bench", "bench_go.sh"), t.TempDir())
 	cmd.Env = append(os.Environ(), "CLIPSHARD_PYTHON="+py, "BENCHTIME=1x", "ROUNDS=2", "BENCH_FILTER="+filter, "BENCH_STREAM_VALUES=65536")
 	out, err := cmd.CombinedOutput()

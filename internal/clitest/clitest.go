@@ -403,6 +403,16 @@ func DemoDir() string {
 // CLIPSHARD_EXHAUSTIVE set (just test-long, CI).
 func Long() bool { return os.Getenv("CLIPSHARD_EXHAUSTIVE") != "" }
 
+// LongOnly skips t unless Long(): a test that runs a bench script end to
+// end (20-40 s each on a busy 2-core box, which kept the README's test
+// command over its 10 minutes), run by CI and just test-long.
+func LongOnly(t testing.TB, what string) {
+	t.Helper()
+	if !Long() {
+		t.Skipf("%s: runs with CLIPSHARD_EXHAUSTIVE=1 (just test-long; CI sets it)", what)
+	}
+}
+
 // Exhaustive is n, or all with Long: how many cases a test runs.
 func Exhaustive(n, all int) int {
 	if Long() {

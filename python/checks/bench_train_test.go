@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/clipshard/clipshard/internal/clitest"
 	"github.com/clipshard/clipshard/internal/numpytest"
 )
 
@@ -19,6 +20,7 @@ import (
 // the cold, capped and sshfs legs need root, a cgroup and an sshd, and
 // the naive loader reads its clips whole, seconds a batch.)
 func TestBenchTrainRuns(t *testing.T) {
+	clitest.LongOnly(t, "bench_train.sh end to end")
 	py := numpytest.Python(t)
 	numpytest.Module(t, "torch", "python3-torch")
 	w := t.TempDir()
@@ -67,6 +69,7 @@ func TestBenchTrainRuns(t *testing.T) {
 // five ways in rounds, each with the median and range of the rounds,
 // the ratios to the first round by round, and the load average.
 func TestBenchReadRuns(t *testing.T) {
+	clitest.LongOnly(t, "bench_read.sh end to end")
 	py := numpytest.Python(t)
 	w := t.TempDir()
 	sh := `set -euo pipefail
@@ -104,6 +107,7 @@ BENCH_ROUNDS=3 "$PY" bench/bench_read.py "$W/src" "$W/ds" "$W/ep" warm`
 // memory controller, /dev/fuse, sshfs and openssh-server (.ci/run
 // installs the packages; outside CI a missing one skips, naming it).
 func TestBenchTrainLegsRun(t *testing.T) {
+	clitest.LongOnly(t, "bench_train.sh's capped and sshfs legs end to end")
 	py := numpytest.Python(t)
 	numpytest.Module(t, "torch", "python3-torch")
 	if why := legsMissing(); why != "" {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/clipshard/clipshard/internal/clitest"
 	"github.com/clipshard/clipshard/internal/numpytest"
 )
 
@@ -48,6 +49,7 @@ func TestDrawnHugeClip(t *testing.T) {
 // materialised epochs, and without), a fake dataset's, and a speed row
 // of each kind, and the speed table.
 func TestBenchDrawnRuns(t *testing.T) {
+	clitest.LongOnly(t, "bench_drawn.sh end to end")
 	ds := demoDataset(t)
 	ep := filepath.Join(t.TempDir(), "ep")
 	if r := shuffleRun(t, nil, "--dataset", ds, "--out", ep, "--window", "5", "--epochs", "2", "--shard-samples", "8", "--seed", "3"); r.Code != 0 {

@@ -637,6 +637,7 @@ func wideDataset(t *testing.T, y bool) string {
 // on the demo epoch in versitygw, each printing its figures, so that the
 // script behind the "Epochs in a bucket" table cannot rot.
 func TestBenchS3Runs(t *testing.T) {
+	clitest.LongOnly(t, "bench_s3.sh end to end")
 	s, ep := pushedEpochs(t, "1", "16")
 	env := append(s.Env(), "AWS_PROFILE=", "BENCH_BATCH=32")
 	script := filepath.Join("..", "..", "bench", "bench_s3.py")
@@ -671,6 +672,7 @@ func TestBenchS3Runs(t *testing.T) {
 // tc (iproute2; .ci/run installs it); without the privilege to make a
 // namespace (a container without CAP_NET_ADMIN) it is skipped, saying so.
 func TestBenchLinkRuns(t *testing.T) {
+	clitest.LongOnly(t, "bench_link.sh end to end")
 	for _, tool := range []string{"ip", "tc"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			if os.Getenv("CI") != "" {

@@ -409,7 +409,8 @@ func TestPushForceKilled(t *testing.T) {
 		b, _ := os.ReadFile(log)
 		names := strings.Split(strings.TrimSpace(string(b)), "\n")
 		// The claim taken, the manifest removed, the first, a middle and
-		// the last removal of the old objects.
+		// the last removal of the old objects (3 of them, spread, outside
+		// CLIPSHARD_EXHAUSTIVE).
 		var points, removals []int
 		for i, n := range names {
 			switch n {
@@ -423,7 +424,8 @@ func TestPushForceKilled(t *testing.T) {
 			t.Fatalf("the forced push reached %v", names)
 		}
 		points = append(points, removals[0], removals[len(removals)/2], removals[len(removals)-1])
-		for k, at := range points {
+		for _, k := range clitest.Spread(t, len(points), clitest.Exhaustive(3, len(points))) {
+			at := points[k-1] // (Spread counts from 1)
 			prefix := fmt.Sprintf("f%d-%d", j, k)
 			setup(prefix)
 			if r := pushRun(t, s, []string{fmt.Sprintf("CLIPSHARD_KILL_POINT=%d", at)}, "--force", replacement, "s3://bkt/"+prefix); r.Code != -1 {
