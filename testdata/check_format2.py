@@ -4,7 +4,8 @@ check_format2.py DATASET TWIN
 clipshard.Dataset reads DATASET clip by clip and modality by modality,
 byte-equal to TWIN (a full convert of the same clip list), windows of
 samples too, and again after a pickle round trip; a where.npy that
-points outside its blobs is refused with one ValueError naming it. Drawn
+points outside its blobs, and a segment's blob that is a FIFO, are
+refused with one ValueError naming them. Drawn
 epochs (Loader(dataset=...)) of it are TWIN's, batch for batch
 (check_drawn_format2.py checks them through five versions)."""
 import os
@@ -57,6 +58,21 @@ with tempfile.TemporaryDirectory() as t:
         assert wp in str(e) and "outside" in str(e) and "\n" not in str(e), e
     else:
         raise SystemExit("a where.npy pointing outside its blob was read")
+
+# A segment's blob replaced by a FIFO: refused, naming it, never opened
+# for reading (no hang).
+with tempfile.TemporaryDirectory() as t:
+    bad = os.path.join(t, "ds")
+    shutil.copytree(ds, bad)
+    seg = next(b["file"] for m in a.manifest["modalities"] for b in m["blobs"] if b["file"].startswith("segments/"))
+    os.unlink(os.path.join(bad, seg))
+    os.mkfifo(os.path.join(bad, seg))
+    try:
+        clipshard.Dataset(bad)
+    except ValueError as e:
+        assert seg in str(e) and "not a regular file" in str(e) and "\n" not in str(e), e
+    else:
+        raise SystemExit("a FIFO blob was read")
 
 kw = dict(epochs=[0], window=5, batch_size=4, remainder="pad", hold=0)
 drawn = [list(clipshard.Loader(dataset=d, **kw)) for d in (ds, twin)]

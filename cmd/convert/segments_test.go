@@ -12,6 +12,7 @@ import (
 
 	"github.com/clipshard/clipshard/formats/regfile"
 	"github.com/clipshard/clipshard/internal/clitest"
+	"github.com/clipshard/clipshard/internal/numpytest"
 	"github.com/clipshard/clipshard/manifests"
 	"github.com/clipshard/clipshard/transform/shuffle"
 )
@@ -352,8 +353,10 @@ func TestSegments(t *testing.T) {
 // TestSegmentsKilled: kill -9 at every fault point of a convert
 // --segments that appends clips and adds a modality: --out holds the
 // previous version (its files untouched) or the new one, readable and
-// verified; the re-run completes to the bytes of an uninterrupted run,
-// and removes what the killed run left; nothing is left beside --out.
+// verified, and the Python Dataset and drawn epochs read it as the one it
+// is (testdata/check_same_dataset.py); the re-run completes to the bytes
+// of an uninterrupted run, and removes what the killed run left; nothing
+// is left beside --out.
 func TestSegmentsKilled(t *testing.T) {
 	src := copyDemo(t)
 	all := demoIDs(t, src)
@@ -371,9 +374,11 @@ func TestSegmentsKilled(t *testing.T) {
 	args := func(out string) []string {
 		return segArgs(l12, out, grown, "--segments", "--workers", "1", "--checkpoint", "0")
 	}
-	ref := filepath.Join(t.TempDir(), "ds")
+	ref, oldRef := filepath.Join(t.TempDir(), "ds"), filepath.Join(t.TempDir(), "old")
 	makeOld(t, ref)
+	makeOld(t, oldRef)
 	points := faultPoints(t, func(e []string) clitest.Result { return runConvert(t, append(e, env...), args(ref)...) })
+	readsAs := filepath.Join("..", "..", "testdata", "check_same_dataset.py")
 	want := clitest.Tree(t, ref)
 	for _, k := range clitest.Spread(t, len(points), clitest.Exhaustive(min(len(points), 6), len(points))) {
 		t.Run(fmt.Sprintf("%d-%s", k, points[k-1]), func(t *testing.T) {
@@ -396,6 +401,11 @@ func TestSegmentsKilled(t *testing.T) {
 			}
 			if _, _, err := manifests.Vouch(out); err != nil && cur != string(old["dataset.json"]) {
 				t.Fatalf("after the kill, the version committed does not vouch: %v", err)
+			}
+			if cur == string(old["dataset.json"]) {
+				numpytest.Run(t, readsAs, out, oldRef)
+			} else {
+				numpytest.Run(t, readsAs, out, ref)
 			}
 			if r := runConvert(t, env, args(out)...); r.Code != 0 {
 				t.Fatalf("re-run: exit %d: %s", r.Code, r.Stderr)
@@ -473,4 +483,87 @@ func TestSegmentsDamagedRefused(t *testing.T) {
 		t.Fatalf("a damaged dataset in segments: exit %d: %s", r.Code, r.Stderr)
 	}
 	clitest.SameTree(t, before, clitest.Tree(t, out), "after the refusal")
+}
+
+// TestSegmentsConcurrent: two convert --segments at once over one dataset
+// (one appends clips, the other adds a modality): the second to ask is
+// refused (exit 2, naming the lock) or runs after the first's commit, over
+// it; never both at once. Whatever ran, each version committed is whole:
+// verify --deep passes, the version number counts the runs that
+// succeeded, and the Python readers read the last one as a full convert
+// of its line (testdata/check_same_dataset.py).
+func TestSegmentsConcurrent(t *testing.T) {
+	src := copyDemo(t)
+	all := demoIDs(t, src)
+	base := []string{"-m", "motion=motion/{clip}.pkl:exp+pose", "-m", "whisper@2=whisper/{clip}.npy"}
+	emo := append(append([]string{}, base...), "-m", "emotion=emotion/{clip}.npy")
+	l8 := writeList(t, src, "l8.txt", all[:8])
+	l12 := writeList(t, src, "l12.txt", all)
+	runs := [][]string{segArgs(l12, "", base, "--segments"), segArgs(l8, "", emo, "--segments")}
+	twins := make([]string, len(runs))
+	for i, a := range runs {
+		twins[i] = filepath.Join(t.TempDir(), "twin")
+		if r := runConvert(t, nil, withOut(a, twins[i], "--segments")...); r.Code != 0 {
+			t.Fatal(r.Stderr)
+		}
+	}
+	ok, refused := 0, 0
+	for round := range clitest.Exhaustive(3, 10) {
+		out := filepath.Join(t.TempDir(), "ds")
+		if r := runConvert(t, nil, segArgs(l8, out, base)...); r.Code != 0 {
+			t.Fatal(r.Stderr)
+		}
+		res := make([]clitest.Result, len(runs))
+		done := make(chan int)
+		for i, a := range runs {
+			// (each fault point slowed: the runs overlap, the second to ask meets the lock)
+			go func() { res[i] = runConvert(t, []string{"CLIPSHARD_FAULT_DELAY=15ms"}, withOut(a, out, "")...); done <- i }()
+		}
+		var order []int
+		for range runs {
+			order = append(order, <-done)
+		}
+		committed := 0
+		last := -1
+		for _, i := range order {
+			switch r := res[i]; {
+			case r.Code == 0:
+				committed++
+				last = i
+			case r.Code == 2 && strings.Contains(r.Stderr, "another clipshard convert is writing"):
+				refused++
+			default:
+				t.Fatalf("round %d, run %d: exit %d: %s", round, i, r.Code, r.Stderr)
+			}
+		}
+		if committed == 0 {
+			t.Fatalf("round %d: neither run committed: %v", round, res)
+		}
+		ok += committed
+		d, err := manifests.LoadDataset(out)
+		if err != nil || d.Number() != 1+committed {
+			t.Fatalf("round %d: %d runs committed, the dataset is version %d (%v)", round, committed, d.Number(), err)
+		}
+		verifyOK(t, out)
+		numpytest.Run(t, filepath.Join("..", "..", "testdata", "check_same_dataset.py"), out, twins[last])
+	}
+	t.Logf("%d commits, %d refused in %d rounds", ok, refused, clitest.Exhaustive(3, 10))
+}
+
+// withOut is a convert's arguments a with --out dir (segArgs made them
+// with an empty --out); extra, if not empty, is dropped from them (a twin
+// is converted whole).
+func withOut(a []string, dir, extra string) []string {
+	var b []string
+	for i := 0; i < len(a); i++ {
+		switch {
+		case a[i] == "--out":
+			b = append(b, "--out", dir)
+			i++
+		case extra != "" && a[i] == extra:
+		default:
+			b = append(b, a[i])
+		}
+	}
+	return b
 }
