@@ -1,7 +1,8 @@
 """Epochs drawn from a dataset with a clip of 4.6 GB (#38): a window's rows
 past 2**31 and 2**32 bytes of the blob, and past 2**31 bytes of the clip,
 come back as the rows the index says, through the memory map and through
-preads (read=True), exactly once.
+preads (read=True), exactly once; and again with the dataset in two
+blobs (format 2, #61: where.npy pointing past 2**32 bytes of the second).
 
     python check_drawn_huge.py
 
@@ -60,10 +61,30 @@ try:
         for c, s in want[e]:
             r = np.arange(int(starts[c]) + s, int(starts[c]) + s + W, dtype=np.int64)
             u[r, :8] = u[r, -8:] = r[:, None].view(np.uint8)
+    # Format 2 (#61): clips 0 and 2 in a small first blob, clips 1 and 3
+    # where they are in the huge one (its rows of clips 0 and 2 dead):
+    # where.npy's rows past 2**32 bytes of the second blob.
+    small = np.lib.format.open_memmap(os.path.join(d, "small.npy"), mode="w+", dtype="<f2", shape=(2000, 256))
+    sv = small.view(np.uint8).reshape(2000, ROW)
+    sv[:1000] = u[int(starts[0]): int(starts[0]) + 1000]
+    sv[1000:] = u[int(starts[2]): int(starts[2]) + 1000]
+    small.flush()
+    SHDR = small.offset
+    del sv, small
     mm.flush()
     del u, mm
+    where = np.array([[[0, 0]], [[1, int(starts[1])]], [[0, 1000]], [[1, int(starts[3])]]], dtype=np.int64)
+    np.save(os.path.join(d, "where.npy"), where)
+    man2 = dict(man, version=2, dataset_version=2, files={"index": "index.npy", "where": "where.npy"})
+    m2 = {k: v for k, v in man["modalities"][0].items() if k not in ("file", "data_offset", "size")}
+    m2["blobs"] = [{"file": "small.npy", "rows": 2000, "data_offset": SHDR, "size": os.path.getsize(os.path.join(d, "small.npy"))},
+                   {"file": "feat.npy", "rows": rows, "data_offset": HDR, "size": os.path.getsize(blob)}]
+    man2["modalities"] = [m2]
 
-    for read in (False, True):
+    for fmt, read in ((1, False), (1, True), (2, False), (2, True)):
+        if fmt == 2:
+            with open(os.path.join(d, "dataset.json"), "w") as f:
+                json.dump(man2, f)
         L = clipshard.Loader(dataset=d, epochs=EPOCHS, batch_size=B, remainder="partial", read=read, **kw)
         got = {e: [] for e in EPOCHS}
         for e in EPOCHS:
@@ -79,11 +100,11 @@ try:
                     ends = x[i, :, -8:].copy().view(np.int64)[:, 0]
                     rows_ = np.arange(first, first + W, dtype=np.int64)
                     if not (np.array_equal(tags, rows_) and np.array_equal(ends, rows_) and not x[i, :, 8:-8].any()):
-                        raise AssertionError("read=%s epoch %d clip %d start %d (blob byte %d): rows %s, want %s"
-                                             % (read, e, c, s, HDR + first * ROW, tags.tolist(), rows_.tolist()))
-            assert sorted(got[e]) == want[e], ("read=%s epoch %d: windows not exactly once" % (read, e))
+                        raise AssertionError("format %d read=%s epoch %d clip %d start %d (blob byte %d): rows %s, want %s"
+                                             % (fmt, read, e, c, s, HDR + first * ROW, tags.tolist(), rows_.tolist()))
+            assert sorted(got[e]) == want[e], ("format %d read=%s epoch %d: windows not exactly once" % (fmt, read, e))
         L.close()
     print("ok: drawn huge clip: %d windows an epoch; of two epochs' %d in the 4.6 GB clip, %d past 2 GiB of the blob and %d past 4 "
-          "GiB; the map and preads" % (len(want[0]), 2 * PER_CLIP, len(far), len(farther)))
+          "GiB; the map and preads, one blob and two (format 2)" % (len(want[0]), 2 * PER_CLIP, len(far), len(farther)))
 finally:
     shutil.rmtree(d, ignore_errors=True)
