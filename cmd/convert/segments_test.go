@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -517,7 +518,10 @@ func TestSegmentsConcurrent(t *testing.T) {
 		done := make(chan int)
 		for i, a := range runs {
 			// (each fault point slowed: the runs overlap, the second to ask meets the lock)
-			go func() { res[i] = runConvert(t, []string{"CLIPSHARD_FAULT_DELAY=15ms"}, withOut(a, out, "")...); done <- i }()
+			go func() {
+				res[i] = runConvert(t, []string{"CLIPSHARD_FAULT_DELAY=15ms"}, withOut(a, out, "")...)
+				done <- i
+			}()
 		}
 		var order []int
 		for range runs {
@@ -566,4 +570,146 @@ func withOut(a []string, dir, extra string) []string {
 		}
 	}
 	return b
+}
+
+// TestSegmentsCompact (#61): convert --compact over a dataset of three
+// versions (4 clips appended, then 11 reordered and one removed: dead
+// rows) commits a version whose rows are all in one new segment: one blob
+// per modality holding exactly its clips' rows, in order, byte-equal clip
+// by clip to a full convert, shuffled to the same shards; the earlier
+// versions' files untouched, epochs cut from version 2 still verified.
+// Run again: up to date, nothing written (and so is a plain --segments
+// run of the same line). --keep 1 then leaves only its files, blobs the
+// sizes of a full convert's. Kill -9 at spread points of the compaction:
+// the previous version intact, or the new one whole; the re-run gives
+// the uninterrupted bytes.
+func TestSegmentsCompact(t *testing.T) {
+	src := copyDemo(t)
+	all := demoIDs(t, src)
+	base := []string{"-m", "motion=motion/{clip}.pkl:exp+pose", "-m", "shape@clip=motion/{clip}.pkl:shape", "-m", "whisper@2=whisper/{clip}.npy"}
+	env := []string{"SOURCE_DATE_EPOCH=1700000000"}
+	l8 := writeList(t, src, "l8.txt", all[:8])
+	l12 := writeList(t, src, "l12.txt", all)
+	var rev []string
+	for i := len(all) - 1; i >= 0; i-- {
+		if i != 5 {
+			rev = append(rev, all[i])
+		}
+	}
+	l11 := writeList(t, src, "l11.txt", rev)
+	grow := func(t *testing.T, out string) string {
+		for _, l := range []string{l8, l12, l11} {
+			if r := runConvert(t, env, segArgs(l, out, base, "--segments")...); r.Code != 0 {
+				t.Fatal(r.Stderr)
+			}
+		}
+		return out
+	}
+	out := grow(t, filepath.Join(t.TempDir(), "ds"))
+	ep := filepath.Join(t.TempDir(), "ep")
+	if _, err := shuffle.Run(context.Background(), shuffle.Options{Dataset: out, Out: ep, EpochEnd: 1, Seed: 3, ShardSize: 8,
+		Version: 2, Sampling: manifests.Sampling{Window: 5, Mode: "tile", Short: "pad"}}); err != nil {
+		t.Fatal(err)
+	}
+	before := clitest.Tree(t, out)
+	compact := segArgs(l11, out, base, "--compact")
+	r := runConvert(t, env, compact...)
+	if r.Code != 0 || !strings.Contains(r.Stdout, "copied into the new segment") || !strings.Contains(r.Stdout, "committed version 4") {
+		t.Fatalf("compact: exit %d: %s %s", r.Code, r.Stdout, r.Stderr)
+	}
+	now := clitest.Tree(t, out)
+	for f, b := range before {
+		if f != "dataset.json" && !bytes.Equal(now[f], b) {
+			t.Fatalf("compact: %s of an earlier version was rewritten or removed", f)
+		}
+	}
+	d, err := manifests.LoadDataset(out)
+	if err != nil || d.Number() != 4 {
+		t.Fatalf("after compact: version %d, %v", d.Number(), err)
+	}
+	var seg string
+	for _, m := range d.Modalities {
+		bl := m.BlobList()
+		if len(bl) != 1 || bl[0].Rows != m.Rows || !strings.HasPrefix(bl[0].File, "segments/") {
+			t.Fatalf("compact: modality %s in blobs %+v, want one blob of its %d rows", m.Name, bl, m.Rows)
+		}
+		if seg != "" && path.Dir(bl[0].File) != seg {
+			t.Fatalf("compact: blobs in %s and %s, want one segment", seg, path.Dir(bl[0].File))
+		}
+		seg = path.Dir(bl[0].File)
+	}
+	twin := filepath.Join(t.TempDir(), "full")
+	if r := runConvert(t, env, segArgs(l11, twin, base)...); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	sameClips(t, out, twin, "compacted")
+	verifyOK(t, out)
+	clitest.SameTree(t, shuffleTree(t, twin, 2<<30), shuffleTree(t, out, 64<<10), "compacted: shuffled")
+	if rep, err := manifests.VerifyEpochs(ep, manifests.VerifyOptions{Deep: true}); err != nil || !rep.OK() {
+		t.Fatalf("epochs of version 2 after the compaction: %v %v", err, rep.Problems)
+	}
+	for _, again := range [][]string{compact, segArgs(l11, out, base, "--segments")} {
+		before := clitest.Tree(t, out)
+		if r := runConvert(t, env, again...); r.Code != 0 || !strings.HasPrefix(r.Stdout, "up to date") {
+			t.Fatalf("%v again: exit %d: %s %s", again, r.Code, r.Stdout, r.Stderr)
+		}
+		clitest.SameTree(t, before, clitest.Tree(t, out), "compact again")
+	}
+	if r := runConvert(t, env, "--keep", "1", "--out", out); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	var blobs, want int64
+	for f, n := range segFiles(t, out) {
+		if !strings.HasPrefix(f, filepath.FromSlash(seg)+string(filepath.Separator)) {
+			t.Fatalf("after --keep 1: %s left", f)
+		}
+		blobs += n
+	}
+	for _, m := range base {
+		if strings.Contains(m, "=") {
+			name := strings.SplitN(strings.SplitN(m, "=", 2)[0], "@", 2)[0]
+			st, err := os.Stat(filepath.Join(twin, name+".npy"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			want += st.Size()
+		}
+	}
+	if blobs != want {
+		t.Fatalf("after --keep 1: %d bytes of blobs, a full convert's are %d", blobs, want)
+	}
+	if entries, _ := os.ReadDir(out); len(entries) != 3 {
+		t.Fatalf("after --keep 1: %v, want dataset.json, segments, versions", entries)
+	}
+	sameClips(t, out, twin, "compacted, the rest dropped")
+
+	// Killed at spread points of the compaction.
+	ref := grow(t, filepath.Join(t.TempDir(), "ref"))
+	points := faultPoints(t, func(e []string) clitest.Result {
+		return runConvert(t, append(e, env...), segArgs(l11, ref, base, "--compact")...)
+	})
+	wantTree := clitest.Tree(t, ref)
+	for _, k := range clitest.Spread(t, len(points), clitest.Exhaustive(min(len(points), 4), len(points))) {
+		t.Run(fmt.Sprintf("%d-%s", k, points[k-1]), func(t *testing.T) {
+			out := grow(t, filepath.Join(t.TempDir(), "ds"))
+			old := clitest.Tree(t, out)
+			args := segArgs(l11, out, base, "--compact")
+			if r := runConvert(t, append([]string{fmt.Sprintf("CLIPSHARD_KILL_POINT=%d", k)}, env...), args...); r.Code != -1 {
+				t.Fatalf("not killed: exit %d %s", r.Code, r.Stderr)
+			}
+			now := clitest.Tree(t, out)
+			for f, b := range old {
+				if f != "dataset.json" && !bytes.Equal(now[f], b) {
+					t.Fatalf("after the kill, %s of the previous version was changed", f)
+				}
+			}
+			if cur := string(now["dataset.json"]); cur != string(old["dataset.json"]) && cur != string(wantTree["dataset.json"]) {
+				t.Fatal("after the kill dataset.json is neither the previous version nor the new one")
+			}
+			if r := runConvert(t, env, args...); r.Code != 0 {
+				t.Fatalf("re-run: exit %d: %s", r.Code, r.Stderr)
+			}
+			clitest.SameTree(t, wantTree, clitest.Tree(t, out), "after kill and re-run")
+		})
+	}
 }

@@ -224,7 +224,7 @@ func (j *job) convertClip(ctx context.Context, i int, plan *reusePlan) *clipOut 
 		if m.PerClip {
 			rows = 1
 		}
-		if reused(k) && j.segmented {
+		if reused(k) && j.segmented && !j.opts.Compact { // (compacting: copied into the new segment, below)
 			if !j.refMod(plan, k, rows, mo) {
 				out.release()
 				return nil

@@ -48,6 +48,8 @@ type Result struct {
 	// Segment names the segment a convert --segments wrote ("" if no
 	// rows were new: the version is a new manifest only).
 	Segment string
+	// Compacted: the segment holds every row of the version (--compact).
+	Compacted bool
 	// ReuseRefused says why the dataset being replaced was not reused
 	// (manifests.Vouch's error), if it was not.
 	ReuseRefused string
@@ -99,6 +101,7 @@ var KeepAfter = time.Minute
 // user's to fix; on error no dataset.json is written or replaced.
 func Run(ctx context.Context, o Options) (res *Result, err error) {
 	began := time.Now()
+	o.Segments = o.Segments || o.Compact // (--compact is a segmented run that copies what it would refer to)
 	j, err := newJob(o)
 	if err != nil {
 		return nil, err
@@ -122,7 +125,7 @@ func Run(ctx context.Context, o Options) (res *Result, err error) {
 		}
 	}()
 	if !o.Force {
-		if d, ok := j.upToDate(); ok {
+		if d, ok := j.upToDate(); ok && (!o.Compact || compacted(o.Out, d)) {
 			j.removeStale()
 			res := &Result{Dir: o.Out, Dataset: d, UpToDate: true, Elapsed: time.Since(began)}
 			if o.Keep > 0 {
@@ -212,7 +215,7 @@ func Run(ctx context.Context, o Options) (res *Result, err error) {
 		if removeStaging(j.staging) == nil {
 			os.Remove(j.journalPath)
 		}
-		res.Dataset, res.Segment = d, seg
+		res.Dataset, res.Segment, res.Compacted = d, seg, o.Compact
 		res.Elapsed = time.Since(began)
 		return res, nil
 	}
@@ -364,6 +367,40 @@ var minStreamBytes int64 = 1 << 20
 // list of total clips: contiguous, in order, sizes differing by at most one.
 func PartRange(total, i, n int) (lo, hi int) {
 	return total * i / n, total * (i + 1) / n
+}
+
+// compacted reports whether the dataset d in dir is one segment: format
+// 1, or format 2 with one blob a modality holding exactly its clips' rows,
+// in clip order (convert --compact has nothing to do).
+func compacted(dir string, d *manifests.Dataset) bool {
+	if !d.Segmented() {
+		return true
+	}
+	for _, m := range d.Modalities {
+		if bl := m.BlobList(); len(bl) != 1 || bl[0].Rows != m.Rows {
+			return false
+		}
+	}
+	starts, lengths, err := manifests.ReadIndex(filepath.Join(dir, d.Files.Index))
+	if err != nil {
+		return false
+	}
+	wh, err := manifests.LoadWhere(dir, d, starts, lengths)
+	if err != nil {
+		return false
+	}
+	for k, m := range d.Modalities {
+		for i := range starts {
+			want := starts[i] * int64(m.Rate)
+			if m.PerClip {
+				want = int64(i)
+			}
+			if b, first, _ := d.Locate(wh, k, i, starts[i], lengths[i]); b != 0 || first != want {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // upToDate reports whether o.Out holds a dataset made from the same inputs

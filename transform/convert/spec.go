@@ -155,6 +155,13 @@ type Options struct {
 	// decodes, as a new segment, and commit a new version in place
 	// (format 2), leaving every earlier version as it is.
 	Segments bool
+	// Compact (with Segments, which it implies): the new version holds
+	// every row of the run in its one new segment (rows it would have
+	// referred to are copied), one blob per modality, no dead rows; the
+	// earlier versions are kept as they are (Keep drops them). A dataset
+	// already so (format 1, or one blob per modality holding exactly its
+	// clips' rows in order) whose inputs are unchanged is up to date.
+	Compact bool
 	// Keep, if > 0, drops every version of a dataset in segments but the
 	// Keep newest after the run (see Keep).
 	Keep int

@@ -57,6 +57,7 @@ Flags:
 const exitCodes = `
 Growing a dataset (format 2; docs/FORMAT.md, "Segments and versions"):
   convert ... --segments --out DIR       writes only the change, as a new version
+  convert ... --compact --out DIR        a new version in one segment (rows copied)
   convert --keep N --out DIR             drops all versions but the N newest
 
 Partitioned (Slurm or Kubernetes arrays; docs/SCALING.md):
@@ -162,6 +163,7 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 	var partsN int
 	fs.StringVar(&partFlag, "part", "", "convert only part `I/N` (0-based) of the clip list into --out (which may contain {part}); auto: from Slurm or Kubernetes array variables")
 	fs.IntVar(&partsN, "parts", 0, "with --part auto under a Kubernetes Indexed Job: the number of parts")
+	fs.BoolVar(&o.Compact, "compact", false, "with --segments (implied): commit a version whose rows are all in one new segment, one blob per modality in clip order, no dead rows (the rows of unchanged clips copied from the dataset, not decoded; earlier versions kept, --keep 1 then reclaims their files); up to date when the dataset is one segment already")
 	fs.IntVar(&o.Keep, "keep", 0, "`N`: after the run, drop every version of a dataset in segments but the N newest (their manifests, and the blobs no kept version reads); with --out DIR alone, only that")
 	var clean bool
 	fs.BoolVar(&clean, "clean", false, "with --out DIR only: remove what an interrupted or failed run left next to DIR for a resume")
@@ -389,7 +391,9 @@ func summary(w io.Writer, r *convert.Result, asJSON bool) {
 			part = fmt.Sprintf(", and some modalities of %s", ui.Count(int64(r.ReusedPart), "more clip"))
 		}
 		how := "not decoded"
-		if d.Segmented() {
+		if d.Segmented() && r.Compacted {
+			how = "not decoded, copied into the new segment"
+		} else if d.Segmented() {
 			how = "not decoded, not copied: their rows stay where they are"
 		}
 		fmt.Fprintf(w, "reused from the previous dataset (sources unchanged, %s): all the rows of %s%s\n", how, ui.Count(int64(r.Reused), "clip"), part)
