@@ -28,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -92,9 +93,11 @@ func (u URL) Name(rel string) string { return "s3://" + u.Bucket + "/" + u.Key(r
 // Client is a connection to one S3-compatible endpoint. Safe for
 // concurrent use.
 type Client struct {
-	mc       *minio.Client
-	Endpoint string            // for messages: scheme://host, no credentials
-	meta     map[string]string // user metadata every write adds (WithClaim)
+	mc        *minio.Client
+	Endpoint  string                   // for messages: scheme://host, no credentials
+	defaulted bool                     // no AWS_ENDPOINT_URL: AWS's own S3
+	creds     *credentials.Credentials // (for messages: whether any were found)
+	meta      map[string]string        // user metadata every write adds (WithClaim)
 }
 
 // WithClaim is a client whose every write also records claim (the
@@ -161,7 +164,7 @@ func New() (*Client, error) {
 	if !secure {
 		scheme = "http"
 	}
-	return &Client{mc: mc, Endpoint: scheme + "://" + host}, nil
+	return &Client{mc: mc, Endpoint: scheme + "://" + host, defaulted: ep == "", creds: creds}, nil
 }
 
 // redact hides what could be a secret in an endpoint string.
@@ -175,7 +178,7 @@ func redact(s string) string {
 
 // wrap turns a minio error into one naming the object, with ErrNotFound
 // or ErrPrecondition where it is one.
-func wrap(err error, u URL, rel string) error {
+func (c *Client) wrap(err error, u URL, rel string) error {
 	if err == nil {
 		return nil
 	}
@@ -186,16 +189,64 @@ func wrap(err error, u URL, rel string) error {
 	case r.StatusCode == http.StatusPreconditionFailed || r.Code == "PreconditionFailed":
 		return fmt.Errorf("%s: %w", u.Name(rel), ErrPrecondition)
 	case r.Code == "NoSuchBucket":
-		return fmt.Errorf("%s: no bucket %q at %s", u.Name(rel), u.Bucket, "the endpoint")
+		return fmt.Errorf("%s: no bucket %q at %s%s", u.Name(rel), u.Bucket, c.Endpoint, c.endpointHint())
+	case r.StatusCode == http.StatusForbidden || r.Code == "AccessDenied" || r.Code == "InvalidAccessKeyId" || r.Code == "SignatureDoesNotMatch":
+		return fmt.Errorf("%s: %v (%s at %s): %s", u.Name(rel), err, r.Code, c.Endpoint, c.credentialsHint())
+	}
+	var ne net.Error
+	if errors.As(err, &ne) || isDNS(err) {
+		return fmt.Errorf("%s: cannot reach %s: %v%s", u.Name(rel), c.Endpoint, err, c.endpointHint())
 	}
 	return fmt.Errorf("%s: %v", u.Name(rel), err)
+}
+
+// endpointHint says where the endpoint came from, and how to give another.
+func (c *Client) endpointHint() string {
+	if c.defaulted {
+		return " (AWS's own S3: no AWS_ENDPOINT_URL is set; for another S3 server, e.g. MinIO or Ceph, set AWS_ENDPOINT_URL=http(s)://HOST:PORT)"
+	}
+	return " (AWS_ENDPOINT_URL: is the server up, and is this its address?)"
+}
+
+// credentialsHint says which credentials the request went with, and where
+// others are given.
+func (c *Client) credentialsHint() string {
+	v, err := c.creds.GetWithContext(nil)
+	if err != nil || v.AccessKeyID == "" {
+		return "no credentials were found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE (a profile of ~/.aws/credentials, or AWS_SHARED_CREDENTIALS_FILE)"
+	}
+	return fmt.Sprintf("the credentials used (access key %s…, from %s) are refused for this bucket or object: check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_PROFILE, and the key's rights", short(v.AccessKeyID), c.credsFrom())
+}
+
+func short(k string) string {
+	if len(k) > 4 {
+		return k[:4]
+	}
+	return k
+}
+
+// credsFrom names where the credentials came from.
+func (c *Client) credsFrom() string {
+	if os.Getenv("AWS_ACCESS_KEY_ID") != "" {
+		return "AWS_ACCESS_KEY_ID"
+	}
+	if p := os.Getenv("AWS_PROFILE"); p != "" {
+		return "AWS_PROFILE " + p
+	}
+	return "~/.aws/credentials' default profile, or an instance role"
+}
+
+// isDNS reports a name that did not resolve.
+func isDNS(err error) bool {
+	var de *net.DNSError
+	return errors.As(err, &de)
 }
 
 // Stat HEADs object rel.
 func (c *Client) Stat(ctx context.Context, u URL, rel string) (Object, error) {
 	st, err := c.mc.StatObject(ctx, u.Bucket, u.Key(rel), minio.StatObjectOptions{})
 	if err != nil {
-		return Object{}, wrap(err, u, rel)
+		return Object{}, c.wrap(err, u, rel)
 	}
 	return objectOf(st), nil
 }
@@ -224,7 +275,7 @@ func (c *Client) ListUnder(ctx context.Context, u URL, dir string) (map[string]O
 	out := map[string]Object{}
 	for o := range c.mc.ListObjects(ctx, u.Bucket, minio.ListObjectsOptions{Prefix: under, Recursive: true}) {
 		if o.Err != nil {
-			return nil, wrap(o.Err, u, dir)
+			return nil, c.wrap(o.Err, u, dir)
 		}
 		out[strings.TrimPrefix(o.Key, prefix)] = Object{Size: o.Size, ETag: strings.Trim(o.ETag, `"`)}
 	}
@@ -247,12 +298,12 @@ func (c *Client) Range(ctx context.Context, u URL, rel string, off, n int64, eta
 	}
 	r, err := c.mc.GetObject(ctx, u.Bucket, u.Key(rel), o)
 	if err != nil {
-		return nil, wrap(err, u, rel)
+		return nil, c.wrap(err, u, rel)
 	}
 	defer r.Close()
 	b := make([]byte, n)
 	if _, err := io.ReadFull(r, b); err != nil {
-		return nil, fmt.Errorf("%s: bytes %d..%d: %w", u.Name(rel), off, off+n, wrap(err, u, rel))
+		return nil, fmt.Errorf("%s: bytes %d..%d: %w", u.Name(rel), off, off+n, c.wrap(err, u, rel))
 	}
 	return b, nil
 }
@@ -262,12 +313,12 @@ func (c *Client) Range(ctx context.Context, u URL, rel string, off, n int64, eta
 func (c *Client) Stream(ctx context.Context, u URL, rel string) (io.ReadCloser, Object, error) {
 	r, err := c.mc.GetObject(ctx, u.Bucket, u.Key(rel), minio.GetObjectOptions{})
 	if err != nil {
-		return nil, Object{}, wrap(err, u, rel)
+		return nil, Object{}, c.wrap(err, u, rel)
 	}
 	st, err := r.Stat()
 	if err != nil {
 		r.Close()
-		return nil, Object{}, wrap(err, u, rel)
+		return nil, Object{}, c.wrap(err, u, rel)
 	}
 	return r, objectOf(st), nil
 }
@@ -299,7 +350,7 @@ func (c *Client) readAll(ctx context.Context, u URL, rel string, limit int64) ([
 	}
 	b, err := io.ReadAll(io.LimitReader(r, limit+1))
 	if err != nil {
-		return nil, "", wrap(err, u, rel)
+		return nil, "", c.wrap(err, u, rel)
 	}
 	// The bytes must be the version the response's head described (its
 	// size, and its sha256 where the writer recorded one), the version
@@ -344,7 +395,7 @@ func (c *Client) PutBytes(ctx context.Context, u URL, rel string, data []byte, s
 	}
 	info, err := c.mc.PutObject(ctx, u.Bucket, u.Key(rel), bytes.NewReader(data), int64(len(data)), o)
 	if err != nil {
-		return "", wrap(err, u, rel)
+		return "", c.wrap(err, u, rel)
 	}
 	return strings.Trim(info.ETag, `"`), nil
 }
@@ -364,18 +415,18 @@ func (c *Client) putOptions(sha string) minio.PutObjectOptions {
 // Remove deletes object rel (no error if it is not there).
 func (c *Client) Remove(ctx context.Context, u URL, rel string) error {
 	err := c.mc.RemoveObject(ctx, u.Bucket, u.Key(rel), minio.RemoveObjectOptions{})
-	if err != nil && errors.Is(wrap(err, u, rel), ErrNotFound) {
+	if err != nil && errors.Is(c.wrap(err, u, rel), ErrNotFound) {
 		return nil
 	}
-	return wrap(err, u, rel)
+	return c.wrap(err, u, rel)
 }
 
 // AbortUploads aborts the incomplete multipart uploads of object rel (a
 // killed push's parts).
 func (c *Client) AbortUploads(ctx context.Context, u URL, rel string) error {
 	err := c.mc.RemoveIncompleteUpload(ctx, u.Bucket, u.Key(rel))
-	if err != nil && errors.Is(wrap(err, u, rel), ErrNotFound) {
+	if err != nil && errors.Is(c.wrap(err, u, rel), ErrNotFound) {
 		return nil
 	}
-	return wrap(err, u, rel)
+	return c.wrap(err, u, rel)
 }

@@ -46,21 +46,21 @@ func (c *Client) PutChecked(ctx context.Context, u URL, rel string, r io.Reader,
 		faults.Point("push.complete")
 		info, err := core.PutObject(ctx, u.Bucket, u.Key(rel), bytes.NewReader(buf), size, "", "", o)
 		if err != nil {
-			return "", wrap(err, u, rel)
+			return "", c.wrap(err, u, rel)
 		}
 		return strings.Trim(info.ETag, `"`), nil
 	}
 	id, err := core.NewMultipartUpload(ctx, u.Bucket, u.Key(rel), o)
 	if err != nil {
-		return "", wrap(err, u, rel)
+		return "", c.wrap(err, u, rel)
 	}
 	abort := func(cause error) error {
 		faults.Point("push.abort")
 		actx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		if err := core.AbortMultipartUpload(actx, u.Bucket, u.Key(rel), id); err != nil && !errors.Is(wrap(err, u, rel), ErrNotFound) {
+		if err := core.AbortMultipartUpload(actx, u.Bucket, u.Key(rel), id); err != nil && !errors.Is(c.wrap(err, u, rel), ErrNotFound) {
 			return fmt.Errorf("%w (no object was made; aborting its multipart upload failed too: %v: its parts stay until a push of %s runs again, which aborts them)",
-				cause, wrap(err, u, rel), u.Name(rel))
+				cause, c.wrap(err, u, rel), u.Name(rel))
 		}
 		return fmt.Errorf("%w (no object was made: its upload was aborted)", cause)
 	}
@@ -106,7 +106,7 @@ func (c *Client) PutChecked(ctx context.Context, u URL, rel string, r io.Reader,
 			p, err := core.PutObjectPart(pctx, u.Bucket, u.Key(rel), id, n, bytes.NewReader(buf[:k]), k, minio.PutObjectPartOptions{})
 			mu.Lock()
 			if err != nil {
-				first = cmpErr(first, wrap(err, u, rel))
+				first = cmpErr(first, c.wrap(err, u, rel))
 				cancel()
 			} else {
 				parts = append(parts, minio.CompletePart{PartNumber: n, ETag: p.ETag})
@@ -130,7 +130,7 @@ func (c *Client) PutChecked(ctx context.Context, u URL, rel string, r io.Reader,
 	info, err := core.CompleteMultipartUpload(ctx, u.Bucket, u.Key(rel), id, parts, o)
 	if err != nil {
 		// (made or not: the bytes were checked; a push again finds out)
-		return "", abort(wrap(err, u, rel))
+		return "", abort(c.wrap(err, u, rel))
 	}
 	return strings.Trim(info.ETag, `"`), nil
 }

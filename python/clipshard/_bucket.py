@@ -101,9 +101,67 @@ class _Client:
                 except TypeError:  # botocore before 1.36: it sends no checksum headers of its own
                     cfg = Config(**kw)
                 ep = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+                if ep:
+                    _reachable(ep)
                 self._c = boto3.session.Session().client("s3", endpoint_url=ep, config=cfg)
                 self._pid = os.getpid()
             return self._c
+
+
+def _reachable(ep: str, tries: int = 5) -> None:
+    """AWS_ENDPOINT_URL's server accepts a connection (tried for about 5
+    s), or a ValueError says what to check: boto3 retries a refused
+    connection for 80 s (adaptive, 10 attempts) before saying so, without
+    naming the variable."""
+    import socket
+    from urllib.parse import urlsplit
+    try:
+        u = urlsplit(ep)
+        host, port = u.hostname, u.port or (443 if u.scheme == "https" else 80)
+    except ValueError as e:
+        raise ValueError("AWS_ENDPOINT_URL %r: %s: want http(s)://HOST[:PORT]" % (ep, e)) from None
+    if u.scheme not in ("http", "https") or not host:
+        raise ValueError("AWS_ENDPOINT_URL %r: want http(s)://HOST[:PORT]" % (ep,))
+    for i in range(tries):
+        try:
+            socket.create_connection((host, port), timeout=5).close()
+            return
+        except OSError as e:
+            if i == tries - 1:
+                raise ValueError("cannot reach AWS_ENDPOINT_URL %s: %s (is the server up, and is this its address?)" % (
+                    ep, e.strerror or e)) from None
+            time.sleep(1)
+
+
+DENIED = ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch")
+
+
+def hint(e: BaseException) -> str:
+    """What to set, for an error of the bucket's credentials or endpoint
+    (boto3 names neither the variables nor the endpoint it used); "" for
+    another error."""
+    name = type(e).__name__
+    ep = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if name in ("NoCredentialsError", "PartialCredentialsError"):
+        return (" (no credentials were found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE: a profile of "
+                "~/.aws/credentials or AWS_SHARED_CREDENTIALS_FILE)")
+    if _code(e) in DENIED:
+        src = ("AWS_ACCESS_KEY_ID" if os.environ.get("AWS_ACCESS_KEY_ID") else
+               "AWS_PROFILE %s" % os.environ["AWS_PROFILE"] if os.environ.get("AWS_PROFILE") else
+               "~/.aws/credentials' default profile, or an instance role")
+        return (" (the credentials used, from %s, are refused at %s: check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or "
+                "AWS_PROFILE, and the key's rights)" % (src, ep or "AWS's own S3"))
+    if name in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError") or isinstance(e, OSError):
+        if ep:
+            return " (cannot reach AWS_ENDPOINT_URL %s: is the server up, and is this its address?)" % ep
+        return (" (AWS's own S3: no AWS_ENDPOINT_URL is set; for another S3 server, e.g. MinIO or Ceph, set "
+                "AWS_ENDPOINT_URL=http(s)://HOST:PORT)")
+    return ""
+
+
+def fatal(e: BaseException) -> bool:
+    """An error no retry mends: no credentials, or refused."""
+    return type(e).__name__ in ("NoCredentialsError", "PartialCredentialsError") or _code(e) in DENIED
 
 
 def _code(e: Exception) -> str:
@@ -143,7 +201,7 @@ class Bucket:
             try:
                 r = self._client.get().list_objects_v2(**kw)
             except Exception as e:
-                raise ValueError("%s: listing: %s" % (self.name(rel_prefix), e)) from None
+                raise ValueError("%s: listing: %s%s" % (self.name(rel_prefix), e, hint(e))) from None
             for o in r.get("Contents", []):
                 key = str(o["Key"])
                 rel = key[len(self.prefix) + 1:] if self.prefix else key
@@ -163,7 +221,7 @@ class Bucket:
         except Exception as e:
             if _code(e) in ("404", "NoSuchKey", "NotFound"):
                 raise FileNotFoundError("%s: no such object" % self.name(rel)) from None
-            raise ValueError("%s: %s" % (self.name(rel), e)) from None
+            raise ValueError("%s: %s%s" % (self.name(rel), e, hint(e))) from None
         sha = (r.get("Metadata") or {}).get("sha256")
         return int(r["ContentLength"]), str(r["ETag"]).strip('"'), str(sha) if sha else None
 
@@ -234,9 +292,12 @@ class Bucket:
                     raise ValueError("%s: gone while it was being read" % self.name(rel)) from None
                 if isinstance(e, ValueError) and not isinstance(e, ConnectionError):
                     raise
+                if fatal(e):
+                    raise ValueError("%s: %s%s" % (self.name(rel), e, hint(e))) from None
                 fails += 1
                 if fails > tries:
-                    raise ValueError("%s: bytes %d..%d: %d tries failed, the last: %s" % (self.name(rel), at, b, fails, e)) from None
+                    raise ValueError("%s: bytes %d..%d: %d tries failed, the last: %s%s" % (self.name(rel), at, b, fails, e,
+                                                                                              hint(e))) from None
                 time.sleep(min(2.0, 0.05 * 2 ** fails) * (0.5 + random.random()))
 
 

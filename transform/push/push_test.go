@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -825,4 +826,56 @@ func TestBucketMirrorKilled(t *testing.T) {
 	if r := run(nil, "verify", "s3://bkt/ds"); r.Code != 0 || len(left()) != 0 {
 		t.Fatalf("a verify once the live one's process is gone: %d %s; %v left", r.Code, r.Stderr, left())
 	}
+}
+
+// TestBucketCredentialsNamed (#64.3): a bucket read without keys, with a
+// key the server refuses, and with no server at AWS_ENDPOINT_URL fails,
+// from Go (verify) and from Python (Loader, testdata/check_bucket_hint.py),
+// with one line naming what to set: AWS_ACCESS_KEY_ID and AWS_PROFILE,
+// or AWS_ENDPOINT_URL.
+func TestBucketCredentialsNamed(t *testing.T) {
+	s, _ := pushedEpochs(t, "1", "16")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := "http://" + l.Addr().String()
+	l.Close()
+	for _, c := range []struct {
+		what string
+		env  []string
+		want []string
+	}{
+		{"no keys", []string{"AWS_ACCESS_KEY_ID=", "AWS_SECRET_ACCESS_KEY="}, []string{"no credentials were found", "AWS_ACCESS_KEY_ID", "AWS_PROFILE"}},
+		{"a refused key", []string{"AWS_SECRET_ACCESS_KEY=not-the-secret"}, []string{"refused", "AWS_ACCESS_KEY_ID", "AWS_PROFILE"}},
+		{"no server", []string{"AWS_ENDPOINT_URL=" + closed}, []string{"cannot reach", "AWS_ENDPOINT_URL", closed}},
+	} {
+		env := overridden(s.Env(), append([]string{"AWS_PROFILE="}, c.env...)...)
+		r := clitest.Run(t, bin, env, "verify", "s3://bkt/ep")
+		if r.Code == 0 || strings.Count(strings.TrimSpace(r.Stderr), "\n") != 0 {
+			t.Fatalf("%s: verify: exit %d, not one line: %s", c.what, r.Code, r.Stderr)
+		}
+		for _, w := range c.want {
+			if !strings.Contains(r.Stderr, w) {
+				t.Fatalf("%s: verify says %q, not %q", c.what, r.Stderr, w)
+			}
+		}
+		got := numpytest.RunEnv(t, env, append([]string{filepath.Join("..", "..", "testdata", "check_bucket_hint.py"),
+			"s3://bkt/ep", filepath.Join(t.TempDir(), "cache")}, c.want...)...)
+		if !strings.HasPrefix(string(got), "ok: ") {
+			t.Fatalf("%s: python: %s", c.what, got)
+		}
+	}
+}
+
+// overridden is env with each "K=V" of over in place of env's K (the
+// last one given wins; "K=" unsets K for numpytest.RunEnv).
+func overridden(env []string, over ...string) []string {
+	out := []string{}
+	for _, kv := range append(append([]string{}, env...), over...) {
+		k, _, _ := strings.Cut(kv, "=")
+		out = slices.DeleteFunc(out, func(x string) bool { return strings.HasPrefix(x, k+"=") })
+		out = append(out, kv)
+	}
+	return out
 }
