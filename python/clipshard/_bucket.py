@@ -164,7 +164,7 @@ def fatal(e: BaseException) -> bool:
     return type(e).__name__ in ("NoCredentialsError", "PartialCredentialsError") or _code(e) in DENIED
 
 
-def _code(e: Exception) -> str:
+def _code(e: BaseException) -> str:
     r = getattr(e, "response", None)
     if isinstance(r, dict):
         return str(r.get("Error", {}).get("Code", "")) or str(r.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
