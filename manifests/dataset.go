@@ -34,7 +34,9 @@ var (
 	// directory.
 	ErrPath = errors.New("manifests: path escapes the dataset directory")
 	// ErrWrongKind marks a dataset given where an epochs folder is
-	// wanted, or back (errors.Is it also matches ErrManifest).
+	// wanted, or back, or a folder that is neither where a dataset is
+	// wanted (no dataset.json: a folder of sources) (errors.Is it also
+	// matches ErrManifest).
 	ErrWrongKind = fmt.Errorf("%w: the other kind of folder", ErrManifest)
 )
 
@@ -271,6 +273,10 @@ func LoadDataset(dir string) (*Dataset, error) {
 		if _, serr := os.Lstat(filepath.Join(dir, EpochsFile)); errors.Is(err, fs.ErrNotExist) && serr == nil {
 			return nil, fmt.Errorf("%w: %s is an epochs folder (it holds %s), not a dataset (no %s): give the folder convert wrote (the one these epochs were cut from is in %s's dataset.dir, or sources[].dir)",
 				ErrWrongKind, dir, EpochsFile, DatasetFile, EpochsFile)
+		}
+		if _, serr := os.Lstat(dir); errors.Is(err, fs.ErrNotExist) && serr == nil {
+			return nil, fmt.Errorf("%w: %s holds no %s: not a clipshard dataset (a folder of sources? convert it first: clipshard convert --clips LIST --root %s --out DS -m NAME=TEMPLATE ..., then give DS)",
+				ErrWrongKind, dir, DatasetFile, dir)
 		}
 		return nil, fmt.Errorf("%w: %w", ErrManifest, err)
 	}

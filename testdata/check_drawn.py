@@ -350,6 +350,17 @@ for bad in ("yes", 1, 0, None):
         raise AssertionError("read=%r taken" % (bad,))
     except ValueError as e:
         assert "read" in str(e)
+# A misspelt keyword (#64.10: batchsize= was a TypeError of Drawn's, which
+# a Loader's user never called): one ValueError naming it and the keyword
+# meant, drawn or not.
+for kw, meant in ((dict(dataset=DEMO, window=5, batchsize=4), "batch_size="), (dict(dataset=DEMO, window=5, wndow=3), "window="),
+                  (dict(edir=DEMO, batchsize=4), "batch_size=")):
+    try:
+        Loader(epochs=[0], **kw)
+        raise AssertionError("%r taken" % (kw,))
+    except ValueError as e:
+        bad = next(k for k in kw if k not in ("dataset", "window", "edir") or k == "wndow")
+        assert "unexpected arguments" in str(e) and bad in str(e) and "did you mean %s" % meant in str(e), str(e)
 # A window too long for any clip or memory (#60.6: 2**63 was an
 # OverflowError): a ValueError naming window; one that fits the argument
 # but not memory, a ValueError naming batch_size.

@@ -361,7 +361,9 @@ func TestUsage(t *testing.T) {
 		{[]string{"--dataset", ds, "--out", t.TempDir() + "/x", "--epochs", "1", "--window", "5", "--mem", "0"}, 2, "--mem: 0: want a positive SIZE"},
 		{[]string{"--dataset", ds, "--out", t.TempDir() + "/x", "--epochs", "1", "--window", "5", "--per-clip", "4"}, 2, "--per-clip 4: only with --sampling random"},
 		{[]string{"--dataset", ds, "--out", t.TempDir() + "/x", "--epochs", "1", "--window", "5", "--mem", "lots"}, 2, "bad size"},
-		{[]string{"--dataset", t.TempDir(), "--out", t.TempDir() + "/x", "--epochs", "1", "--window", "5"}, 1, "dataset.json"},
+		// #64.10: a folder of sources given as the dataset is the user's
+		// mistake (exit 2, as verify says), naming the convert to run.
+		{[]string{"--dataset", t.TempDir(), "--out", t.TempDir() + "/x", "--epochs", "1", "--window", "5"}, 2, "holds no dataset.json: not a clipshard dataset (a folder of sources? convert it first: clipshard convert"},
 		{[]string{"--dataset", ds, "--out", t.TempDir() + "/x", "--epochs", "1", "--window", "5", "--workers", "-3"}, 2, "--workers -3"},
 		{[]string{"--dataset", short, "--out", shortOut, "--epochs", "1", "--window", "5", "--mem", "64KiB"}, 1, "whisper.npy: 154440 bytes, dataset.json needs 157440: the rows of clip 11 on"},
 		{[]string{"--dataset", short, "--out", shortOut, "--epochs", "1", "--window", "5"}, 1, "the rows of clip 11 on"},

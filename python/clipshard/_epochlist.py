@@ -53,7 +53,8 @@ class EpochList:
             if edir is None:
                 raise ValueError("give an epochs folder (edir), or dataset= to draw epochs from a dataset")
             if draw:
-                raise ValueError("%s: unexpected arguments %s (window, seed, sampling, ... are for dataset=)" % (edir, sorted(draw)))
+                raise ValueError("%s: unexpected arguments %s%s (window, seed, sampling, ... are for dataset=)" % (
+                    edir, sorted(draw), _meant(draw)))
             local, self.remote = open_epochs(edir, cache_dir, cache_limit)
             self.manifest = load_epochs(local)
             check_datasets(self.manifest, edir)
@@ -269,8 +270,37 @@ def _check_drawn_args(edir: Optional[str], dataset: Any, epochs: Any, replay_see
                          "are fresh every epoch")
     if epochs is None:
         raise ValueError("epochs: give the epochs to draw from %s (e.g. epochs=range(10))" % (dataset,))
+    unknown = sorted(set(draw) - set(_keywords(Drawn)))
+    if unknown:
+        raise ValueError("unexpected arguments %s%s (a Loader's: %s; of epochs drawn from a dataset: %s)" % (
+            unknown, _meant(unknown), ", ".join(_keywords(loader_class())), ", ".join(_keywords(Drawn))))
     if "window" not in draw:
         raise ValueError("window: give the frames of each window to draw from %s" % (dataset,))
+
+
+def _keywords(f: Any) -> list[str]:
+    """The keyword arguments of f (a class: its __init__'s), public ones."""
+    import inspect
+    params = inspect.signature(f).parameters.values()
+    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and not p.name.startswith("_")
+            and p.name not in ("self", "dataset")]
+
+
+def loader_class() -> Any:
+    from .loader import Loader
+    return Loader
+
+
+def _meant(names: Any) -> str:
+    """", did you mean ...?" for misspelt keywords (batchsize=)."""
+    import difflib
+    known = _keywords(loader_class()) + _keywords(Drawn) + ["dataset"]
+    got = []
+    for n in sorted(names):
+        close = difflib.get_close_matches(n, known, n=1, cutoff=0.7)
+        if close:
+            got.append("%s=, not %s=" % (close[0], n))
+    return ": did you mean %s?" % ", ".join(got) if got else ""
 
 
 def _epoch_list(epochs: Any) -> list[int]:
