@@ -44,35 +44,38 @@ for c in a.ids:
         for m in x:
             same(x[m], y[m], ("window", c, s, m))
 
-# A where.npy pointing past a blob's rows.
-with tempfile.TemporaryDirectory() as t:
-    bad = os.path.join(t, "ds")
-    shutil.copytree(ds, bad)
+def refused(edit, words, what):
+    """A copy of the dataset, edited, refused by Dataset with one
+    ValueError holding every word."""
+    with tempfile.TemporaryDirectory() as t:
+        bad = os.path.join(t, "ds")
+        shutil.copytree(ds, bad)
+        words = edit(bad) + words
+        try:
+            clipshard.Dataset(bad)
+        except ValueError as e:
+            assert all(w in str(e) for w in words) and "\n" not in str(e), e
+        else:
+            raise SystemExit("%s was read" % what)
+
+
+def far_where(bad):  # a where.npy pointing past a blob's rows
     wp = os.path.join(bad, a.manifest["files"]["where"])
     w = np.load(wp)
     w[len(w) // 2, 0, 1] = 1 << 40
     np.save(wp, w)
-    try:
-        clipshard.Dataset(bad)
-    except ValueError as e:
-        assert wp in str(e) and "outside" in str(e) and "\n" not in str(e), e
-    else:
-        raise SystemExit("a where.npy pointing outside its blob was read")
+    return [wp]
 
-# A segment's blob replaced by a FIFO: refused, naming it, never opened
-# for reading (no hang).
-with tempfile.TemporaryDirectory() as t:
-    bad = os.path.join(t, "ds")
-    shutil.copytree(ds, bad)
+
+def fifo(bad):  # a segment's blob replaced by a FIFO: never opened for reading (no hang)
     seg = next(b["file"] for m in a.manifest["modalities"] for b in m["blobs"] if b["file"].startswith("segments/"))
     os.unlink(os.path.join(bad, seg))
     os.mkfifo(os.path.join(bad, seg))
-    try:
-        clipshard.Dataset(bad)
-    except ValueError as e:
-        assert seg in str(e) and "not a regular file" in str(e) and "\n" not in str(e), e
-    else:
-        raise SystemExit("a FIFO blob was read")
+    return [seg]
+
+
+refused(far_where, ["outside"], "a where.npy pointing outside its blob")
+refused(fifo, ["not a regular file"], "a FIFO blob")
 
 kw = dict(epochs=[0], window=5, batch_size=4, remainder="pad", hold=0)
 drawn = [list(clipshard.Loader(dataset=d, **kw)) for d in (ds, twin)]
