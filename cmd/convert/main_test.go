@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -472,4 +473,59 @@ func TestResumeRechecksSources(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(out, "dataset.json")); err == nil {
 		t.Fatal("dataset.json written")
 	}
+}
+
+// TestAllSkippedSaysWhy (#64.4): --on-error skip when every clip fails (a
+// forgotten @2: every clip's modalities disagree on length) exits 1 with
+// one line giving the reasons counted (the clip's id and numbers aside:
+// one cause, one entry) with their first clips, and keeps skipped.tsv,
+// each clip's reason, in the staging folder it names (nothing under
+// --out); convert --clean removes it; the run with the cause mended
+// converts every clip and leaves nothing beside --out. On a segmented
+// run over a dataset too.
+func TestAllSkippedSaysWhy(t *testing.T) {
+	src := copyDemo(t)
+	parent := t.TempDir()
+	out := filepath.Join(parent, "ds")
+	bad := []string{"--clips", filepath.Join(src, "clips.txt"), "--out", out, "--quiet", "-m", "whisper=whisper/{clip}.npy", "-m", "motion=motion/{clip}.pkl:exp+pose", "--on-error", "skip"}
+	r := runConvert(t, nil, bad...)
+	tsv := filepath.Join(parent, ".clipshard-partial-ds", "skipped.tsv")
+	for _, w := range []string{"no clip could be converted: all 12 clips skipped (--on-error skip), for 12 like ", "modalities disagree on length", "(clip000, clip001, clip002, ...)", "each clip's reason: " + tsv, "convert --clean --out " + out} {
+		if r.Code != 1 || !strings.Contains(r.Stderr, w) || strings.Count(strings.TrimSpace(r.Stderr), "\n") != 0 {
+			t.Fatalf("all skipped: exit %d, %q does not say %q", r.Code, r.Stderr, w)
+		}
+	}
+	if _, err := os.Stat(out); !os.IsNotExist(err) {
+		t.Fatalf("all skipped: %s made (%v)", out, err)
+	}
+	b, err := os.ReadFile(tsv)
+	if err != nil || strings.Count(string(b), "\n") != 13 || !strings.HasPrefix(string(b), "clip\treason\nclip000\tclip \"clip000\": modalities disagree") {
+		t.Fatalf("skipped.tsv: %v\n%s", err, b)
+	}
+	if r := runConvert(t, nil, "--clean", "--out", out); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	if entries, _ := os.ReadDir(parent); len(entries) != 0 {
+		t.Fatalf("after --clean: %v", entries)
+	}
+	runConvert(t, nil, bad...)
+	good := append([]string{}, bad...)
+	good[slices.Index(good, "whisper=whisper/{clip}.npy")] = "whisper@2=whisper/{clip}.npy"
+	if r := runConvert(t, nil, good...); r.Code != 0 {
+		t.Fatalf("mended: %s", r.Stderr)
+	}
+	if entries, _ := os.ReadDir(parent); len(entries) != 1 {
+		t.Fatalf("mended: left beside --out: %v", entries)
+	}
+	// Over the dataset, segmented: the same line, the same reasons.
+	seg := append(append([]string{}, bad...), "--segments")
+	seg[slices.Index(seg, "--clips")+1] = filepath.Join(src, "l3.txt")
+	if err := os.WriteFile(seg[slices.Index(seg, "--clips")+1], []byte("clip000\nclip001\nclip002\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	seg[slices.Index(seg, "motion=motion/{clip}.pkl:exp+pose")] = "motion=motion/{clip}.pkl:pose"
+	if r := runConvert(t, nil, seg...); r.Code != 1 || !strings.Contains(r.Stderr, "all 3 clips skipped") {
+		t.Fatalf("segmented, all skipped: exit %d %s", r.Code, r.Stderr)
+	}
+	verifyOK(t, out)
 }

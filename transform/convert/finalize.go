@@ -8,11 +8,14 @@ import (
 	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -48,7 +51,7 @@ func hashRange(f *os.File, off, n int64) (uint64, error) {
 func (j *job) finalize(w *writer) (*manifests.Dataset, error) {
 	o := j.opts
 	if len(w.rows) == 0 {
-		return nil, fmt.Errorf("%w: no clip could be converted (%d skipped)", ErrInput, len(w.skipped))
+		return nil, j.allSkipped(w)
 	}
 	report := func(phase string) {
 		if o.Progress != nil {
@@ -314,4 +317,65 @@ func (j *job) commit(d *manifests.Dataset) error {
 	}
 	faults.Point("convert.exchanged")
 	return removeOld(prev, old)
+}
+
+var digits = regexp.MustCompile(`[0-9]+`)
+
+// ErrAllSkipped marks a run in which every clip was skipped (--on-error
+// skip): the error says why, by reason, and the staging folder keeps
+// skipped.tsv, each clip's reason (convert --clean removes it).
+var ErrAllSkipped = errors.New("no clip could be converted")
+
+// allSkipped is the error of a run that converted no clip: the reasons
+// counted (the clip's id in each made {clip}, so that one cause is one
+// line, and so are reasons that differ only in their numbers), the
+// commonest first, with their first clips; and skipped.tsv
+// written into the staging folder.
+func (j *job) allSkipped(w *writer) error {
+	if len(w.skipped) == 0 {
+		return fmt.Errorf("%w: %w: the clip list holds no clip", ErrInput, ErrAllSkipped)
+	}
+	type group struct {
+		reason string
+		clips  []string
+	}
+	var groups []*group
+	byReason := map[string]*group{}
+	for _, s := range w.skipped {
+		r := strings.ReplaceAll(s.Reason, s.Clip, "{clip}")
+		key := digits.ReplaceAllString(r, "#") // (79 frames, 32 frames: one cause)
+		g := byReason[key]
+		if g == nil {
+			g = &group{reason: r}
+			byReason[key] = g
+			groups = append(groups, g)
+		}
+		g.clips = append(g.clips, s.Clip)
+	}
+	slices.SortStableFunc(groups, func(a, b *group) int { return len(b.clips) - len(a.clips) })
+	var parts []string
+	for i, g := range groups {
+		if i == 3 {
+			parts = append(parts, fmt.Sprintf("and %d other reasons", len(groups)-3))
+			break
+		}
+		first := g.clips[:min(len(g.clips), 3)]
+		more := ""
+		if len(g.clips) > 3 {
+			more = ", ..."
+		}
+		parts = append(parts, fmt.Sprintf("%d like %q (%s%s)", len(g.clips), g.reason, strings.Join(first, ", "), more))
+	}
+	where := ""
+	var b bytes.Buffer
+	b.WriteString("clip\treason\n")
+	for _, s := range w.skipped {
+		fmt.Fprintf(&b, "%s\t%s\n", s.Clip, strings.ReplaceAll(s.Reason, "\t", " "))
+	}
+	if j.staging != "" {
+		if err := atomicfile.WriteFile(filepath.Join(j.staging, manifests.SkippedFile), b.Bytes()); err == nil {
+			where = "; each clip's reason: " + filepath.Join(j.staging, manifests.SkippedFile)
+		}
+	}
+	return fmt.Errorf("%w: %w: all %d clips skipped (--on-error skip), for %s%s", ErrInput, ErrAllSkipped, len(w.skipped), strings.Join(parts, "; "), where)
 }

@@ -114,6 +114,11 @@ func Run(ctx context.Context, o Options) (res *Result, err error) {
 		// --out after a quick mistake.
 		if err != nil && !errors.Is(err, ErrUsage) && ctx.Err() == nil {
 			if _, serr := os.Stat(j.staging); serr == nil {
+				if errors.Is(err, ErrAllSkipped) {
+					// (skipped.tsv kept for the user to read; a re-run with the cause mended starts over)
+					err = fmt.Errorf("%w (convert --clean --out %s removes it)", err, j.opts.Out)
+					return
+				}
 				if (fresh && time.Since(began) < KeepAfter) || j.segmented {
 					if ok, cerr := Clean(j.opts.Out); ok && cerr == nil {
 						err = fmt.Errorf("%w (nothing kept: a re-run starts over)", err)

@@ -75,7 +75,7 @@ var leftoverFile = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]*$`)
 func (j *job) finalizeSegments(w *writer) (*manifests.Dataset, []byte, string, error) {
 	o := j.opts
 	if len(w.rows) == 0 {
-		return nil, nil, "", fmt.Errorf("%w: no clip could be converted (%d skipped)", ErrInput, len(w.skipped))
+		return nil, nil, "", j.allSkipped(w)
 	}
 	p := j.prev
 	num := p.ds.Number() + 1
