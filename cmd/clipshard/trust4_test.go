@@ -200,6 +200,12 @@ func TestInspectNonFiniteJSON(t *testing.T) {
 	if r.Code != 0 || !strings.Contains(r.Stdout, "min -Inf max -Inf") {
 		t.Fatalf("text of an all -Inf clip: %d %s %s", r.Code, r.Stdout, r.Stderr)
 	}
+	// #64.10: --clip shows the clip under one line naming its dataset, not
+	// the whole dataset's summary first.
+	if first, _, _ := strings.Cut(r.Stdout, "\n"); !strings.HasPrefix(first, "dataset "+ds+": ") || !strings.Contains(first, "; clip c2 (row ") ||
+		strings.Contains(r.Stdout, "clip lengths") || strings.Contains(r.Stdout, "values of ") {
+		t.Fatalf("inspect --clip: %s", r.Stdout)
+	}
 	full, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
 	if err != nil {
 		t.Skip("no /dev/full")

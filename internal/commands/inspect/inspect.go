@@ -33,7 +33,7 @@ sampled read by bounded ranged GETs, nothing else downloaded).
            longest and shortest clips; skipped and trimmed clips; the
            sources' size; value histograms from --rows rows per modality
            read evenly across its blob (the figures say how many)
-  --clip   that clip's rows: per feature mean/std/min/max, NaN positions
+  --clip   that clip's rows alone: per feature mean/std/min/max, NaN positions
   epochs   per epoch samples, shards and bytes, and its shuffle quality
            along the epoch (distinct clips per batch and same-clip
            neighbours, per tenth: a degraded tail shows), from the whole

@@ -16,6 +16,15 @@ import (
 func printText(w io.Writer, rep any) {
 	switch r := rep.(type) {
 	case *inspect.DatasetReport:
+		if c := r.Clip; c != nil {
+			// --clip: the clip asked about, under one line naming its
+			// dataset (its summary is inspect without --clip).
+			fmt.Fprintf(w, "dataset %s: %d clips, %d frames; clip %s (row %d): start %d, %d frames\n", r.Dir, r.Clips, r.Frames, c.Clip, c.Row, c.Start, c.Frames)
+			for _, f := range c.Modalities {
+				printFeatures(w, f)
+			}
+			return
+		}
 		fmt.Fprintf(w, "dataset %s: %d clips, %d frames (%.2f h at %g fps), sources %s\n", r.Dir, r.Clips, r.Frames, r.Hours, r.FPS, ui.Bytes(r.SourceSize))
 		l := r.Lengths
 		fmt.Fprintf(w, "clip lengths (frames): min %d, quartiles %d / %d / %d, max %d, mean %.1f\n", l.Min, l.Q1, l.Median, l.Q3, l.Max, l.Mean)
@@ -32,12 +41,6 @@ func printText(w io.Writer, rep any) {
 			fmt.Fprintf(w, "  %-12s %s %v %s, %d rows, %s; nan %d inf %d overflow %d underflow %d max|x| %g\n", m.Name, m.DType,
 				m.FrameShape, rate, m.Rows, ui.Bytes(m.Bytes), m.Stats.NaN, m.Stats.InfIn, m.Stats.Overflow, m.Stats.Underflow, m.Stats.MaxAbs)
 			fmt.Fprintf(w, "               values of %d sampled rows: %s\n", m.Sampled, histText(m.Values))
-		}
-		if c := r.Clip; c != nil {
-			fmt.Fprintf(w, "clip %s (row %d): start %d, %d frames\n", c.Clip, c.Row, c.Start, c.Frames)
-			for _, f := range c.Modalities {
-				printFeatures(w, f)
-			}
 		}
 	case *inspect.EpochsReport:
 		of := r.Dataset
