@@ -54,11 +54,21 @@ def least_limit(**kw):
     try:
         clipshard.EpochReader(url, epochs[0], cache_dir=cache_dir(), cache_limit=1, **kw)
     except ValueError as err:
-        m = re.search(r"give cache_limit >= (\d+)", str(err))
-        assert m, err
+        # (#64.7: in words, with the rule and the way to a smaller cache)
+        m = re.search(r"give cache_limit >= [0-9.]+ [KMGT]iB \((\d+) bytes\) per reader sharing it", str(err))
+        assert m and "4 shard groups (the one read, 2 ahead, one more being fetched)" in str(err) and "--shard-samples" in str(err), err
         return int(m.group(1))
     raise SystemExit("a cache_limit of 1 byte was taken")
 
+
+# A Loader refuses a cache too small when it is made, not at its first
+# batch (after a model and DDP were set up: #64.7).
+try:
+    clipshard.Loader(url, epochs=[epochs[0]], batch_size=2, cache_dir=cache_dir(), cache_limit=least_limit() - 1)
+except ValueError as err:
+    assert "too small for this epoch's read-ahead" in str(err), err
+else:
+    raise SystemExit("a Loader took a cache_limit too small for its read-ahead")
 
 # One shard group more than the least: eviction works, readers never wait.
 limit = int(sys.argv[4]) if len(sys.argv) > 4 else least_limit() + group

@@ -367,3 +367,16 @@ def cached(fd: int, off: int, n: int) -> bool:
     except (BlockingIOError, OSError):
         return False
     return True
+
+
+def human(n: int, up: bool = False) -> str:
+    """n bytes in words (binary units, 3 significant digits); up: rounded
+    up (a bound to give, never below n)."""
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            v = n / size
+            digits = 2 if v < 10 else 1 if v < 100 else 0
+            q = 10 ** digits
+            v = (math.ceil(v * q) if up else round(v * q)) / q
+            return ("%." + str(digits) + "f %s") % (v, unit)
+    return "%d bytes" % n

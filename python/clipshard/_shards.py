@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping, Optional, Union
 import numpy as np
 
 from . import _remote
-from ._files import Npy, cached, confined
+from ._files import Npy, cached, confined, human
 from ._manifest import epoch_identity, load_epochs, row_bytes, row_checks
 from ._order import ShardOrder
 
@@ -302,9 +302,12 @@ class BucketShards(ShardFiles):
         extra = remote.manifest_bytes + (_remote.blocks(sums_size) if sums_size else 0)
         need = (self.fetch_ahead + 2) * per + extra
         if remote.cache.limit < need:
-            raise ValueError("cache_limit %d bytes is too small for this epoch's read-ahead: %d shard groups of up to %d bytes "
-                             "(the one read, %d ahead, one more) and the manifests' %d: give cache_limit >= %d" % (
-                                 remote.cache.limit, self.fetch_ahead + 2, per, self.fetch_ahead, extra, need))
+            raise ValueError("cache_limit %s is too small for this epoch's read-ahead: it holds, per reader, %d shard groups "
+                             "(the one read, %d ahead, one more being fetched) of up to %s each, and the manifests' %s: give "
+                             "cache_limit >= %s (%d bytes) per reader sharing it (ranks x DataLoader workers), or cut smaller "
+                             "shards (shuffle --shard-samples: a group is --shard-samples samples of every modality)" % (
+                                 human(remote.cache.limit), self.fetch_ahead + 2, self.fetch_ahead, human(per), human(extra),
+                                 human(need, up=True), need))
         sums = remote.block_sums(first_file) if first_file else None
         self.node = node_ranks(rank, world_size)
         # Ranged when the ranks of other nodes read the rest of each
