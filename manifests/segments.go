@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"path"
 	"path/filepath"
@@ -227,9 +228,18 @@ func KeptVersions(dir string) ([]int, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A version above the current one is what a convert --segments killed
+	// before its commit (dataset.json) left: not kept, never read.
+	current := math.MaxInt
+	if d, err := LoadDataset(dir); err == nil {
+		current = d.Number()
+	}
 	var out []int
 	for _, e := range entries {
 		if !e.IsDir() || !versionName.MatchString(e.Name()) {
+			continue
+		}
+		if n, _ := strconv.Atoi(e.Name()); n > current {
 			continue
 		}
 		if st, err := os.Lstat(filepath.Join(dir, VersionsDir, e.Name(), DatasetFile)); err != nil || !st.Mode().IsRegular() {

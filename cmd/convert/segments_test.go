@@ -8,6 +8,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -689,7 +690,13 @@ func TestSegmentsCompact(t *testing.T) {
 		return runConvert(t, append(e, env...), segArgs(l11, ref, base, "--compact")...)
 	})
 	wantTree := clitest.Tree(t, ref)
-	for _, k := range clitest.Spread(t, len(points), clitest.Exhaustive(min(len(points), 4), len(points))) {
+	ks := clitest.Spread(t, len(points), clitest.Exhaustive(min(len(points), 4), len(points)))
+	for k, p := range points { // (and always the commit's steps: a version over a format 2 one, moved in, not yet committed)
+		if (p == "convert.segment" || p == "convert.version") && !slices.Contains(ks, k+1) {
+			ks = append(ks, k+1)
+		}
+	}
+	for _, k := range ks {
 		t.Run(fmt.Sprintf("%d-%s", k, points[k-1]), func(t *testing.T) {
 			out := grow(t, filepath.Join(t.TempDir(), "ds"))
 			old := clitest.Tree(t, out)
@@ -705,6 +712,18 @@ func TestSegmentsCompact(t *testing.T) {
 			}
 			if cur := string(now["dataset.json"]); cur != string(old["dataset.json"]) && cur != string(wantTree["dataset.json"]) {
 				t.Fatal("after the kill dataset.json is neither the previous version nor the new one")
+			}
+			if points[k-1] == "convert.version" {
+				// versions/4 moved in, dataset.json still version 3's: not a
+				// kept version (verify names it, shuffle refuses it).
+				if rep, err := manifests.VerifyDataset(out, manifests.VerifyOptions{}); err != nil || rep.OK() ||
+					!strings.Contains(fmt.Sprint(rep.Problems), "versions/4/: left by a convert --segments killed before its commit") {
+					t.Fatalf("verify after a kill between the version and the commit: %v %v", err, rep.Problems)
+				}
+				if _, err := shuffle.Run(context.Background(), shuffle.Options{Dataset: out, Out: filepath.Join(t.TempDir(), "ep"), EpochEnd: 1, ShardSize: 8,
+					Version: 4, Sampling: manifests.Sampling{Window: 5, Mode: "tile", Short: "pad"}}); err == nil || !strings.Contains(err.Error(), "above the current one") {
+					t.Fatalf("shuffle --version 4 of an uncommitted version: %v", err)
+				}
 			}
 			if r := runConvert(t, env, args...); r.Code != 0 {
 				t.Fatalf("re-run: exit %d: %s", r.Code, r.Stderr)

@@ -33,7 +33,8 @@ def open_version(self: "Source", version: Optional[int]) -> Any:
         if type(version) is not int or version < 1:
             raise ValueError("version %r: want a dataset version (an int >= 1) of %s" % (version, self.url))
         rel = "versions/%d/dataset.json" % version
-        if self.remote is not None or not os.path.lexists(os.path.join(self.dir, rel)):
+        # (a version above the current one: a convert --segments killed before its commit left it, never committed)
+        if self.remote is not None or not os.path.lexists(os.path.join(self.dir, rel)) or (type(cur) is int and version > cur):
             raise ValueError("%s: version %d is not kept (dataset.json is version %r; kept: %s): it was dropped (convert "
                              "--keep) or never made; read a kept version" % (self.url, version, cur, kept(self.dir)))
         raw = self._bytes(rel)

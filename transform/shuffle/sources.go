@@ -100,6 +100,9 @@ func (j *job) addSource(name, dir string) error {
 	if n := j.o.Version; n > 0 && n != ds.Number() {
 		// A kept version (convert --segments): its manifest, by its bytes.
 		v, raw, err := manifests.LoadVersion(dir, n)
+		if err == nil && n > ds.Number() {
+			err = fmt.Errorf("version %d is above the current one: left by a convert --segments killed before its commit (the next convert removes it)", n)
+		}
 		if err != nil {
 			kept, _ := manifests.KeptVersions(dir)
 			return fmt.Errorf("%w: --version %d: %s keeps versions %v (current: %d): %w", ErrUsage, n, dir, kept, ds.Number(), err)
