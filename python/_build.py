@@ -11,6 +11,7 @@ import hashlib
 import io
 import os
 import re
+import sys
 import zipfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -192,6 +193,9 @@ def wheels(out, every=False, binary=None):
         for goos, goarch in targets:
             binary = os.path.join(tmp, "%s-%s" % (goos, goarch), "clipshard")
             env = dict(os.environ, CGO_ENABLED="0", GOOS=goos, GOARCH=goarch)
+            # (said first: the first build downloads and compiles the dependencies, minutes with no output of go's)
+            print("building the clipshard command for %s/%s (go build; on a fresh machine 2-5 min: it downloads and compiles "
+                  "the dependencies)" % (goos, goarch), file=sys.stderr, flush=True)
             # -buildvcs=auto: the commit stamped in a git checkout (the
             # environment may say false), "commit unknown" outside one.
             subprocess.check_call(["go", "build", "-trimpath", "-buildvcs=auto", "-ldflags=-s -w", "-o", binary, "./cmd/clipshard"],

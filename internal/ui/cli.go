@@ -17,13 +17,18 @@ import (
 	"time"
 )
 
-// Version is the module version the command was built from, or "(devel)".
+// Version is the version a command writes into its manifests ("tool")
+// and prints: Release.
 func Version() string {
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		return bi.Main.Version
-	}
-	return "(devel)"
+	return Release
 }
+
+// Release is clipshard's version: the binary's and the Python package's
+// (python/pyproject.toml and clipshard.__version__ say the same; a test
+// holds them to it), whatever go build stamps (v0.0.0-DATE-COMMIT in a git
+// checkout, (devel) with go run): `clipshard version` names the commit
+// beside it.
+const Release = "2.0.0"
 
 // Clock returns the clock commands record as their "created" time:
 // time.Now, or, when SOURCE_DATE_EPOCH is set (reproducible-builds.org),

@@ -3,6 +3,8 @@ package ui
 import (
 	"bytes"
 	"math"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -95,6 +97,24 @@ func TestNearest(t *testing.T) {
 	for in, want := range map[string]string{"windwo": "window", "widow": "window", "epoch": "epochs", "epcohs": "epochs", "deeep": "deep", "zzz": "", "x": "", "sede": "seed"} {
 		if got := Nearest(in, names); got != want {
 			t.Errorf("Nearest(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// TestOneVersion (#64.9): the binary's version is the Python package's
+// (the wheel's, python/pyproject.toml, and clipshard.__version__).
+func TestOneVersion(t *testing.T) {
+	for _, f := range []struct{ path, pattern string }{
+		{"../../python/pyproject.toml", `(?m)^version = "([^"]+)"$`},
+		{"../../python/clipshard/__init__.py", `(?m)^__version__ = "([^"]+)"$`},
+	} {
+		b, err := os.ReadFile(f.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := regexp.MustCompile(f.pattern).FindSubmatch(b)
+		if m == nil || string(m[1]) != Release {
+			t.Fatalf("%s says version %q, the binary %q: give them one", f.path, m, Release)
 		}
 	}
 }
