@@ -272,7 +272,11 @@ func TestInspectHTML(t *testing.T) {
 		if strings.HasSuffix(page, "ep.html") {
 			target = ep
 		}
-		if r := clip(t, "inspect", "--html", page, target); r.Code != 0 {
+		args := []string{"inspect", "--html", page, target}
+		if target == ep {
+			args = append(args, "--batch", "2") // (30 samples an epoch: 15 batches, figures by tenth)
+		}
+		if r := clip(t, args...); r.Code != 0 {
 			t.Fatal(r.Stderr)
 		}
 		b, err := os.ReadFile(page)
@@ -288,6 +292,19 @@ func TestInspectHTML(t *testing.T) {
 				t.Fatalf("%s: not self-contained: holds %q", page, bad)
 			}
 		}
+	}
+	// #64.5: fewer than 10 batches of --batch (30 samples, 256): no figures
+	// by tenth, said so, rather than tenths of 3 samples under an axis of
+	// batches of 256.
+	few := filepath.Join(dir, "few.html")
+	if r := clip(t, "inspect", "--html", few, ep); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	if b, _ := os.ReadFile(few); strings.Count(string(b), "<svg") != 2 || strings.Contains(string(b), "along the epoch") {
+		t.Fatalf("%s: plots along epochs of fewer than 10 batches", few)
+	}
+	if r := clip(t, "inspect", ep); !strings.Contains(r.Stdout, "by tenth: none (fewer than 10 batches of 256)") {
+		t.Fatalf("text of epochs of fewer than 10 batches: %s", r.Stdout)
 	}
 	chromium, err := exec.LookPath("chromium")
 	if err != nil {

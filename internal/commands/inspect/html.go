@@ -141,7 +141,16 @@ func epochPlots(r *inspect.EpochsReport, e inspect.EpochReport, names []string) 
 	}
 	pct := linearFixed(0, 100, 20)
 	flat := func(v float64) []series { return []series{{xs: []float64{0, 100}, ys: []float64{v, v}}} }
-	out := []string{lines(fmt.Sprintf("quality-%d", e.Epoch), fmt.Sprintf("Epoch %d: distinct clips per batch along the epoch", e.Epoch),
+	var out []string
+	if len(e.Tenths) > 0 { // (fewer than 10 whole batches: no figures along the epoch)
+		out = alongEpoch(r, e, xs, ys, ns, pct, flat)
+	}
+	return append(out, shares(r, e, names, pct)...)
+}
+
+// alongEpoch are an epoch's quality figures per tenth of its whole batches.
+func alongEpoch(r *inspect.EpochsReport, e inspect.EpochReport, xs, ys, ns []float64, pct axis, flat func(float64) []series) []string {
+	return []string{lines(fmt.Sprintf("quality-%d", e.Epoch), fmt.Sprintf("Epoch %d: distinct clips per batch along the epoch", e.Epoch),
 		"position in the epoch (%)", fmt.Sprintf("distinct clips per batch of %d", r.Batch), pct, linear(0, maxOf(ys, []float64{e.UniformDistinct})*1.15),
 		[]series{{xs: xs, ys: ys}}, flat(e.UniformDistinct),
 		fmt.Sprintf("%d samples; per tenth of the epoch's whole batches (overall %.1f); dashed: a uniform shuffle of these samples (%.1f). A degraded tail drops at the right.",
@@ -151,6 +160,11 @@ func epochPlots(r *inspect.EpochsReport, e inspect.EpochReport, names []string) 
 			[]series{{xs: xs, ys: ns}}, flat(e.UniformNeighbours),
 			fmt.Sprintf("The share of consecutive samples from the same clip, per tenth (overall %.4f); dashed: a uniform shuffle's (%.4f). Near 1: clip order.",
 				e.Quality.SameClipNeighbours, e.UniformNeighbours))}
+}
+
+// shares is a mixed epoch's plot of each source's share along it.
+func shares(r *inspect.EpochsReport, e inspect.EpochReport, names []string, pct axis) []string {
+	var out []string
 	if len(e.ShareByBatch) > 0 && len(names) > 0 {
 		var ss, targets []series
 		n := len(e.ShareByBatch[names[0]])

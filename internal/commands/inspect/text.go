@@ -65,7 +65,11 @@ func printText(w io.Writer, rep any) {
 				d = append(d, fmt.Sprintf("%.0f", t.DistinctClipsMean))
 				n = append(n, fmt.Sprintf("%.2f", t.SameClipNeighbours))
 			}
-			fmt.Fprintf(w, "    by tenth: distinct clips %s; same-clip neighbours %s\n", strings.Join(d, " "), strings.Join(n, " "))
+			if len(e.Tenths) == 0 {
+				fmt.Fprintf(w, "    by tenth: none (fewer than 10 batches of %d)\n", r.Batch)
+			} else {
+				fmt.Fprintf(w, "    by tenth: distinct clips %s; same-clip neighbours %s\n", strings.Join(d, " "), strings.Join(n, " "))
+			}
 			if e.Measured < e.Samples {
 				fmt.Fprintf(w, "    (measured on %d of the %d samples: the start of each tenth; --mem holds more)\n", e.Measured, e.Samples)
 			}
