@@ -496,6 +496,26 @@ func TestInspectPlots(t *testing.T) {
 				t.Errorf("%s: the page lacks %q", c.target, w)
 			}
 		}
+		// #64.5: the curriculum is a staircase (each weight held over its
+		// epoch: points in pairs of one height) on an axis of whole epochs.
+		if c.target == ep {
+			fig := regexp.MustCompile(`(?s)<figure id="curriculum">.*?</svg>`).FindString(string(b))
+			pts := regexp.MustCompile(`class="curve" points="([^"]*)"`).FindStringSubmatch(fig)
+			if pts == nil {
+				t.Fatalf("no curriculum curve: %s", fig)
+			}
+			xy := strings.Fields(pts[1])
+			for k := 0; k+1 < len(xy); k += 2 {
+				if strings.Split(xy[k], ",")[1] != strings.Split(xy[k+1], ",")[1] {
+					t.Fatalf("curriculum: a slope between %s and %s, not a step", xy[k], xy[k+1])
+				}
+			}
+			for _, m := range label.FindAllStringSubmatch(fig, -1) {
+				if strings.Contains(m[0], "middle") && strings.Contains(m[1], ".") {
+					t.Fatalf("curriculum: an epoch tick %q", m[1])
+				}
+			}
+		}
 		// Each axis's ticks are a round step apart (1, 2, 2.5 or 5 times a
 		// power of ten) and written with no exponent.
 		for _, fig := range regexp.MustCompile(`(?s)<svg.*?</svg>`).FindAllString(string(b), -1) {

@@ -87,26 +87,27 @@ func writeHTML(path string, rep any, force bool) error {
 			}
 			first, last := xs[0], max(xs[0]+1, xs[len(xs)-1])
 			plots = append(plots, lines("epochs-distinct", "Distinct clips per batch, by epoch", "epoch", fmt.Sprintf("distinct clips per batch of %d", r.Batch),
-				linear(first, last), linear(0, maxOf(ds, ud)*1.15), []series{{xs: xs, ys: ds}}, []series{{xs: xs, ys: ud}},
+				epochAxis(first, last), linear(0, maxOf(ds, ud)*1.15), []series{{xs: xs, ys: ds}}, []series{{xs: xs, ys: ud}},
 				"Each epoch's mean over its whole batches; dashed: what a uniform shuffle of its samples gives."))
 			plots = append(plots, lines("epochs-neighbours", "Same-clip neighbours, by epoch", "epoch", "share of neighbours from one clip",
-				linear(first, last), linear(0, max(0.01, maxOf(ns, un)*1.5)), []series{{xs: xs, ys: ns}}, []series{{xs: xs, ys: un}},
+				epochAxis(first, last), linear(0, max(0.01, maxOf(ns, un)*1.5)), []series{{xs: xs, ys: ns}}, []series{{xs: xs, ys: un}},
 				"Each epoch's share of consecutive samples from the same clip; dashed: a uniform shuffle's."))
 		}
 		if len(names) > 0 && len(r.Epochs) > 1 {
 			var ss []series
 			for _, name := range names {
 				s := series{name: name}
-				for _, e := range r.Epochs {
-					s.xs = append(s.xs, float64(e.Epoch))
-					s.ys = append(s.ys, weightShare(e, name, names))
+				for _, e := range r.Epochs { // (a step: the weight holds over the whole epoch, [e, e+1))
+					w := weightShare(e, name, names)
+					s.xs = append(s.xs, float64(e.Epoch), float64(e.Epoch+1))
+					s.ys = append(s.ys, w, w)
 				}
 				ss = append(ss, s)
 			}
-			first, last := float64(r.Epochs[0].Epoch), float64(r.Epochs[len(r.Epochs)-1].Epoch)
+			first, last := float64(r.Epochs[0].Epoch), float64(r.Epochs[len(r.Epochs)-1].Epoch+1)
 			plots = append(plots, lines("curriculum", "The curriculum: each source's weight by epoch", "epoch", "share of the epoch's weights",
-				linear(first, max(first+1, last)), linearFixed(0, 1, 0.2), ss, nil,
-				"Each source's weight over the epoch's weights added up, epoch by epoch (--weights, per epoch range)."))
+				epochAxis(first, last), linearFixed(0, 1, 0.2), ss, nil,
+				"Each source's weight over the epoch's weights added up, held over each epoch (--weights, per epoch range)."))
 		}
 	}
 	fmt.Fprintf(&b, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">%s<title>%s</title>\n", pageMark, html.EscapeString(title))

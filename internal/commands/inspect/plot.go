@@ -69,6 +69,16 @@ func linear(lo, hi float64) axis {
 	return linearFixed(math.Floor(lo/step)*step, math.Ceil(hi/step)*step, step)
 }
 
+// epochAxis is an axis of epochs over [lo, hi]: ticks at whole epochs
+// (about 6; an epoch 0.5 does not exist: #64.5).
+func epochAxis(lo, hi float64) axis {
+	if hi <= lo {
+		hi = lo + 1
+	}
+	step := math.Max(1, math.Ceil(niceStep(hi-lo, 6)))
+	return linearFixed(math.Floor(lo/step)*step, math.Ceil(hi/step)*step, step)
+}
+
 // linearFixed is the axis [lo, hi] with ticks every step.
 func linearFixed(lo, hi, step float64) axis {
 	a := axis{lo: lo, hi: hi, step: step}
