@@ -111,7 +111,7 @@ func writeHTML(path string, rep any, force bool) error {
 		}
 	}
 	fmt.Fprintf(&b, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">%s<title>%s</title>\n", pageMark, html.EscapeString(title))
-	b.WriteString("<style>body{font:14px sans-serif;margin:2em;color:#222}figure{display:inline-block;margin:1em}figcaption{max-width:520px}pre{background:#f6f6f6;padding:1em}</style></head><body>\n")
+	b.WriteString("<style>body{font:14px sans-serif;margin:2em;color:#222}figure{display:inline-block;margin:1em}figcaption{max-width:520px}pre{background:#f6f6f6;padding:1em;white-space:pre-wrap;overflow-wrap:anywhere;max-width:100%}</style></head><body>\n")
 	fmt.Fprintf(&b, "<h1>%s</h1>\n<pre>", html.EscapeString(title))
 	var text strings.Builder
 	printText(&text, rep)
