@@ -464,6 +464,17 @@ func TestInspectPlots(t *testing.T) {
 	if v["length_scale"] != "clipped" {
 		t.Fatalf("length_scale %v, want clipped", v["length_scale"])
 	}
+	// #64.6: the one clip that holds most of the frames is flagged, in the
+	// JSON and the text (and so the page's summary), with the way out.
+	if h := v["heavy_clips"].([]any); len(h) != 1 || h[0].(map[string]any)["clip"] != "c07" || h[0].(map[string]any)["share"].(float64) < 0.7 {
+		t.Fatalf("heavy_clips %v, want c07 alone", v["heavy_clips"])
+	}
+	if r := clip(t, "inspect", ds); !strings.Contains(r.Stdout, "imbalance: c07 holds 74.") || !strings.Contains(r.Stdout, "--per-clip") {
+		t.Fatalf("text: %s", r.Stdout)
+	}
+	if demoDS, _ := demo(t); len(inspectJSON(t, demoDS)["heavy_clips"].([]any)) != 0 {
+		t.Fatal("the demo's clips (32 to 79 frames) flagged as heavy")
+	}
 	counts := v["length_histogram"].([]any)
 	biggest := 0.0
 	for _, c := range counts {

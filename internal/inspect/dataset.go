@@ -36,8 +36,42 @@ type DatasetReport struct {
 	// 90th percentile (a huge clip among short ones): the last bin then
 	// holds them (from the others' longest to the longest), the others
 	// are binned over their own range.
-	LengthScale string      `json:"length_scale"`
-	Clip        *ClipReport `json:"clip,omitempty"`
+	LengthScale string `json:"length_scale"`
+	// Heavy are the clips that hold an outsized share of the frames (at
+	// least 1 % of them, and 10 times a clip's mean share): tile windows
+	// give every epoch that share of its samples from them (#64.6).
+	Heavy []HeavyClip `json:"heavy_clips"`
+	Clip  *ClipReport `json:"clip,omitempty"`
+}
+
+// HeavyClip is a clip that holds an outsized share of a dataset's frames.
+type HeavyClip struct {
+	Clip      string  `json:"clip"`
+	Row       int     `json:"row"`
+	Frames    int64   `json:"frames"`
+	Share     float64 `json:"share"`      // of all frames
+	TimesMean float64 `json:"times_mean"` // its frames over a clip's mean
+}
+
+// heavy lists, longest first, the clips holding at least 1 % of the
+// frames and 10 times a clip's mean (at most 10).
+func heavy(lengths []int64, id func(int) string) []HeavyClip {
+	out := []HeavyClip{}
+	var total int64
+	for _, l := range lengths {
+		total += l
+	}
+	if total == 0 {
+		return out
+	}
+	mean := float64(total) / float64(len(lengths))
+	for i, l := range lengths {
+		if share := float64(l) / float64(total); share >= 0.01 && float64(l) >= 10*mean {
+			out = append(out, HeavyClip{Clip: id(i), Row: i, Frames: l, Share: share, TimesMean: float64(l) / mean})
+		}
+	}
+	sort.SliceStable(out, func(a, b int) bool { return out[a].Frames > out[b].Frames })
+	return out[:min(len(out), 10)]
 }
 
 // ModalityReport is one blob's figures.
@@ -108,6 +142,7 @@ func Dataset(dir, clip string, fps float64, maxRows int, open Opener) (*DatasetR
 	}
 	r.Lengths, r.Longest, r.Shortest = lengthFigures(lengths, id)
 	r.LengthEdge, r.Histogram, r.LengthScale = lengthHistogram(lengths)
+	r.Heavy = heavy(lengths, id)
 	// The sources' sizes, of every clip and modality.
 	for _, c := range clipRows {
 		for _, s := range c.Sources {

@@ -29,6 +29,10 @@ func printText(w io.Writer, rep any) {
 		l := r.Lengths
 		fmt.Fprintf(w, "clip lengths (frames): min %d, quartiles %d / %d / %d, max %d, mean %.1f\n", l.Min, l.Q1, l.Median, l.Q3, l.Max, l.Mean)
 		fmt.Fprintf(w, "  longest:  %s\n  shortest: %s\n", clipList(r.Longest), clipList(r.Shortest))
+		for _, h := range r.Heavy {
+			fmt.Fprintf(w, "  imbalance: %s holds %.1f%% of all frames (%d, %.0fx a clip's mean): tile windows give every epoch that share of its samples from it; shuffle --sampling random --per-clip N (or Loader(sampling=\"random\", per_clip=N)) gives each clip N windows\n",
+				h.Clip, 100*h.Share, h.Frames, h.TimesMean)
+		}
 		fmt.Fprintf(w, "skipped %d, trimmed %d frames\n", len(r.Skipped), r.Trimmed)
 		for _, s := range r.Skipped {
 			fmt.Fprintf(w, "  skipped %s\n", ui.OneLine(s))
