@@ -106,7 +106,7 @@ def least_limit(cache):
     try:
         clipshard.EpochReader(url, e, rank=0, world_size=2, batch_size=B, cache_dir=cache, cache_limit=1)
     except ValueError as err:
-        m = re.search(r"give cache_limit >= (\d+)", str(err))
+        m = re.search(r"give cache_limit >= [0-9.]+ [KMGT]iB \((\d+) bytes\)", str(err))
         assert m, err
         return int(m.group(1))
     raise SystemExit("a cache_limit of 1 byte was taken")
