@@ -809,6 +809,14 @@ except ImportError:
 if torch is not None:
     from clipshard.torch import EpochDataset, Loader as TorchLoader
     from spawned import spawned
+    # A misspelt keyword of EpochDataset's (#64.10), drawn or not: one
+    # ValueError naming the keyword meant, not a TypeError of Drawn's.
+    for kw in (dict(dataset=DEMO, window=5, batchsize=4), dict(edir=DEMO, batchsize=4)):
+        try:
+            EpochDataset(**kw)
+            raise AssertionError("%r taken" % (kw,))
+        except ValueError as e:
+            assert "unexpected arguments ['batchsize']" in str(e) and "did you mean batch_size=" in str(e), str(e)
     dirs, opts = CASES[0]
     plan, _ = plan_of(dirs, opts)
     ref = list(DrawnReader(plan, 1, rank=0, world_size=2, batch_size=3).batches(0, 1))

@@ -274,7 +274,7 @@ func TestInspectHTML(t *testing.T) {
 		}
 		args := []string{"inspect", "--html", page, target}
 		if target == ep {
-			args = append(args, "--batch", "2") // (30 samples an epoch: 15 batches, figures by tenth)
+			args = append(args, "--batch", "2") // (599 samples an epoch: 299 batches, figures by tenth)
 		}
 		if r := clip(t, args...); r.Code != 0 {
 			t.Fatal(r.Stderr)
@@ -293,8 +293,8 @@ func TestInspectHTML(t *testing.T) {
 			}
 		}
 	}
-	// #64.5: fewer than 10 batches of --batch (30 samples, 256): no figures
-	// by tenth, said so, rather than tenths of 3 samples under an axis of
+	// #64.5: fewer than 10 batches of --batch (599 samples, 256): no figures
+	// by tenth, said so, rather than tenths of 60 samples under an axis of
 	// batches of 256.
 	few := filepath.Join(dir, "few.html")
 	if r := clip(t, "inspect", "--html", few, ep); r.Code != 0 {
@@ -304,6 +304,9 @@ func TestInspectHTML(t *testing.T) {
 		t.Fatalf("%s: plots along epochs of fewer than 10 batches", few)
 	}
 	if r := clip(t, "inspect", ep); !strings.Contains(r.Stdout, "by tenth: none (fewer than 10 batches of 256)") {
+		t.Fatalf("text of epochs of fewer than 10 batches: %s", r.Stdout)
+	}
+	if r := clip(t, "inspect", "--batch", "1000", ep); !strings.Contains(r.Stdout, "batches of 1000: no whole batch,") { // (599 samples an epoch)
 		t.Fatalf("text of epochs of fewer than 10 batches: %s", r.Stdout)
 	}
 	chromium, err := exec.LookPath("chromium")

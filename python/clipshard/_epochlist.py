@@ -291,10 +291,20 @@ def loader_class() -> Any:
     return Loader
 
 
-def _meant(names: Any) -> str:
+def check_keywords(given: Any, *fs: Any) -> None:
+    """Refuse keywords that none of fs takes with one ValueError naming
+    the keyword meant (a misspelt batchsize= was a TypeError of a class
+    the user never called)."""
+    known = [k for f in fs for k in _keywords(f)]
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise ValueError("unexpected arguments %s%s (known: %s)" % (unknown, _meant(unknown, known), ", ".join(known)))
+
+
+def _meant(names: Any, known: Optional[list[str]] = None) -> str:
     """", did you mean ...?" for misspelt keywords (batchsize=)."""
     import difflib
-    known = _keywords(loader_class()) + _keywords(Drawn) + ["dataset"]
+    known = known or _keywords(loader_class()) + _keywords(Drawn) + ["dataset"]
     got = []
     for n in sorted(names):
         close = difflib.get_close_matches(n, known, n=1, cutoff=0.7)

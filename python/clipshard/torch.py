@@ -13,6 +13,7 @@ import torch
 import torch.utils.data
 
 from . import loader as _loader
+from ._epochlist import check_keywords
 from .draw import Drawn, DrawnReader
 from .epochs import EpochReader
 
@@ -68,6 +69,7 @@ class EpochDataset(torch.utils.data.IterableDataset):
             if edir is not None:
                 raise ValueError("edir %r and dataset %r: give one" % (edir, dataset))
             remainder = kw.pop("remainder", "drop")
+            check_keywords(list(kw) + ["remainder"], Drawn, DrawnReader)
             self.drawn = Drawn(dataset, **kw)
             self.args = dict(epoch=epoch, rank=rank, world_size=world_size, batch_size=batch_size, remainder=remainder)
             self.reader: Any = DrawnReader(self.drawn, **self.args)
@@ -75,6 +77,7 @@ class EpochDataset(torch.utils.data.IterableDataset):
         if edir is None:
             raise ValueError("give an epochs folder (edir), or dataset= to draw the epoch from a dataset")
         # (a world_size without a rank is refused by EpochReader)
+        check_keywords(kw, EpochReader)
         self.args = dict(edir=edir, epoch=epoch, rank=rank, world_size=world_size, batch_size=batch_size, **kw)
         self.reader = EpochReader(**self.args)  # checks the arguments now
         # The epoch's version is pinned here, in the process that made the

@@ -58,8 +58,12 @@ func printText(w io.Writer, rep any) {
 		fmt.Fprintf(w, "epochs %s: of %s, seed %d, window %d, %d epochs\n", r.Dir, of, r.Seed, r.Window, len(r.Epochs))
 		for _, e := range r.Epochs {
 			q := e.Quality
-			fmt.Fprintf(w, "  epoch %d: %d samples in %d shards, %s; batches of %d: %.1f distinct clips (min %d), same-clip neighbours %.3f, spearman %.3f\n",
-				e.Epoch, e.Samples, e.Shards, ui.Bytes(e.Bytes), r.Batch, q.DistinctClipsMean, q.DistinctClipsMin, q.SameClipNeighbours, q.Spearman)
+			batches := fmt.Sprintf("%.1f distinct clips (min %d)", q.DistinctClipsMean, q.DistinctClipsMin)
+			if e.Measured < int64(r.Batch) {
+				batches = "no whole batch" // (not "0.0 distinct clips")
+			}
+			fmt.Fprintf(w, "  epoch %d: %d samples in %d shards, %s; batches of %d: %s, same-clip neighbours %.3f, spearman %.3f\n",
+				e.Epoch, e.Samples, e.Shards, ui.Bytes(e.Bytes), r.Batch, batches, q.SameClipNeighbours, q.Spearman)
 			for _, s := range q.Sources {
 				fmt.Fprintf(w, "    source %s: %d samples (weight %s), %.1f%% of the epoch; per batch %.1f%% on average, at worst %.1f samples off its share\n",
 					s.Name, e.Counts[s.Name], e.Weights[s.Name], 100*s.Share, 100*s.MeanShare, s.WorstDeviation)
