@@ -6,6 +6,7 @@ from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
+from ._segments import blob_entries, check_where
 from ._files import MAX_MANIFEST, Npy, clip_starts, confined, dataset_modality, dataset_top, open_regular, pread_all, read_json
 
 __all__ = ["Dataset"]
@@ -59,14 +60,10 @@ class Dataset:
                 w.close()
         for k, m in enumerate(mods):
             name, per, rate, frame = dataset_modality(path, m, self.modalities)
-            blobs = m.get("blobs") if self.where is not None else [m]
-            if not isinstance(blobs, list) or not blobs or not all(isinstance(b, dict) for b in blobs):
-                raise ValueError("%s: dataset.json: modality %r: blobs %r: not what convert writes" % (path, name, blobs))
+            blobs = blob_entries(path, name, m, self.where is not None)
             maps = []
-            for j, b in enumerate(blobs):
-                rows = b.get("rows") if self.where is not None else (clips if per else frames * rate)
-                if type(rows) is not int or rows < 0:
-                    raise ValueError("%s: dataset.json: modality %r blob %d: rows %r" % (path, name, j, rows))
+            for b in blobs:
+                rows = b["rows"] if self.where is not None else (clips if per else frames * rate)
                 f = Npy(confined(path, b.get("file"), "modality %r file" % name))
                 try:
                     f.expect(m.get("dtype"), [rows] + frame)
@@ -77,15 +74,8 @@ class Dataset:
                     f.close()
             if self.where is not None:
                 # Every clip's rows inside the blob where.npy names.
-                b, first = self.where[:, k, 0], self.where[:, k, 1]
                 n = np.ones(clips, np.int64) if per else self.index[:, 1] * rate
-                sizes = np.array([len(x) for x in maps], np.int64)
-                bad = (b < 0) | (b >= len(maps)) | (first < 0)
-                bad |= ~bad & (first > sizes[np.clip(b, 0, len(maps) - 1)] - n)
-                if bad.any():
-                    i = int(np.flatnonzero(bad)[0])
-                    raise ValueError("%s: clip row %d, modality %r: blob %d rows %d.. (%d rows): outside the modality's %d blobs "
-                                     "or that blob's rows" % (w.path, i, name, int(b[i]), int(first[i]), int(n[i]), len(maps)))
+                check_where(w.path, name, self.where[:, k, 0], self.where[:, k, 1], n, np.array([len(x) for x in maps], np.int64))
             else:
                 self.blobs[name] = maps[0]
             self.segments[name] = maps

@@ -218,12 +218,7 @@ func writeSmallManifests(dir string, d *manifests.Dataset, rows []manifests.Clip
 	}
 	d.Files.IDs = manifests.IDsFile
 	if len(d.Skipped) > 0 {
-		var b bytes.Buffer
-		b.WriteString("clip\treason\n")
-		for _, s := range d.Skipped {
-			fmt.Fprintf(&b, "%s\t%s\n", s.Clip, strings.ReplaceAll(s.Reason, "\t", " "))
-		}
-		if err := atomicfile.WriteFile(filepath.Join(dir, manifests.SkippedFile), b.Bytes()); err != nil {
+		if err := atomicfile.WriteFile(filepath.Join(dir, manifests.SkippedFile), skippedTSV(d.Skipped)); err != nil {
 			return err
 		}
 		d.Files.Skipped = manifests.SkippedFile
@@ -367,15 +362,21 @@ func (j *job) allSkipped(w *writer) error {
 		parts = append(parts, fmt.Sprintf("%d like %q (%s%s)", len(g.clips), g.reason, strings.Join(first, ", "), more))
 	}
 	where := ""
-	var b bytes.Buffer
-	b.WriteString("clip\treason\n")
-	for _, s := range w.skipped {
-		fmt.Fprintf(&b, "%s\t%s\n", s.Clip, strings.ReplaceAll(s.Reason, "\t", " "))
-	}
 	if j.staging != "" {
-		if err := atomicfile.WriteFile(filepath.Join(j.staging, manifests.SkippedFile), b.Bytes()); err == nil {
+		if err := atomicfile.WriteFile(filepath.Join(j.staging, manifests.SkippedFile), skippedTSV(w.skipped)); err == nil {
 			where = "; each clip's reason: " + filepath.Join(j.staging, manifests.SkippedFile)
 		}
 	}
 	return fmt.Errorf("%w: %w: all %d clips skipped (--on-error skip), for %s%s", ErrInput, ErrAllSkipped, len(w.skipped), strings.Join(parts, "; "), where)
+}
+
+// skippedTSV is skipped.tsv's bytes: a header, then a clip and its reason a
+// line.
+func skippedTSV(skipped []manifests.Skipped) []byte {
+	var b bytes.Buffer
+	b.WriteString("clip\treason\n")
+	for _, s := range skipped {
+		fmt.Fprintf(&b, "%s\t%s\n", s.Clip, strings.ReplaceAll(s.Reason, "\t", " "))
+	}
+	return b.Bytes()
 }
