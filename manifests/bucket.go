@@ -81,8 +81,27 @@ func MirrorBucket(ctx context.Context, c *bucket.Client, u bucket.URL) (*Mirror,
 		if err != nil {
 			return fail(fmt.Errorf("%s: %w", u.Name(DatasetFile), err))
 		}
-		for _, md := range d.Modalities {
-			m.Data[md.File] = true
+		for _, f := range d.BlobFiles() {
+			m.Data[f] = true
+		}
+		if d.Segmented() {
+			// (the blobs of every version the bucket keeps: data, whose
+			// heads are enough)
+			for rel := range objs {
+				if !SegmentedLayout(rel) || path.Dir(path.Dir(rel)) != VersionsDir || path.Base(rel) != DatasetFile {
+					continue
+				}
+				if err := fetch(rel); err != nil {
+					return fail(err)
+				}
+				v, err := LoadDataset(filepath.Join(m.Dir, filepath.FromSlash(path.Dir(rel))))
+				if err != nil {
+					return fail(fmt.Errorf("%s: %w", u.Name(rel), err))
+				}
+				for _, f := range v.BlobFiles() {
+					m.Data[f] = true
+				}
+			}
 		}
 	case has(objs, EpochsFile):
 		m.Kind = "epochs"
@@ -190,6 +209,14 @@ func VerifyBucket(ctx context.Context, c *bucket.Client, u bucket.URL, o VerifyO
 		return nil, err
 	}
 	sums, err := ReadSums(filepath.Join(m.Dir, SumsFile))
+	if m.Kind == "dataset" {
+		if d, derr := LoadDataset(m.Dir); derr == nil && d.Segmented() {
+			var k *Kept
+			if k, err = KeptFiles(m.Dir); err == nil {
+				sums = k.Sums
+			}
+		}
+	}
 	if err == nil {
 		hashObjects(ctx, c, m, sums, o, r)
 	}

@@ -109,6 +109,8 @@ func verifyDataset(dir string, d *Dataset, o VerifyOptions) (*Report, []ClipRow,
 			present[rel] = true
 			switch {
 			case want[rel] || rel == BlockSumsFile || rel == ClaimFile:
+			case path.Base(rel) == BlockSumsFile && path.Dir(path.Dir(rel)) == SegmentsDir && wantsUnder(want, path.Dir(rel)):
+				// (a segment's, of a push: checked below)
 			case dropping[rel]:
 				r.add(Problem{File: rel, What: "left by a convert --keep killed before it finished (a dropped version's; a re-run of convert removes it)"})
 			default:
@@ -198,8 +200,23 @@ func verifyDataset(dir string, d *Dataset, o VerifyOptions) (*Report, []ClipRow,
 
 	// The blobs' block sums, if a push wrote them (checked as the blobs
 	// are hashed).
-	if present[BlockSumsFile] {
+	if !d.Segmented() && present[BlockSumsFile] {
 		checkBlockSums(dir, BlockSumsFile, d.BlobFiles(), sums, r)
+	}
+	if d.Segmented() {
+		// (a BLOCKSUMS a folder: the top one, each segment's; listing
+		// the blobs of every kept version there)
+		if k, err := KeptFiles(dir); err == nil {
+			groups := map[string][]string{}
+			for f := range k.Blobs {
+				groups[BlockFolder(f)] = append(groups[BlockFolder(f)], f)
+			}
+			for f, g := range groups {
+				if present[BlockSumsOf(f)] {
+					checkBlockSums(dir, BlockSumsOf(f), g, k.Sums, r)
+				}
+			}
+		}
 	}
 	if present[ClaimFile] {
 		if js, err := regfile.ReadFile(filepath.Join(dir, DatasetFile), MaxManifest); err == nil {

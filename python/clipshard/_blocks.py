@@ -38,7 +38,7 @@ class Source:
         self.remote: Any = None
         path = where
         if _remote.is_url(where):
-            self.remote = _remote.Remote(where, plan.cache_dir, plan.cache_limit, manifest="dataset.json")
+            self.remote = _remote.Remote(where, plan.cache_dir, plan.cache_limit, manifest="dataset.json", version=version)
             path = self.remote.root
         elif plan.cache_dir is not None or plan.cache_limit is not None:
             raise ValueError("%s: cache_dir and cache_limit are for a bucket (s3://...); a folder is read as it is" % where)
@@ -49,7 +49,7 @@ class Source:
         self.sha, self.manifest_rel = "", "dataset.json"  # (of the version read: open_version)
         self.version: Optional[int] = None
         man = open_version(self, version)
-        files, mods, clips, frames = dataset_top(where, man, formats=(1,) if self.remote is not None else (1, 2))
+        files, mods, clips, frames = dataset_top(where, man, formats=(1, 2))
         self.clips, self.frames = clips, frames
         segmented = man["version"] == 2
         if self.remote is not None:
@@ -169,8 +169,11 @@ class Source:
         hold them all."""
         rels = [r for r in (files.get("index"), files.get("ids")) if isinstance(r, str)]
         rels += [str(m["file"]) for m in mods if isinstance(m, dict) and isinstance(m.get("file"), str)]
+        rels += [str(b["file"]) for m in mods if isinstance(m, dict) and isinstance(m.get("blobs"), list)
+                 for b in m["blobs"] if isinstance(b, dict) and isinstance(b.get("file"), str)]
+        rels += [r for r in (files.get("where"),) if isinstance(r, str)]
         for r in rels:
-            confined(self.dir, r, "file")
+            self._path(r, "file")
         need = self.remote.manifest_bytes + sum(_remote.blocks(self.remote.listing.object(r)[0]) for r in rels)
         if self.remote.cache.limit < need:
             raise ValueError("cache_limit %d bytes cannot hold %s's files (%d bytes with the manifests): epochs drawn from a "
@@ -178,10 +181,18 @@ class Source:
                              "while epochs are drawn): give cache_limit >= %d" % (self.remote.cache.limit, self.url, need, need))
         self.remote.at(rels, [])
 
+    def _path(self, rel: Any, what: str) -> str:
+        """The path of the dataset's file rel (a bucket's: of its cache
+        entry, whose names are by content), confined to the folder."""
+        p = confined(self.dir, rel, what)
+        if self.remote is not None and self.remote.entry.mapping is not None:
+            p = confined(self.dir, self.remote.entry.mapping(rel), what)
+        return p
+
     def _bytes(self, rel: str) -> bytes:
         if self.remote is not None:
             self.remote.ensure(rel)
-        p = confined(self.dir, rel, rel)
+        p = self._path(rel, rel)
         fd, st = open_regular(p)
         try:
             if st.st_size > MAX_MANIFEST:
@@ -201,7 +212,7 @@ class Source:
         return out
 
     def _open(self, rel: Any, what: str) -> Npy:
-        p = confined(self.dir, rel, what)
+        p = self._path(rel, what)
         if self.remote is not None:
             self.remote.ensure_head(rel)
         return Npy(p)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from typing import Callable, Optional
 
 from ._bucket import BLOCKSUMS
 from ._cache import Cache, _boot_id, _cache_error, _open_dir, _read_file, _regular, _write_new
@@ -31,6 +32,9 @@ class Entry:
         self._dirs: dict[str, int] = {}  # folder of the entry ("" itself) -> its fd, of this process
         self._dirs_pid = -1
         self._pos_name = ".pos-%d-%d" % (os.getpid(), id(self))
+        # The entry's name of a bucket file (None: its own name; a dataset
+        # in segments: by content, _remote.Remote._name).
+        self.mapping: Optional[Callable[[str], str]] = None
         self.dir("")  # (made, a real folder)
 
     def __str__(self) -> str:
@@ -62,6 +66,8 @@ class Entry:
 
     def place(self, rel: str) -> tuple[int, str]:
         """(the fd of rel's folder, rel's name) in the entry."""
+        if self.mapping is not None:
+            rel = self.mapping(rel)
         folder, _, name = rel.rpartition("/")
         if name in ("", ".", "..") or "\0" in name:
             raise ValueError("%s: %r is not a file of the entry" % (self.root, rel))
@@ -108,6 +114,8 @@ class Entry:
 
 
     def local(self, rel: str) -> str:
+        if self.mapping is not None:
+            rel = self.mapping(rel)
         return os.path.join(self.root, *rel.split("/"))
 
     def publish(self, reading: list[str], ahead: list[str]) -> None:
@@ -115,6 +123,8 @@ class Entry:
         reads ahead to those: published for the other local readers'
         eviction (what one reads is never evicted; what it reads ahead to
         only when nothing else can go)."""
+        if self.mapping is not None:
+            reading, ahead = [self.mapping(r) for r in reading], [self.mapping(r) for r in ahead]
         body = json.dumps({"pid": os.getpid(), "reading": reading, "ahead": ahead})
         _write_new(self.dir(""), self._pos_name, body.encode(), os.path.join(self.root, self._pos_name))
 

@@ -119,9 +119,8 @@ def dataset_top(where: str, man: Any, formats: Sequence[int] = (1,)) -> tuple[di
         raise ValueError("%s: not a clipshard dataset (dataset.json's format)" % where)
     if man.get("version") == 2 and 2 not in formats:
         raise ValueError("%s: dataset.json is format 2 (a dataset in segments and versions, from convert --segments): this "
-                         "reader (of a bucket) reads format 1 so far, as push sends it (clipshard.Dataset, drawn epochs and "
-                         "epochs cut from it read format 2 from a folder); run the same clipshard convert without --segments "
-                         "to write it as one segment again" % where)
+                         "reader reads format 1 (clipshard.Dataset, drawn epochs and epochs cut from it read format 2); run "
+                         "the same clipshard convert without --segments to write it as one segment again" % where)
     if man.get("version") not in formats or type(man.get("version")) is not int:
         raise ValueError("%s: dataset.json: format version %r, this reader knows %s" % (
             where, man.get("version"), " and ".join("version %d" % f for f in formats)))

@@ -89,9 +89,16 @@ class GroupReads:
                 blocks = self._blocks().get(gid, np.zeros(0, np.int64))  # (the group's blocks this rank reads windows of)
             for k in blocks[part::parts].tolist():
                 a, b = k * BF, min(F, (k + 1) * BF + W - 1)
-                for rec, (f,) in streamed:  # (a bucket's dataset is one segment: format 1)
-                    off = f.offset + a * rec["rate"] * f.row
-                    src.remote.ensure_range(rec["file"], off, off + (b - a) * rec["rate"] * f.row)
+                for rec, fs in streamed:
+                    rate, runs = rec["rate"], rec["runs"]
+                    if runs.flat:
+                        f = fs[0]
+                        off = f.offset + a * rate * f.row
+                        src.remote.ensure_range(rec["file"], off, off + (b - a) * rate * f.row)
+                        continue
+                    for j, at, n in runs.pieces(a * rate, b * rate):  # (in segments: the blobs' rows of these frames)
+                        f = fs[j]
+                        src.remote.ensure_range(rec["files"][j], f.offset + at * f.row, f.offset + (at + n) * f.row)
         got = self._probe(gid)
         if got is None:
             return

@@ -55,6 +55,7 @@ AWS_ENDPOINT_URL).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -83,10 +84,11 @@ class Remote:
     """
 
     def __init__(self, url: str, cache_dir: Optional[str], cache_limit: Union[str, int, None],
-                 manifest: str = "epochs.json") -> None:
+                 manifest: str = "epochs.json", version: Optional[int] = None) -> None:
         # (manifest: "dataset.json" for a dataset read by blocks, clipshard.draw:
         # its files that BLOCKSUMS does not list, index.npy and the like,
-        # are fetched whole, checked against SHA256SUMS)
+        # are fetched whole, checked against SHA256SUMS; version: a kept
+        # version of a dataset in segments, read from versions/N/)
         if cache_dir is None or cache_limit is None:
             raise ValueError("%s: reading a bucket needs cache_dir= and cache_limit= (a node-local folder, and its bound, "
                              "e.g. cache_limit='40GiB')" % url)
@@ -94,22 +96,62 @@ class Remote:
         self.cache = Cache(cache_dir, cache_limit)
         self.manifest = manifest
         man, self.etag = self.bucket.read_all(manifest)
-        self.key = hashlib.sha256(self.bucket.url.encode() + b"\0" + man).hexdigest()[:32]
+        self.segmented, sums_rel = False, "SHA256SUMS"
+        if manifest == "dataset.json":
+            top = _segments_of(self.bucket, man)
+            if top is not None and version is not None and version != top.get("dataset_version"):
+                self.manifest = "versions/%d/dataset.json" % version
+                try:
+                    man, self.etag = self.bucket.read_all(self.manifest)
+                except FileNotFoundError:
+                    raise ValueError("%s: version %d is not kept there (its dataset.json is version %r): read a version "
+                                     "the bucket keeps" % (self.bucket.url, version, top.get("dataset_version"))) from None
+                top = _segments_of(self.bucket, man)
+            if top is not None:
+                self.segmented, sums_rel = True, top["files"]["sha256sums"]
+        self.man_sha = hashlib.sha256(man).hexdigest()
+        self.sums_rel = sums_rel
+        self.by_content = manifest == "dataset.json"
+        if self.by_content:
+            # One entry for every version of a dataset (format 1 is version
+            # 1), its files named by their content (a name the bucket reuses
+            # for other bytes, e.g. after a push --force, is another file
+            # here): a node that holds version N fetches only what N+1 adds.
+            self.key = hashlib.sha256(self.bucket.url.encode() + b"\0clipshard dataset by content").hexdigest()[:32]
+        else:
+            self.key = hashlib.sha256(self.bucket.url.encode() + b"\0" + man).hexdigest()[:32]
         self.entry = Entry(self.cache, self.key)
         self.root = self.entry.root
         self.entry.fresh_boot()
-        self.entry.put(manifest, man)
-        sums, _ = self.bucket.read_all("SHA256SUMS")
-        self.entry.put("SHA256SUMS", sums)
-        # The manifests, the mark, .boot, and room for the positions' files.
-        self.manifest_bytes = blocks(len(man)) + blocks(len(sums)) + 2 * 4096 + SLACK
+        sums, _ = self.bucket.read_all(sums_rel)
         self.room = Room(self.cache)
         self.listing = Listing(self.bucket, self.entry, self.room, sums)
+        if self.by_content:
+            self.entry.mapping = self._name
+        self.entry.put(self.manifest, man)
+        self.entry.put(sums_rel, sums)
+        # The manifests, the mark, .boot, and room for the positions' files.
+        self.manifest_bytes = blocks(len(man)) + blocks(len(sums)) + 2 * 4096 + SLACK
         self.ahead = ReadAhead(self.listing, self.entry, self._quiet_fetch)
         self.fetcher = Fetcher(self.bucket, self.entry, self.listing, self.room, self.ahead.share, manifest == "dataset.json")
 
     def __str__(self) -> str:
         return "Remote(%s, cached in %s)" % (self.bucket.url, self.root)
+
+    def _name(self, rel: str) -> str:
+        """The entry's name of bucket file rel of a dataset: by content. A file the version's SHA256SUMS lists: f/<its sha256>/<name>;
+        the version's manifest and SHA256SUMS: m/<the manifest's sha256>/; a
+        BLOCKSUMS: b/<sha256 of its name, size and ETag>/BLOCKSUMS."""
+        base = rel.rpartition("/")[2]
+        if rel == self.manifest or rel == self.sums_rel:
+            return "m/%s/%s" % (self.man_sha[:32], base)
+        sha = self.listing.sums.get(rel)
+        if sha is not None:
+            return "f/%s/%s" % (sha[:32], base)
+        if base == BLOCKSUMS:
+            size, etag = self.listing.object(rel)
+            return "b/%s/%s" % (hashlib.sha256(("%s\0%d\0%s" % (rel, size, etag)).encode()).hexdigest()[:32], BLOCKSUMS)
+        raise ValueError("%s: not a file of %s (its SHA256SUMS does not list it)" % (self.bucket.name(rel), self.manifest))
 
     @property
     def fetched(self) -> int:
@@ -119,6 +161,19 @@ class Remote:
     def check_current(self) -> bytes:
         """The manifest (epochs.json, dataset.json) as the bucket holds it now."""
         b, _ = self.bucket.read_all(self.manifest)
+        return b
+
+    def kept_manifest(self, version: int) -> Optional[bytes]:
+        """Version's dataset.json as the bucket keeps it (versions/N/), None
+        if it is not there: a reader of the current version reads on after
+        a push of a later one, while the bucket keeps its version."""
+        rel = "versions/%d/dataset.json" % version
+        try:
+            b, _ = self.bucket.read_all(rel)
+        except FileNotFoundError:
+            return None
+        if hashlib.sha256(b).hexdigest() == self.man_sha:
+            self.manifest = rel
         return b
 
     def local(self, rel: str) -> str:
@@ -162,6 +217,23 @@ class Remote:
                 self.fetcher.ensure_range(rel, lo, hi, fan_out=False)  # (a fetch thread: the others are busy reading ahead too)
         except Exception:
             pass  # the reader fetches it itself, and raises
+
+
+def _segments_of(bucket: Bucket, man: bytes) -> Optional[dict[str, Any]]:
+    """The manifest man if it is a dataset in segments' (format 2), with
+    its sha256sums path checked; None if it is of format 1 (or not JSON:
+    the reader refuses it, naming it)."""
+    try:
+        d = json.loads(man.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(d, dict) or d.get("version") != 2:
+        return None
+    files = d.get("files")
+    rel = files.get("sha256sums") if isinstance(files, dict) else None
+    if not isinstance(rel, str) or not rel or rel.startswith("/") or ".." in rel.split("/") or "\0" in rel:
+        raise ValueError("%s: files.sha256sums %r: want a path inside the dataset" % (bucket.name("dataset.json"), rel))
+    return d
 
 
 class Listing:

@@ -25,10 +25,13 @@ def open_version(self: "Source", version: Optional[int]) -> Any:
     self.version). A version other than the current one is read from
     versions/N/dataset.json (format 2: kept by convert --segments
     until convert --keep drops it)."""
-    rel = "dataset.json"
+    rel = "dataset.json" if self.remote is None else self.remote.manifest
     raw = self._bytes(rel)
     man = _json(self.url, rel, raw)
     cur = man.get("dataset_version", 1) if isinstance(man, dict) else None
+    if self.remote is not None and version is not None and version != cur:
+        raise ValueError("%s: version %d is not kept there (its dataset.json is version %r): read a version the bucket "
+                         "keeps" % (self.url, version, cur))
     if version is not None and version != cur:
         if type(version) is not int or version < 1:
             raise ValueError("version %r: want a dataset version (an int >= 1) of %s" % (version, self.url))
@@ -62,12 +65,16 @@ def check_current(self: "Source") -> None:
     checked: a dataset converted again in place (format 1), or the
     version read dropped (convert --keep). A version kept while newer
     ones are committed is read on (its files are never rewritten)."""
-    if self.manifest_rel != "dataset.json" and not os.path.lexists(os.path.join(self.dir, self.manifest_rel)):
+    if self.remote is None and self.manifest_rel != "dataset.json" and not os.path.lexists(os.path.join(self.dir, self.manifest_rel)):
         raise ValueError("%s: dataset version %r, which the loader reads, is no longer kept (dropped by convert --keep; "
                          "kept: %s): make the loader again, of a kept version" % (self.url, self.version, kept(self.dir)))
     try:
         now = hashlib.sha256(self._bytes(self.manifest_rel) if self.remote is None else
                              self.remote.check_current()).hexdigest()
+        if now != self.sha and self.remote is not None and self.remote.by_content and self.remote.manifest == "dataset.json":
+            b = self.remote.kept_manifest(self.version or 0)
+            if b is not None and hashlib.sha256(b).hexdigest() == self.sha:
+                now, self.manifest_rel = self.sha, self.remote.manifest  # (a later version pushed: this one kept, read on)
         mine = "versions/%d/dataset.json" % (self.version or 0)
         if (now != self.sha and self.remote is None and self.manifest_rel == "dataset.json"
                 and os.path.lexists(os.path.join(self.dir, mine))):

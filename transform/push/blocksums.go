@@ -32,20 +32,29 @@ type blockGroup struct {
 	etag  string               // and ETag
 	mu    sync.Mutex
 	files []manifests.BlockFile
+	// keep: the bucket's entries of files this push does not send stay
+	// listed (a dataset's earlier versions, which stay in the bucket),
+	// and its block size is kept.
+	keep bool
 }
 
 // groupOf makes the block group rel of these objects (its block size
 // from their bytes) and points them at it.
 func groupOf(ctx context.Context, o Options, rel string, objs []object) *blockGroup {
+	return groupKeeping(ctx, o, rel, objs, false)
+}
+
+// groupKeeping is groupOf, with keep (see blockGroup).
+func groupKeeping(ctx context.Context, o Options, rel string, objs []object, keep bool) *blockGroup {
 	var total int64
 	for _, x := range objs {
 		total += x.size
 	}
-	g := &blockGroup{rel: rel, block: manifests.BlockSizeFor(total)}
+	g := &blockGroup{rel: rel, block: manifests.BlockSizeFor(total), keep: keep}
 	if b, etag, err := o.Client.ReadAll(ctx, o.Dest, rel, manifests.MaxManifest+manifests.MaxBlockDigests); err == nil {
 		g.raw, g.etag = b, etag
-		if s, err := manifests.ParseBlockSums(b, o.Dest.Name(rel)); err == nil && s.Block == g.block {
-			g.have = s
+		if s, err := manifests.ParseBlockSums(b, o.Dest.Name(rel)); err == nil && (s.Block == g.block || keep) {
+			g.have, g.block = s, s.Block
 		}
 	}
 	for i := range objs {
@@ -108,6 +117,17 @@ func writeBlockSums(ctx context.Context, o Options, groups []*blockGroup, proofs
 	var sent int
 	var size int64
 	for _, g := range groups {
+		if g.keep && g.have != nil {
+			mine := map[string]bool{}
+			for _, f := range g.files {
+				mine[f.Name] = true
+			}
+			for _, f := range g.have.Files {
+				if !mine[f.Name] && f.ETag != "" { // (a version 1 entry: proven by nobody now)
+					g.files = append(g.files, f)
+				}
+			}
+		}
 		sort.Slice(g.files, func(a, b int) bool { return g.files[a].Name < g.files[b].Name })
 		b, err := (&manifests.BlockSums{Block: g.block, Files: g.files}).Marshal()
 		if err != nil {

@@ -159,6 +159,10 @@ func takeClaim(ctx context.Context, o Options, c manifests.Claim) (string, bool,
 		if perr == nil && their == c {
 			return etag, false, replaced, nil // this content's: resumed, or an array task of the same options
 		}
+		if perr == nil && their.Kind == c.Kind && o.takeover != "" && their.Identity == o.takeover {
+			cond = bucket.Cond(etag) // the committed version's claim, this push's base: taken
+			continue
+		}
 		if !o.Force {
 			what := "a push of " + their.Describe()
 			if perr != nil {

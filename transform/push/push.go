@@ -60,6 +60,11 @@ type Options struct {
 	Force bool
 	// Progress, if not nil, is called with the bytes sent and to send.
 	Progress func(done, total int64)
+
+	// takeover is the identity of a claim this push takes without
+	// --force: that of the version committed at Dest, which this push
+	// of a later version of the same dataset fast-forwards.
+	takeover string
 }
 
 // Result of a push.
@@ -125,8 +130,7 @@ func pushDataset(ctx context.Context, o Options) (*Result, error) {
 		return nil, err
 	}
 	if d.Segmented() {
-		return nil, fmt.Errorf("%w: %s is a dataset in segments and versions (format 2, from convert --segments, version %d): push sends format 1 so far; run the same convert without --segments to write it as one segment, then push it (epochs cut from it push as they are)",
-			ErrUsage, o.Dir, d.Number())
+		return pushSegmented(ctx, o, d)
 	}
 	sums, err := manifests.ReadSums(filepath.Join(o.Dir, d.Files.Sums))
 	if err != nil {
@@ -143,6 +147,9 @@ func pushDataset(ctx context.Context, o Options) (*Result, error) {
 	switch {
 	case err == nil && bytes.Equal(remote, local):
 	case err == nil && !o.Force:
+		if err := later(ctx, o, remote, local, 1); err != nil {
+			return nil, err
+		}
 		return nil, fmt.Errorf("%w: %s holds another dataset (its dataset.json differs from %s's): use --force to replace it, or another prefix",
 			ErrUsage, o.Dest, o.Dir)
 	case err != nil && !errors.Is(err, bucket.ErrNotFound):

@@ -34,6 +34,13 @@ sent again. A prefix holding another dataset, epochs cut with other
 options, or another content's claim, is refused (--force replaces it); an
 object no clipshard push wrote, at any name, always is.
 
+A dataset in segments and versions (convert --segments) is pushed with
+every version it keeps; into a prefix holding one of those versions it
+sends only what that version lacks (a new segment, the new version's
+manifests), and commits by compare-and-swap on the version it found
+(fast-forward only: a prefix holding a later or another version is
+refused without --force). Readers of the older version read on.
+
 Credentials and endpoint the standard way: AWS_ACCESS_KEY_ID and
 AWS_SECRET_ACCESS_KEY (AWS_SESSION_TOKEN), or AWS_PROFILE in
 ~/.aws/credentials (AWS_SHARED_CREDENTIALS_FILE), or an instance role;

@@ -1,0 +1,303 @@
+package push_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/clipshard/clipshard/internal/clitest"
+	"github.com/clipshard/clipshard/internal/numpytest"
+	"github.com/clipshard/clipshard/internal/s3test"
+	"github.com/clipshard/clipshard/manifests"
+)
+
+// growing is a folder of n clips' sources (g00, g01, ...: x [600+i, 100]
+// float32) and a convert of their first clips into ds.
+type growing struct {
+	src, ds string
+}
+
+func newGrowing(t *testing.T, n int) *growing {
+	t.Helper()
+	g := &growing{src: t.TempDir(), ds: filepath.Join(t.TempDir(), "ds")}
+	for i := range n {
+		id := fmt.Sprintf("g%02d", i)
+		clitest.WriteF32(t, filepath.Join(g.src, "x", id+".npy"), 600+i, 100, func(r, c int) float32 { return float32((r*5+c*3+i)%997) / 64 })
+	}
+	return g
+}
+
+// convert converts clips [0, n) of g's sources into dir, with extra flags.
+func (g *growing) convert(t *testing.T, dir string, n int, extra ...string) {
+	t.Helper()
+	var ids strings.Builder
+	for i := range n {
+		fmt.Fprintf(&ids, "g%02d\n", i)
+	}
+	list := filepath.Join(g.src, fmt.Sprintf("clips-%d.txt", n))
+	os.WriteFile(list, []byte(ids.String()), 0o644)
+	args := append([]string{"convert", "--quiet", "--clips", list, "--root", g.src, "--out", dir, "-m", "x=x/{clip}.npy"}, extra...)
+	if r := clip(t, args...); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+}
+
+// pushJSON pushes with --json and returns its summary.
+func pushJSON(t *testing.T, s *s3test.Server, extraEnv []string, args ...string) (clitest.Result, map[string]any) {
+	t.Helper()
+	r := pushRun(t, s, extraEnv, append([]string{"--json"}, args...)...)
+	var out map[string]any
+	if r.Code == 0 {
+		if err := json.Unmarshal([]byte(r.Stdout), &out); err != nil {
+			t.Fatalf("push --json: %v: %s", err, r.Stdout)
+		}
+	}
+	return r, out
+}
+
+// segmentedTree is what the bucket holds after pushes of a dataset in
+// segments (dir, its last state) and its earlier versions (extra: files
+// of dropped versions the bucket keeps): dir's files, CLAIM, and a
+// BLOCKSUMS in each folder holding blobs (taken from the bucket after
+// checking it names exactly those blobs, with dir's sha256s).
+func segmentedTree(t *testing.T, dir string, got map[string][]byte) map[string][]byte {
+	t.Helper()
+	want := clitest.Tree(t, dir)
+	want[manifests.ClaimFile] = manifests.DatasetClaim(want[manifests.DatasetFile]).Marshal()
+	k, err := manifests.KeptFiles(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	groups := map[string][]string{}
+	for f := range k.Blobs {
+		groups[manifests.BlockFolder(f)] = append(groups[manifests.BlockFolder(f)], f)
+	}
+	for f, files := range groups {
+		rel := manifests.BlockSumsOf(f)
+		s, err := manifests.ParseBlockSums(got[rel], rel)
+		if err != nil {
+			t.Fatalf("the bucket's %s: %v", rel, err)
+		}
+		var names []string
+		for _, bf := range s.Files {
+			names = append(names, bf.Name)
+			if k.Sums[bf.Name] != "" && bf.SHA256 != k.Sums[bf.Name] {
+				t.Fatalf("%s: %s: sha256 %s, the folder's %s", rel, bf.Name, bf.SHA256, k.Sums[bf.Name])
+			}
+		}
+		slices.Sort(files)
+		if !slices.Equal(names, files) {
+			t.Fatalf("%s lists %v, want %v", rel, names, files)
+		}
+		want[rel] = got[rel]
+	}
+	return want
+}
+
+// TestPushSegments (#61.5): a dataset pushed as format 1, grown by
+// convert --segments and pushed again into the same prefix, sends only
+// the new segment and the new version's manifests (no --force), leaves
+// every object of version 1 as it was (a reader of it reads on), and the
+// bucket then holds the folder's files (aws s3 sync gives it back) and
+// verifies; an unrelated push, the old folder, and a fork of version 1
+// are refused (exit 2) without --force; a push of a fork killed before its
+// commit keeps the other fork out (its claim), and once it commits, the
+// other is refused as not a fast-forward. A push of version 3 killed at
+// points spread over it and run again leaves the bucket as a clean one.
+func TestPushSegments(t *testing.T) {
+	s := s3test.Start(t, "bkt")
+	g := newGrowing(t, 48)
+	g.convert(t, g.ds, 40)
+	v1 := filepath.Join(t.TempDir(), "v1")
+	clitest.CopyTree(t, g.ds, v1)
+	root := filepath.Join(s.Root, "bkt", "ds")
+	if r, _ := pushJSON(t, s, nil, g.ds, "s3://bkt/ds"); r.Code != 0 {
+		t.Fatalf("push of version 1: %s", r.Stderr)
+	}
+	before := bucketTree(t, root)
+	st0, _ := os.Stat(filepath.Join(root, "x.npy"))
+
+	// Version 2: 4 clips appended (one new segment).
+	g.convert(t, g.ds, 44, "--segments")
+	v2 := filepath.Join(t.TempDir(), "v2")
+	clitest.CopyTree(t, g.ds, v2)
+	r, out := pushJSON(t, s, nil, g.ds, "s3://bkt/ds")
+	if r.Code != 0 {
+		t.Fatalf("push of version 2 over version 1: %d %s", r.Code, r.Stderr)
+	}
+	k, err := manifests.KeptFiles(g.ds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var segBytes int64
+	for f := range k.Blobs {
+		if strings.HasPrefix(f, "segments/") {
+			st, _ := os.Stat(filepath.Join(g.ds, f))
+			segBytes += st.Size()
+		}
+	}
+	sent := int64(out["bytes_sent"].(float64))
+	t.Logf("version 2 over version 1: %s", strings.TrimSpace(r.Stdout))
+	if segBytes == 0 || sent < segBytes || float64(sent) > 1.1*float64(segBytes)+(2<<20) {
+		t.Fatalf("the push of version 2 sent %d bytes; its new segment has %d (want at most 1.1x + 2 MiB)", sent, segBytes)
+	}
+	got := bucketTree(t, root)
+	clitest.SameTree(t, got, segmentedTree(t, g.ds, got), "the bucket after a push of version 2")
+	for rel, b := range before {
+		if rel == manifests.DatasetFile || rel == manifests.ClaimFile {
+			continue
+		}
+		if string(got[rel]) != string(b) {
+			t.Fatalf("%s: changed by the push of version 2", rel)
+		}
+	}
+	if st, _ := os.Stat(filepath.Join(root, "x.npy")); !os.SameFile(st0, st) || !st.ModTime().Equal(st0.ModTime()) {
+		t.Fatal("x.npy (version 1's blob) was written again")
+	}
+	if r := clitest.Run(t, bin, s.Env(), "verify", "s3://bkt/ds"); r.Code != 0 {
+		t.Fatalf("verify of the bucket: %d %s %s", r.Code, r.Stdout, r.Stderr)
+	}
+	if r := clitest.Run(t, bin, s.Env(), "inspect", "s3://bkt/ds"); r.Code != 0 {
+		t.Fatalf("inspect of the bucket: %d %s %s", r.Code, r.Stdout, r.Stderr)
+	}
+	if r := pushRun(t, s, nil, g.ds, "s3://bkt/ds"); r.Code != 0 || !strings.HasPrefix(r.Stdout, "up to date") {
+		t.Fatalf("again: %d %s %s", r.Code, r.Stdout, r.Stderr)
+	}
+
+	// The old folder (version 1 alone), an unrelated dataset: refused.
+	r = pushRun(t, s, nil, v1, "s3://bkt/ds")
+	oneLine(t, r, 2, "clipshard push: ")
+	if !strings.Contains(r.Stderr, "holds version 2 of this dataset, later than") {
+		t.Fatal(r.Stderr)
+	}
+	r = pushRun(t, s, nil, v2, "s3://bkt/ds") // (version 2 is current there: up to date)
+	if r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	other := newGrowing(t, 3)
+	other.convert(t, other.ds, 3)
+	other.convert(t, other.ds, 3, "--segments", "-m", "y=x/{clip}.npy")
+	r = pushRun(t, s, nil, other.ds, "s3://bkt/ds")
+	oneLine(t, r, 2, "clipshard push: ")
+	if !strings.Contains(r.Stderr, "not a version") || !strings.Contains(r.Stderr, "--force") {
+		t.Fatal(r.Stderr)
+	}
+	clitest.SameTree(t, bucketTree(t, root), got, "the bucket after refused pushes")
+
+	// Two forks of version 2: A appends clips 44..47, B drops clip 0.
+	a := filepath.Join(t.TempDir(), "a")
+	b := filepath.Join(t.TempDir(), "b")
+	clitest.CopyTree(t, v2, a)
+	clitest.CopyTree(t, v2, b)
+	g.convert(t, a, 48, "--segments")
+	var ids strings.Builder
+	for i := 1; i < 44; i++ {
+		fmt.Fprintf(&ids, "g%02d\n", i)
+	}
+	list := filepath.Join(g.src, "drop0.txt")
+	os.WriteFile(list, []byte(ids.String()), 0o644)
+	if r := clip(t, "convert", "--quiet", "--clips", list, "--root", g.src, "--out", b, "-m", "x=x/{clip}.npy", "--segments"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	log := filepath.Join(t.TempDir(), "points")
+	clean := "s3://bkt/clean"
+	if r := pushRun(t, s, nil, v2, clean); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	if r := pushRun(t, s, []string{"CLIPSHARD_FAULT_LOG=" + log}, a, clean); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	wantA := bucketTree(t, filepath.Join(s.Root, "bkt", "clean"))
+	pb, _ := os.ReadFile(log)
+	names := strings.Split(strings.TrimSpace(string(pb)), "\n")
+	commitAt := slices.Index(names, "push.commit") + 1
+	if commitAt <= 0 {
+		t.Fatalf("no push.commit point: %v", names)
+	}
+	r = pushRun(t, s, []string{fmt.Sprintf("CLIPSHARD_KILL_POINT=%d", commitAt)}, a, "s3://bkt/ds")
+	if r.Code != -1 {
+		t.Fatalf("A's push: not killed at its commit: %d %s", r.Code, r.Stderr)
+	}
+	r = pushRun(t, s, nil, b, "s3://bkt/ds")
+	oneLine(t, r, 2, "clipshard push: ")
+	t.Log(r.Stderr)
+	if !strings.Contains(r.Stderr, "is claimed by") {
+		t.Fatalf("B during A's push: %s", r.Stderr)
+	}
+	if r := pushRun(t, s, nil, a, "s3://bkt/ds"); r.Code != 0 {
+		t.Fatalf("A resumed: %s", r.Stderr)
+	}
+	r = pushRun(t, s, nil, b, "s3://bkt/ds")
+	oneLine(t, r, 2, "clipshard push: ")
+	t.Log(r.Stderr)
+	if !strings.Contains(r.Stderr, "version 3 of a dataset") {
+		t.Fatalf("B after A's commit: %s", r.Stderr)
+	}
+	got = bucketTree(t, root)
+	clitest.SameTree(t, got, segmentedTree(t, a, got), "the bucket after A's push")
+	if r := clitest.Run(t, bin, s.Env(), "verify", "s3://bkt/ds"); r.Code != 0 {
+		t.Fatalf("verify after A: %d %s %s", r.Code, r.Stdout, r.Stderr)
+	}
+	// --force: B replaces it (what A's version alone holds is removed).
+	if r := pushRun(t, s, nil, "--force", b, "s3://bkt/ds"); r.Code != 0 {
+		t.Fatalf("B --force: %s", r.Stderr)
+	}
+	got = bucketTree(t, root)
+	clitest.SameTree(t, got, segmentedTree(t, b, got), "the bucket after B --force")
+
+	// Killed at points spread over a fast-forward push, then run again:
+	// as a clean push.
+	points := []int{1, 2, len(names) / 3, len(names) / 2, commitAt - 1, commitAt, len(names)}
+	if clitest.Exhaustive(0, 1) == 1 {
+		points = points[:0]
+		for i := 1; i <= len(names); i++ {
+			points = append(points, i)
+		}
+	}
+	for k, at := range points {
+		prefix := fmt.Sprintf("killed-%d", k)
+		if r := pushRun(t, s, nil, v2, "s3://bkt/"+prefix); r.Code != 0 {
+			t.Fatal(r.Stderr)
+		}
+		r := pushRun(t, s, []string{fmt.Sprintf("CLIPSHARD_KILL_POINT=%d", at)}, a, "s3://bkt/"+prefix)
+		if r.Code != -1 {
+			t.Fatalf("point %d (%s): not killed: %d %s", at, names[at-1], r.Code, r.Stderr)
+		}
+		top, _ := os.ReadFile(filepath.Join(s.Root, "bkt", prefix, manifests.DatasetFile))
+		v2top, _ := os.ReadFile(filepath.Join(v2, manifests.DatasetFile))
+		if at < commitAt && string(top) != string(v2top) {
+			t.Fatalf("killed at point %d (%s), before the commit: dataset.json is not version 2's", at, names[at-1])
+		}
+		if r := pushRun(t, s, nil, a, "s3://bkt/"+prefix); r.Code != 0 {
+			t.Fatalf("resume after point %d (%s): %d %s", at, names[at-1], r.Code, r.Stderr)
+		}
+		clitest.SameTree(t, bucketTree(t, filepath.Join(s.Root, "bkt", prefix)), wantA, fmt.Sprintf("resumed after a kill at point %d (%s)", at, names[at-1]))
+	}
+}
+
+// TestDrawnFromBucketGrowing (#61.5): a reader of a dataset's version 1 in
+// a bucket reads on, byte-equal, after version 2 is pushed over it; a
+// reader of version 2 on the node that cached version 1 fetches only the
+// new segment (testdata/check_drawn_bucket_grow.py).
+func TestDrawnFromBucketGrowing(t *testing.T) {
+	numpytest.Module(t, "boto3", "python3-boto3")
+	s := s3test.Start(t, "bkt")
+	g := newGrowing(t, 24)
+	g.convert(t, g.ds, 20)
+	v1 := filepath.Join(t.TempDir(), "v1")
+	clitest.CopyTree(t, g.ds, v1)
+	if r := pushRun(t, s, nil, v1, "s3://bkt/ds"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	g.convert(t, g.ds, 24, "--segments")
+	s.Setenv(t)
+	got := numpytest.Run(t, filepath.Join("..", "..", "testdata", "check_drawn_bucket_grow.py"), bin, v1, g.ds, "s3://bkt/ds", filepath.Join(t.TempDir(), "caches"))
+	if !strings.Contains(string(got), "ok: drawn bucket grow") {
+		t.Fatalf("check_drawn_bucket_grow: %s", got)
+	}
+	t.Logf("%s", got)
+}
