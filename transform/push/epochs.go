@@ -123,15 +123,7 @@ func pushEpochs(ctx context.Context, o Options) (*Result, error) {
 		return nil, err
 	}
 	res.Objects = len(objs) + len(groups) + 4
-	n, b, err := upload(ctx, o, objs)
-	res.Sent, res.Bytes = res.Sent+n, res.Bytes+b
-	if err != nil {
-		return res, err
-	}
-	proofs := map[string]bucket.Object{}
-	proofsOf(groups, proofs)
-	n, b, err = writeBlockSums(ctx, o, groups, proofs)
-	res.Sent, res.Bytes = res.Sent+n, res.Bytes+b
+	proofs, err := sendData(ctx, o, objs, groups, res)
 	if err != nil {
 		return res, err
 	}

@@ -35,6 +35,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"time"
 
@@ -164,29 +165,10 @@ func pushDataset(ctx context.Context, o Options) (*Result, error) {
 			names = append(names, rel)
 		}
 	}
-	if err := oursAll(ctx, o, append(names, manifests.ClaimFile)...); err != nil {
-		return nil, err
-	}
-	stale, err := survey(ctx, o, "dataset", func(rel string) bool {
+	claimETag, err := takePrefix(ctx, &o, names, func(rel string) bool {
 		return own[rel] || rel == manifests.DatasetFile || rel == manifests.BlockSumsFile || rel == manifests.ClaimFile
-	}, nil)
+	}, local, replace, res)
 	if err != nil {
-		return nil, err
-	}
-	// The claim, before any other write: a push of another dataset is
-	// refused before it overwrites anything.
-	claimETag, _, err := claim(ctx, &o, manifests.DatasetClaim(local), res)
-	if err != nil {
-		return nil, err
-	}
-	if replace {
-		// Uncommitted first: no dataset.json ever names objects of two builds.
-		faults.Point("push.uncommit")
-		if err := o.Client.Remove(ctx, o.Dest, manifests.DatasetFile); err != nil {
-			return nil, err
-		}
-	}
-	if err := removeStale(ctx, o, stale); err != nil {
 		return nil, err
 	}
 	var data, small []string
@@ -206,29 +188,80 @@ func pushDataset(ctx context.Context, o Options) (*Result, error) {
 		return nil, err
 	}
 	res.Objects = len(own) + 2 // (and BLOCKSUMS, CLAIM)
-	g := groupOf(ctx, o, manifests.BlockSumsFile, objs)
-	n, b, err := upload(ctx, o, objs)
-	res.Sent, res.Bytes = res.Sent+n, res.Bytes+b
-	if err != nil {
-		return res, err
-	}
-	proofs := map[string]bucket.Object{}
-	proofsOf([]*blockGroup{g}, proofs)
-	n, b, err = writeBlockSums(ctx, o, []*blockGroup{g}, proofs)
-	res.Sent, res.Bytes = res.Sent+n, res.Bytes+b
+	proofs, err := sendData(ctx, o, objs, []*blockGroup{groupOf(ctx, o, manifests.BlockSumsFile, objs)}, res)
 	if err != nil {
 		return res, err
 	}
 	// The other manifests (SHA256SUMS lists the blobs: after them), each
 	// left only if the bucket holds its very bytes, then the commit.
-	for _, rel := range small {
-		want := sums[rel]
+	err = putManifests(ctx, o, small, func(rel string) string {
 		if rel == d.Files.Sums {
-			want = ""
+			return ""
 		}
-		b, err := readChecked(o.Dir, rel, want)
+		return sums[rel]
+	}, proofs, res)
+	if err != nil || committed {
+		res.UpToDate = err == nil && res.Sent == 0
+		return res, err
+	}
+	return res, commitDataset(ctx, o, local, bucket.CreateOnly, proofs, claimETag, res, func([]byte) error {
+		return fmt.Errorf("%w: another push committed another dataset at %s meanwhile", ErrUsage, o.Dest)
+	})
+}
+
+// takePrefix readies the prefix for a push of the dataset whose
+// dataset.json is local: the manifests it rewrites (rels) and CLAIM not
+// the user's (oursAll), nothing there but what allowed accepts and other
+// pushes left (survey), the claim taken before any other write (a push
+// of another dataset is refused before it overwrites anything), with
+// replace the other dataset uncommitted (no dataset.json ever names
+// objects of two builds), and what other pushes left removed (--force).
+// It returns the claim's ETag.
+func takePrefix(ctx context.Context, o *Options, rels []string, allowed func(string) bool, local []byte, replace bool, res *Result) (string, error) {
+	if err := oursAll(ctx, *o, append(slices.Clone(rels), manifests.ClaimFile)...); err != nil {
+		return "", err
+	}
+	stale, err := survey(ctx, *o, "dataset", allowed, nil)
+	if err != nil {
+		return "", err
+	}
+	claimETag, _, err := claim(ctx, o, manifests.DatasetClaim(local), res)
+	if err != nil {
+		return "", err
+	}
+	if replace {
+		faults.Point("push.uncommit")
+		if err := o.Client.Remove(ctx, o.Dest, manifests.DatasetFile); err != nil {
+			return "", err
+		}
+	}
+	return claimETag, removeStale(ctx, *o, stale)
+}
+
+// sendData uploads objs (those the bucket does not hold, proven) and
+// writes their groups' BLOCKSUMS, counting them in res; it returns the
+// objects sent or proved, with their ETags.
+func sendData(ctx context.Context, o Options, objs []object, groups []*blockGroup, res *Result) (map[string]bucket.Object, error) {
+	n, b, err := upload(ctx, o, objs)
+	res.Sent, res.Bytes = res.Sent+n, res.Bytes+b
+	if err != nil {
+		return nil, err
+	}
+	proofs := map[string]bucket.Object{}
+	proofsOf(groups, proofs)
+	n, b, err = writeBlockSums(ctx, o, groups, proofs)
+	res.Sent, res.Bytes = res.Sent+n, res.Bytes+b
+	return proofs, err
+}
+
+// putManifests writes each small file of rels (checked against want(rel),
+// its recorded sha256; "" none) unless the bucket holds its very bytes,
+// recording it in proofs and counting it in res.
+func putManifests(ctx context.Context, o Options, rels []string, want func(string) string, proofs map[string]bucket.Object, res *Result) error {
+	for _, rel := range rels {
+		b, err := readChecked(o.Dir, rel, want(rel))
 		if err != nil {
-			return res, err
+			return err
 		}
 		if now, etag, err := o.Client.ReadAll(ctx, o.Dest, rel, manifests.MaxManifest); err == nil && bytes.Equal(now, b) {
 			proofs[rel] = bucket.Object{Size: int64(len(b)), ETag: etag}
@@ -237,34 +270,40 @@ func pushDataset(ctx context.Context, o Options) (*Result, error) {
 		faults.Point("push.manifest")
 		etag, err := o.Client.PutBytes(ctx, o.Dest, rel, b, hashOf(b), "")
 		if err != nil {
-			return res, err
+			return err
 		}
 		proofs[rel] = bucket.Object{Size: int64(len(b)), ETag: etag}
 		res.Sent++
 		res.Bytes += int64(len(b))
 	}
-	if !committed {
-		if err := stillOurs(ctx, o, []string{""}, proofs, claimETag); err != nil {
-			return res, err
-		}
-		faults.Point("push.commit")
-		_, err := o.Client.PutBytes(ctx, o.Dest, manifests.DatasetFile, local, hashOf(local), bucket.CreateOnly)
-		if errors.Is(err, bucket.ErrPrecondition) {
-			// Committed meanwhile by another push: of this dataset?
-			if now, _, rerr := o.Client.ReadAll(ctx, o.Dest, manifests.DatasetFile, manifests.MaxManifest); rerr == nil && bytes.Equal(now, local) {
-				err = nil
-			} else {
-				err = fmt.Errorf("%w: another push committed another dataset at %s meanwhile", ErrUsage, o.Dest)
-			}
-		}
-		if err != nil {
-			return res, err
-		}
-		res.Sent++
-		res.Bytes += int64(len(local))
+	return nil
+}
+
+// commitDataset checks that the prefix still holds what this push wrote
+// or proved (stillOurs), then writes dataset.json (local) under cond, the
+// commit. A precondition that fails is a commit of the same bytes
+// meanwhile (another push of this dataset: done), or of others: then
+// other(the bytes there now, nil if unreadable) is the error.
+func commitDataset(ctx context.Context, o Options, local []byte, cond bucket.Cond, proofs map[string]bucket.Object, claimETag string, res *Result, other func(now []byte) error) error {
+	if err := stillOurs(ctx, o, []string{""}, proofs, claimETag); err != nil {
+		return err
 	}
-	res.UpToDate = res.Sent == 0
-	return res, nil
+	faults.Point("push.commit")
+	_, err := o.Client.PutBytes(ctx, o.Dest, manifests.DatasetFile, local, hashOf(local), cond)
+	if errors.Is(err, bucket.ErrPrecondition) {
+		now, _, rerr := o.Client.ReadAll(ctx, o.Dest, manifests.DatasetFile, manifests.MaxManifest)
+		if rerr == nil && bytes.Equal(now, local) {
+			err = nil
+		} else {
+			err = other(now)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	res.Sent++
+	res.Bytes += int64(len(local))
+	return nil
 }
 
 // modalityOf is the name of the modality whose blob rel is ("" if none).

@@ -18,7 +18,6 @@ import (
 	"slices"
 
 	"github.com/clipshard/clipshard/formats/bucket"
-	"github.com/clipshard/clipshard/internal/faults"
 	"github.com/clipshard/clipshard/manifests"
 )
 
@@ -80,26 +79,10 @@ func pushSegmented(ctx context.Context, o Options, d *manifests.Dataset) (*Resul
 		}
 	}
 	slices.Sort(small)
-	if err := oursAll(ctx, o, append(slices.Clone(small), manifests.ClaimFile)...); err != nil {
-		return nil, err
-	}
-	stale, err := survey(ctx, o, "dataset", func(rel string) bool {
+	claimETag, err := takePrefix(ctx, &o, small, func(rel string) bool {
 		return own[rel] || ((forward || committed) && manifests.SegmentedLayout(rel))
-	}, nil)
+	}, local, replace, res)
 	if err != nil {
-		return nil, err
-	}
-	claimETag, _, err := claim(ctx, &o, manifests.DatasetClaim(local), res)
-	if err != nil {
-		return nil, err
-	}
-	if replace {
-		faults.Point("push.uncommit")
-		if err := o.Client.Remove(ctx, o.Dest, manifests.DatasetFile); err != nil {
-			return nil, err
-		}
-	}
-	if err := removeStale(ctx, o, stale); err != nil {
 		return nil, err
 	}
 
@@ -118,62 +101,23 @@ func pushSegmented(ctx context.Context, o Options, d *manifests.Dataset) (*Resul
 		objs = append(objs, part...)
 	}
 	res.Objects = len(k.Sums) + len(groups) + 2 // (and dataset.json, CLAIM)
-	n, b, err := upload(ctx, o, objs)
-	res.Sent, res.Bytes = res.Sent+n, res.Bytes+b
+	proofs, err := sendData(ctx, o, objs, groups, res)
 	if err != nil {
 		return res, err
 	}
-	proofs := map[string]bucket.Object{}
-	proofsOf(groups, proofs)
-	n, b, err = writeBlockSums(ctx, o, groups, proofs)
-	res.Sent, res.Bytes = res.Sent+n, res.Bytes+b
-	if err != nil {
+	err = putManifests(ctx, o, small, func(rel string) string { return k.Sums[rel] }, proofs, res)
+	if err != nil || committed {
+		res.UpToDate = err == nil && res.Sent == 0
 		return res, err
 	}
-	for _, rel := range small {
-		b, err := readChecked(o.Dir, rel, k.Sums[rel])
-		if err != nil {
-			return res, err
-		}
-		if now, etag, err := o.Client.ReadAll(ctx, o.Dest, rel, manifests.MaxManifest); err == nil && bytes.Equal(now, b) {
-			proofs[rel] = bucket.Object{Size: int64(len(b)), ETag: etag}
-			continue
-		}
-		faults.Point("push.manifest")
-		etag, err := o.Client.PutBytes(ctx, o.Dest, rel, b, hashOf(b), "")
-		if err != nil {
-			return res, err
-		}
-		proofs[rel] = bucket.Object{Size: int64(len(b)), ETag: etag}
-		res.Sent++
-		res.Bytes += int64(len(b))
+	cond := bucket.CreateOnly
+	if forward {
+		cond = bucket.Cond(etag) // (the version read: a push that committed another meanwhile fails this one)
 	}
-	if !committed {
-		if err := stillOurs(ctx, o, []string{""}, proofs, claimETag); err != nil {
-			return res, err
-		}
-		cond := bucket.CreateOnly
-		if forward {
-			cond = bucket.Cond(etag) // (the version read: a push that committed another meanwhile fails this one)
-		}
-		faults.Point("push.commit")
-		_, err := o.Client.PutBytes(ctx, o.Dest, manifests.DatasetFile, local, hashOf(local), cond)
-		if errors.Is(err, bucket.ErrPrecondition) {
-			if now, _, rerr := o.Client.ReadAll(ctx, o.Dest, manifests.DatasetFile, manifests.MaxManifest); rerr == nil && bytes.Equal(now, local) {
-				err = nil
-			} else {
-				err = fmt.Errorf("%w: another push committed %s at %s meanwhile (this push found %s there): not committed; push again (refused unless the bucket's version is one %s keeps)",
-					ErrUsage, describeRemote(now), o.Dest, describeRemote(remote), o.Dir)
-			}
-		}
-		if err != nil {
-			return res, err
-		}
-		res.Sent++
-		res.Bytes += int64(len(local))
-	}
-	res.UpToDate = res.Sent == 0
-	return res, nil
+	return res, commitDataset(ctx, o, local, cond, proofs, claimETag, res, func(now []byte) error {
+		return fmt.Errorf("%w: another push committed %s at %s meanwhile (this push found %s there): not committed; push again (refused unless the bucket's version is one %s keeps)",
+			ErrUsage, describeRemote(now), o.Dest, describeRemote(remote), o.Dir)
+	})
 }
 
 // later refuses a push of version n (its dataset.json local) into a

@@ -161,6 +161,22 @@ func TestPushSegments(t *testing.T) {
 	if r := clitest.Run(t, bin, s.Env(), "verify", "s3://bkt/ds"); r.Code != 0 {
 		t.Fatalf("verify of the bucket: %d %s %s", r.Code, r.Stdout, r.Stderr)
 	}
+	// A segment's object damaged in the bucket: verify names it.
+	var seg string
+	for f := range k.Blobs {
+		if strings.HasPrefix(f, "segments/") {
+			seg = f
+		}
+	}
+	p := filepath.Join(root, filepath.FromSlash(seg))
+	good, _ := os.ReadFile(p)
+	bad := slices.Clone(good)
+	bad[len(bad)-1] ^= 1
+	os.WriteFile(p, bad, 0o644)
+	if r := clitest.Run(t, bin, s.Env(), "verify", "s3://bkt/ds"); r.Code != 1 || !strings.Contains(r.Stdout, "s3://bkt/ds/"+seg) {
+		t.Fatalf("verify of a bucket whose %s is damaged: %d %s %s", seg, r.Code, r.Stdout, r.Stderr)
+	}
+	os.WriteFile(p, good, 0o644)
 	if r := clitest.Run(t, bin, s.Env(), "inspect", "s3://bkt/ds"); r.Code != 0 {
 		t.Fatalf("inspect of the bucket: %d %s %s", r.Code, r.Stdout, r.Stderr)
 	}
