@@ -147,6 +147,8 @@ class Remote:
             return "m/%s/%s" % (self.man_sha[:32], base)
         sha = self.listing.sums.get(rel)
         if sha is not None:
+            if len(sha) != 64 or sha.strip("0123456789abcdef"):
+                raise ValueError("%s: SHA256SUMS records %r for it, not a sha256" % (self.bucket.name(rel), sha))
             return "f/%s/%s" % (sha[:32], base)
         if base == BLOCKSUMS:
             size, etag = self.listing.object(rel)
