@@ -7,6 +7,9 @@
 #   new-only  a convert of the new clips alone into a new folder (the floor)
 #   copy      the same convert line over the old dataset (reuse by copy: format 1)
 #   segments  the same line with --segments over the old dataset (a new segment)
+#   bucket    push of the old dataset, then of the grown one into the same
+#             prefix (bytes sent), and an epoch of each drawn from the bucket
+#             on one node's cache (bytes fetched for the new version)
 # and counts the bytes each run wrote (the sizes of the files it made or
 # replaced under its folder). The old dataset is copied into place,
 # untimed, before each run over it. The segmented output is checked
@@ -35,6 +38,38 @@ run() {
 mib() { awk -v b="$1" 'BEGIN{printf "%.1f MiB", b/1048576}'; }
 med() { sort -g | awk '{a[NR]=$1} END{printf "%s", a[int((NR+1)/2)]}'; }
 rng() { sort -g | awk '{a[NR]=$1} END{printf "%s-%s", a[1], a[NR]}'; }
+
+# The bucket rows (each size): the old dataset pushed (format 1) to a
+# versitygw on 127.0.0.1 (started here, stopped by PID), one drawn epoch
+# of it read from the bucket into a node-local cache; then the grown
+# dataset (--segments) pushed into the same prefix, and an epoch of it
+# read on the same node: the bytes push sent and the bytes the node
+# fetched, against the new clips' bytes (the goals: each <= 1.1x + 2 MiB).
+VGW=${CLIPSHARD_VERSITYGW:-${XDG_CACHE_HOME:-$HOME/.cache}/clipshard-ci/bin/versitygw}
+BUCKET=""
+if [ -x "$VGW" ] && "$PY" -c 'import boto3' 2>/dev/null; then
+  rm -rf "$W/append-root"; mkdir -p "$W/append-root/bench"
+  PORT=$(( 20000 + RANDOM % 20000 ))
+  ROOT_ACCESS_KEY=bench ROOT_SECRET_KEY=bench-secret-key "$VGW" --port "127.0.0.1:$PORT" posix "$W/append-root" > "$W/vgw-append.log" 2>&1 &
+  VPID=$!
+  trap 'kill $VPID 2>/dev/null || true; sleep 0.5; kill -9 $VPID 2>/dev/null || true' EXIT
+  export AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=bench-secret-key AWS_ENDPOINT_URL="http://127.0.0.1:$PORT" AWS_REGION=us-east-1
+  export AWS_SHARED_CREDENTIALS_FILE=/nonexistent AWS_CONFIG_FILE=/nonexistent
+  for _ in $(seq 50); do (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.1; done
+  BUCKET=1
+  cat > "$W/read_bucket.py" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[3])
+import clipshard
+ld = clipshard.Loader(dataset=sys.argv[1], epochs=[0], window=30, batch_size=64, cache_dir=sys.argv[2], cache_limit="64GiB")
+for b in ld:
+    pass
+print(sum(s.remote.fetched for s in ld.drawn.sources), ld.drawn.versions)
+ld.close()
+PY
+else
+  echo "no bucket rows: they need versitygw ($VGW; CLIPSHARD_VERSITYGW) and boto3 in $PY"
+fi
 
 SIZES=${SIZES:-200 400 800}
 last=${SIZES##* }
@@ -66,6 +101,19 @@ for n in $SIZES; do
     awk -v leg="$leg" -v t="$t" -v tr="$(cut -d' ' -f1 "$W/$leg.rows" | rng)" -v b="$b" -v nb="$newb" -v nt="$newt" \
       'BEGIN{printf "  %-9s %7.3f s (%s)  wrote %9.1f MiB   %6.2fx the new clips alone'"'"' bytes, %5.2fx their time\n", leg, t, tr, b/1048576, b/nb, t/nt}'
   done
+  if [ -n "$BUCKET" ]; then
+    rm -rf "$W/node-$n"
+    "$B" push --quiet "$W/old-$n" "s3://bench/grow-$n" >/dev/null
+    f1=$("$PY" "$W/read_bucket.py" "s3://bench/grow-$n" "$W/node-$n" "$PWD/python" | cut -d' ' -f1)
+    t0=$(date +%s%N)
+    sent=$("$B" push --quiet --json "$W/segments" "s3://bench/grow-$n" | "$PY" -c 'import json, sys; print(json.load(sys.stdin)["bytes_sent"])')
+    t1=$(date +%s%N)
+    f2=$("$PY" "$W/read_bucket.py" "s3://bench/grow-$n" "$W/node-$n" "$PWD/python")
+    case "$f2" in *": 2}") ;; *) echo "  the node read $f2, not version 2"; exit 1;; esac
+    awk -v s="$sent" -v f="${f2%% *}" -v f1="$f1" -v nb="$newb" -v t="$(awk -v a="$t0" -v b="$t1" 'BEGIN{print (b-a)/1e9}')" \
+      'BEGIN{printf "  bucket    push of the new version sent %.1f MiB (%.2fx the new clips'"'"' bytes) in %.2f s; a node that read version 1 (%.1f MiB fetched) fetched %.1f MiB for an epoch of version 2 (%.2fx)\n", s/1048576, s/nb, t, f1/1048576, f/1048576, f/nb}'
+    rm -rf "$W/node-$n" "$W/append-root/bench/grow-$n"
+  fi
   # The segmented version reads as the full convert: verify, and shards.
   "$B" verify --deep "$W/segments" >/dev/null
   for d in full segments; do

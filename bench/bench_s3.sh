@@ -46,7 +46,7 @@ ROOT="$W/s3-root"; rm -rf "$ROOT"; mkdir -p "$ROOT/bench"
 PORT=$(( 20000 + RANDOM % 20000 ))
 ROOT_ACCESS_KEY=bench ROOT_SECRET_KEY=bench-secret-key "$VGW" --port "127.0.0.1:$PORT" posix "$ROOT" > "$W/vgw.log" 2>&1 &
 VPID=$!
-trap 'kill $VPID 2>/dev/null; sleep 0.5; kill -9 $VPID 2>/dev/null; true' EXIT
+trap 'kill $VPID 2>/dev/null || true; sleep 0.5; kill -9 $VPID 2>/dev/null || true' EXIT
 export AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=bench-secret-key AWS_ENDPOINT_URL="http://127.0.0.1:$PORT" AWS_REGION=us-east-1
 export BENCH_SERVER_PID=$VPID
 for _ in $(seq 50); do (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.1; done
