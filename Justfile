@@ -42,6 +42,11 @@ fixtures:
 bench NAME="" *ARGS:
     bench/run {{NAME}} {{ARGS}}
 
+# The GPU check (#62): the torch Loader on a CUDA device against the copy rates and DataLoader, every byte checked (a line and exit 0 without CUDA).
+gpu-check:
+    go build -o bin/ ./cmd/clipshard
+    {{python}} python/checks/gpu_check.py bin/clipshard
+
 # The README's demo (its first command, exactly as written there).
 demo:
     bash -c "$(sed -n '/^<!-- demo -->/,/^<!-- \/demo -->/p' README.md | sed '1,2d;$d' | sed '$d')"

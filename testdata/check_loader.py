@@ -377,7 +377,7 @@ if torch is not None:
         assert all(t.is_pinned() for t in b.values())
         pinned.close()
         msg += "; torch %s (pinned)" % torch.__version__
-    except RuntimeError as e:  # pinning needs a CUDA driver
+    except (RuntimeError, ValueError) as e:  # pinning needs a CUDA driver (ValueError: CUDA not available, said at construction)
         msg += "; torch %s (pinned memory: not on this machine, no CUDA driver: %s)" % (torch.__version__, str(e).split("\n")[0][:60])
     assert not threads() and fds() == fd0, ("torch: fds or thread left", threads(), [os.readlink("/proc/self/fd/" + x) for x in set(fds()) - set(fd0) if os.path.exists("/proc/self/fd/" + x)])
 print(msg)

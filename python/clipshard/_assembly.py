@@ -17,6 +17,7 @@ import math
 import mmap
 import sys
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Optional
 
@@ -43,9 +44,15 @@ class Assembly:
 
     def __init__(self, names: list[str], src: dict[str, tuple[np.dtype, tuple[int, ...]]],
                  out: dict[str, tuple[np.dtype, tuple[int, ...]]], prefetch: int, threads: int,
-                 alloc: Callable[[int], Any], cast: Callable[[str, np.ndarray, np.ndarray], None]) -> None:
+                 alloc: Callable[[int], Any], cast: Callable[[str, np.ndarray, np.ndarray], None],
+                 held: Callable[[int], int] = int, reuse: bool = True) -> None:
         self.names, self.src, self.out, self.prefetch, self.threads = names, src, out, prefetch, threads
-        self.alloc, self.cast = alloc, cast
+        self.alloc, self.cast, self.held, self.reuse = alloc, cast, held, reuse
+        # The buffers of the batch being filled (take_used), and the copies
+        # reading a buffer that the device stage has in flight (hold): a
+        # buffer is reused once nothing refers to it and its copy completed.
+        self.used: list[Any] = []
+        self._busy: dict[int, tuple[Any, Any]] = {}  # id(buffer) -> (weakref to it, its copy's event)
         # Each modality's arrays have buffers of their own: a batch's
         # "samples" kept by the user (say) holds on to its own few bytes,
         # not to the whole batch.
@@ -66,16 +73,19 @@ class Assembly:
         scratch (a drawn batch of the shards' dtype, or SCRATCH a thread)."""
         raw = (sum(math.prod(self.src[n][1]) * self.src[n][0].itemsize for n in self.casting)
                if drawn else SCRATCH * self.threads * bool(self.casting))
-        return (self.prefetch + 2) * self.batch_bytes + raw
+        return (self.prefetch + 2) * sum(self.held(b) for b in self.sizes.values()) + raw
 
     def allocate(self) -> None:
         """Every buffer made now (not by the first epoch's reads)."""
-        for n in self.names if self.prefetch else ():
+        for n in self.names if self.prefetch and self.reuse else ():
             for _ in range(self.prefetch + 2):
                 self.pool[n].append(self.alloc(self.sizes[n]))
                 self.refs[n].append(sys.getrefcount(self.pool[n][-1]))
 
     def clear(self) -> None:
+        for got in list(self._busy.values()):
+            got[1].synchronize()  # (no buffer let go of while a copy of ours reads it)
+        self._busy, self.used = {}, []
         self.pool, self.refs = {n: [] for n in self.names}, {n: [] for n in self.names}
         self.raw = {}
 
@@ -89,19 +99,60 @@ class Assembly:
             pool.shutdown(wait=True)
 
     def buffer(self, name: str) -> Any:
-        """A buffer of name's array that nothing refers to, or a new one (at
-        most prefetch + 2 of each are kept)."""
+        """A buffer of name's array that nothing refers to and no copy in
+        flight reads (hold), or a new one (at most prefetch + 2 of each are
+        kept; when they are all free but read by copies in flight, the
+        oldest copy is waited for). Without reuse (the device stage hands
+        out blocks of an allocator that guards them itself), a new one."""
+        if not self.reuse:
+            b = self.alloc(self.sizes[name])
+            self.used.append(b)
+            return b
         pool, refs = self.pool[name], self.refs[name]
+        waiting = -1
         for i in range(len(pool)):
             if sys.getrefcount(pool[i]) <= refs[i]:
-                return pool[i]
+                ev = self._event(pool[i])
+                if ev is None or ev.query():
+                    return self._use(pool[i])
+                waiting = i if waiting < 0 else waiting
+        if waiting >= 0 and len(pool) >= self.prefetch + 2:
+            self._event(pool[waiting]).synchronize()  # (the pool is full: its copy completes first)
+            return self._use(pool[waiting])
         if len(pool) >= self.prefetch + 2:
-            # The user holds on to every buffer: that one is theirs now.
+            # The user holds on to every buffer: that one is theirs now
+            # (once no copy of ours reads it).
+            ev = self._event(pool[0])
+            if ev is not None:
+                ev.synchronize()
+            self._busy.pop(id(pool[0]), None)
             del pool[0], refs[0]
         pool.append(self.alloc(self.sizes[name]))
         # (measured as the check above measures it: no other reference)
         refs.append(sys.getrefcount(pool[-1]))
-        return pool[-1]
+        return self._use(pool[-1])
+
+    def _use(self, b: Any) -> Any:
+        self._busy.pop(id(b), None)
+        self.used.append(b)
+        return b
+
+    def _event(self, b: Any) -> Any:
+        """The event of the copy in flight that reads buffer b (None: none)."""
+        got = self._busy.get(id(b))
+        return got[1] if got is not None and got[0]() is b else None
+
+    def take_used(self) -> list[Any]:
+        """The buffers of the batch just filled (then forgotten here)."""
+        used, self.used = self.used, []
+        return used
+
+    def hold(self, buffers: list[Any], event: Any) -> None:
+        """These buffers are read by a copy in flight until event (query():
+        done; synchronize(): wait for it) says it is done: not reused
+        before."""
+        for b in buffers:
+            self._busy[id(b)] = (weakref.ref(b), event)
 
     def _array(self, name: str, n: int) -> np.ndarray:
         """name's array of a batch of n rows, in a free buffer."""
@@ -112,6 +163,7 @@ class Assembly:
         """The batch of positions [lo, hi) of an EpochReader r's epoch: its
         rows read straight into the batch's buffers (a partial last batch:
         the first hi - lo rows)."""
+        self.used = []
         files = r.files
         files.rows_ready(lo, hi, ahead)  # (a bucket's: the rows fetched into the cache first)
         out: dict[str, np.ndarray] = {}
@@ -144,6 +196,7 @@ class Assembly:
         being read ahead), the windows cut from them into the batch's
         buffers by the read threads (rows split among them), each piece
         cast as it is cut."""
+        self.used = []
         n = len(r.batch_positions(g))
         r.prepare(g)
         out, dsts, casts = {}, {}, []

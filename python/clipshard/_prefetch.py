@@ -99,8 +99,9 @@ def produce(ref: "weakref.ref[Any]", pos: int, start: Any, stop: Optional[thread
                 loader = ref()
                 if loader is None or (stop is not None and stop.is_set()):
                     return
-                arrays = loader.dev.finish(fill(loader.assembly))
-                del loader
+                asm = loader.assembly
+                arrays = loader.dev.finish(fill(asm), asm)
+                del loader, asm
                 yield Batch(pos, g, arrays, consumed, g + 1 == n)
             steps = None
             yield END

@@ -113,7 +113,8 @@ class Loader:
         out = {n: (self.dev.out_dtype(d, dtype), s) for n, (d, s) in self._src.items()}
         self.shapes: dict[str, tuple[int, ...]] = {n: s for n, (_, s) in self._src.items()}  # of a batch's arrays
         self.floating: list[str] = [n for n, (d, _) in self._src.items() if d.kind == "f"]  # the modalities dtype casts
-        self.assembly = Assembly(self.names, self._src, out, self.prefetch, self.threads, self.dev.alloc, self.dev.cast)
+        self.assembly = Assembly(self.names, self._src, out, self.prefetch, self.threads, self.dev.alloc, self.dev.cast,
+                                 self.dev.held, self.dev.reuse)
         self._casting = self.assembly.casting
         self.dev.bind({n: d for n, (d, _) in self._src.items()}, self._casting)
         self.batch_bytes = self.assembly.batch_bytes  # bytes of one batch as handed out
@@ -124,7 +125,8 @@ class Loader:
                              "(prefetch %d + 2 batches): more than this machine's memory (%d bytes): lower batch_size or "
                              "prefetch, or cut shorter windows" % (self.batch_size, self.batch_size, dict(self.shapes),
                                                                     self.batch_bytes, self.host_bytes, self.prefetch, room))
-        self.assembly.allocate()
+        if self.dev.eager:
+            self.assembly.allocate()
         # current epoch, its resume point (a drawn epoch's: 0 or (the
         # intervals left, done)), last batch handed out
         self._pos, self._start, self._handed = 0, 0, None  # type: tuple[int, Any, Optional[Batch]]
@@ -269,8 +271,18 @@ class HostDevice:
     (pinned buffers, a copy to a CUDA device). Holds no loader: the
     loader's threads hold the stage, never the loader."""
 
+    # Buffers are the loader's, reused once nothing refers to them (and no
+    # copy in flight reads them: Assembly.hold); made with the loader
+    # (eager), not by the first batch.
+    reuse = True
+    eager = True
+
     def __str__(self) -> str:
         return "HostDevice(numpy)"
+
+    def held(self, nbytes: int) -> int:
+        """Bytes of memory a buffer of nbytes holds (its pages)."""
+        return -(-max(nbytes, 1) // 4096) * 4096
 
     def out_dtype(self, src: np.dtype, dtype: Any) -> np.dtype:
         """The dtype a batch holds a modality in: dtype for a floating one
@@ -288,9 +300,11 @@ class HostDevice:
     def cast(self, name: str, dst: np.ndarray, src: np.ndarray) -> None:
         np.copyto(dst, src, casting="unsafe")
 
-    def finish(self, arrays: dict[str, np.ndarray]) -> Any:
+    def finish(self, arrays: dict[str, np.ndarray], asm: Any) -> Any:
         """What the read-ahead thread makes of a batch it read (e.g. a copy
-        to the device)."""
+        to the device, asm.hold of its buffers, asm.take_used(), until the
+        copy completes)."""
+        asm.take_used()
         return arrays
 
     def wrap(self, arrays: Any) -> Any:

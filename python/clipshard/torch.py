@@ -231,12 +231,9 @@ class Loader(_loader.Loader):
         if self.device is not None and self.device.type not in ("cpu", "cuda"):
             raise ValueError("device %r: want cpu or a CUDA device" % (device,))
         self.pin_memory = cuda if pin_memory is None else bool(pin_memory)
-        if self.pin_memory:
-            torch.empty(1, pin_memory=True)  # no CUDA driver: the error is raised here, not at the first batch
-        stream = torch.cuda.Stream(self.device) if cuda else None
         # On a device the cast is done there: the host keeps the shards' dtype.
         super().__init__(edir, epochs, rank=rank, world_size=world_size, dtype=None if cuda else dtype,
-                         _device=TorchDevice(self.device, dtype, self.pin_memory, stream), **kw)
+                         _device=TorchDevice(self.device, dtype, self.pin_memory), **kw)
         if self._casting and self.threads >= 2:
             # The OpenMP runtime's lookup (parallel_info, /proc/self/maps:
             # 2-3 ms) made now, not by the read threads' first casts: the
@@ -244,20 +241,68 @@ class Loader(_loader.Loader):
             _omp_set_num_threads()
 
 
+# Arrays that stay on the host on a device: read there (the samples'
+# clips and frames, the source numbers), never worth a copy and a sync.
+HOST_ONLY = ("samples", "source")
+
+
 class TorchDevice(_loader.HostDevice):
     """The device stage of clipshard.torch.Loader: batches as torch
-    tensors; host buffers pinned (pin_memory); floating modalities cast
-    by torch in the read threads, or, on a CUDA device, copied there with
-    non_blocking=True on a side stream (stream) and cast there (half the
-    bytes over PCIe), the consumer's stream made to wait for the copy."""
+    tensors; floating modalities cast by torch in the read threads, or, on
+    a CUDA device, copied there and cast there (half the bytes over PCIe).
 
-    def __init__(self, device: Optional[torch.device], dtype: Optional[torch.dtype], pin_memory: bool,
-                 stream: Any) -> None:
-        self.device, self.dtype, self.pin_memory, self.stream = device, dtype, pin_memory, stream
+    - On a CUDA device: host buffers of torch's pinned memory, reused by
+      the loader; the read thread enqueues batch k's copies on a side
+      stream, records an event after them, and goes on reading batch k+1
+      (no wait); a buffer is reused only once nothing refers to it and the
+      event of the last copy that read it has completed (Assembly.hold,
+      FFCV's rule). The consumer's current stream waits for the event when
+      the batch is handed out, and the device tensors are recorded on it
+      (record_stream: the caching allocator keeps them until that
+      stream's work is done). A consumer that uses them on another stream
+      must make that stream wait on the current one (or call
+      t.record_stream(s)). "samples" and "source" stay on the host.
+    - pin_memory without a device: each batch's arrays are blocks of
+      torch's caching host allocator (a new block a batch, none reused by
+      the loader), handed out as tensors over those blocks: a user's
+      x.to("cuda", non_blocking=True) then has torch record an event on
+      the copy's stream, and the allocator reuses the block only once it
+      has completed, as for DataLoader(pin_memory=True) batches.
+    - Nothing of CUDA is touched before the first batch: the stream, the
+      device of the read thread (set explicitly) and the pinned blocks
+      are made then, in the process that reads; a loader that did so and
+      crossed a fork refuses in the child, in one line.
+    - host_bytes counts the pinned blocks as torch's caching host
+      allocator holds them (each rounded up to a power of two).
+    """
+
+    def __init__(self, device: Optional[torch.device], dtype: Optional[torch.dtype], pin_memory: bool) -> None:
+        self.device, self.dtype, self.pin_memory = device, dtype, pin_memory
+        self.cuda = device is not None and device.type == "cuda"
+        self.reuse = not (pin_memory and not self.cuda)
+        self.eager = not pin_memory  # (pinned blocks are made by the first batch, in the process that reads)
+        self.stream: Any = None  # the side stream (made by the first batch)
+        self._pid: Optional[int] = None  # the process that touched CUDA
+        self._lock = threading.Lock()
+        self._thread = threading.local()
         self.types: dict[str, torch.dtype] = {}  # name -> the tensor dtype a batch's array is viewed as
 
     def __str__(self) -> str:
         return "TorchDevice(%s, %s%s)" % (self.device or "host", self.dtype, ", pinned" if self.pin_memory else "")
+
+    def __getstate__(self) -> dict[str, Any]:
+        st = dict(self.__dict__)
+        st["stream"], st["_pid"], st["_lock"], st["_thread"] = None, None, None, None
+        return st
+
+    def __setstate__(self, st: dict[str, Any]) -> None:
+        self.__dict__.update(st)
+        self._lock, self._thread = threading.Lock(), threading.local()
+
+    def held(self, nbytes: int) -> int:
+        if not self.pin_memory:
+            return super().held(nbytes)
+        return 1 << max(0, nbytes - 1).bit_length()  # (a block of torch's caching host allocator)
 
     def out_dtype(self, src: np.dtype, dtype: Any) -> np.dtype:
         if dtype is None or src.kind != "f":
@@ -269,42 +314,105 @@ class TorchDevice(_loader.HostDevice):
     def bind(self, src: dict[str, np.dtype], casting: list[str]) -> None:
         self.types = {n: self.dtype if n in casting else _tensor_type(d) for n, d in src.items()}  # type: ignore[misc]
 
+    def enter(self) -> None:
+        """CUDA, in this process and thread: refused in a child forked
+        after the loader used it; the thread's device set explicitly; the
+        side stream made once."""
+        pid = os.getpid()
+        with self._lock:
+            if self._pid is None:
+                if not torch.cuda.is_available():
+                    raise ValueError("%s: CUDA is not available here (torch %s): give device=None and pin_memory=False, "
+                                     "or run where a GPU and its driver are" % (
+                                         "device %s" % self.device if self.cuda else "pin_memory=True", torch.__version__))
+                self._pid = pid
+            elif self._pid != pid:
+                raise ValueError("this clipshard Loader used CUDA in process %d and crossed a fork into process %d, "
+                                 "where CUDA cannot be used: make the Loader in the process that iterates it (or "
+                                 "start workers with the 'spawn' method)" % (self._pid, pid))
+            if self.cuda and self.stream is None:
+                self.stream = torch.cuda.Stream(self.device)
+        if self.cuda and getattr(self._thread, "device", None) != self.device:
+            if self.device is not None and self.device.index is not None:
+                torch.cuda.set_device(self.device)
+            self._thread.device = self.device
+
     def alloc(self, nbytes: int) -> Any:
         if not self.pin_memory:
             return super().alloc(nbytes)
-        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
+        self.enter()
+        return torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=True).numpy()[:nbytes]
 
     def cast(self, name: str, dst: np.ndarray, src: np.ndarray) -> None:
         if not getattr(_here, "serial", False):
             _serial_here()
         torch.from_numpy(dst).view(self.types[name]).copy_(torch.from_numpy(src))
 
-    def finish(self, arrays: dict[str, np.ndarray]) -> Any:
-        out = {n: torch.from_numpy(a).view(self.types[n]) for n, a in arrays.items()}
-        if self.stream is None:
+    def _tensor(self, name: str, a: np.ndarray) -> torch.Tensor:
+        """Array a of a batch as a tensor: over the storage of its pinned
+        block where it is one (so that torch's copies record their
+        events on that block), else over a's memory."""
+        root = a
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        t = root.base
+        if self.pin_memory and isinstance(t, torch.Tensor) and a.flags.c_contiguous:
+            off = a.__array_interface__["data"][0] - t.data_ptr()
+            if 0 <= off and off + a.nbytes <= t.numel():
+                return t[off: off + a.nbytes].view(self.types[name]).view(a.shape)
+        return torch.from_numpy(a).view(self.types[name])
+
+    def finish(self, arrays: dict[str, np.ndarray], asm: Any) -> Any:
+        used = asm.take_used()
+        out = {n: self._tensor(n, a) for n, a in arrays.items()}
+        if not self.cuda:
             if self.device is not None:
                 out = {n: t.to(self.device) for n, t in out.items()}
             return out
+        self.enter()
+        dev = _OnDevice()
         with torch.cuda.stream(self.stream):
-            dev = {}
             for n, t in out.items():
+                if n in HOST_ONLY:
+                    dev[n] = t
+                    continue
                 d = t.to(self.device, non_blocking=True)
                 if self.dtype is not None and t.dtype.is_floating_point and t.dtype != self.dtype:
                     d = d.to(self.dtype)
                 dev[n] = d
-            done = torch.cuda.Event()
-            done.record(self.stream)
-        # The thread waits for the copy, so the host buffer is free once
-        # the batch is handed out (and the consumer never waits for it).
-        done.synchronize()
+            dev.done = torch.cuda.Event()
+            dev.done.record(self.stream)
+        # The host buffers are free once nothing refers to them and this
+        # copy completed; the thread reads the next batch meanwhile.
+        asm.hold([b for b in used if not _only_host(b, arrays)], dev.done)
         return dev
 
     def wrap(self, arrays: Any) -> Any:
-        if self.stream is not None:
-            now = torch.cuda.current_stream(self.device)
-            for t in arrays.values():
+        done = getattr(arrays, "done", None)
+        if done is None:
+            return arrays
+        now = torch.cuda.current_stream(self.device)
+        now.wait_event(done)  # (the consumer's work on the batch after its copy, on the device: no host wait)
+        for n, t in arrays.items():
+            if t.is_cuda:
                 t.record_stream(now)  # allocated on the side stream, used on this one
-        return arrays
+        return dict(arrays)
+
+
+class _OnDevice(dict):  # type: ignore[type-arg]
+    """A batch on the device, and the event recorded after its copies."""
+    done: Any = None
+
+
+def _only_host(b: Any, arrays: dict[str, np.ndarray]) -> bool:
+    """Whether buffer b holds an array that stays on the host (HOST_ONLY)."""
+    for n in HOST_ONLY:
+        a = arrays.get(n)
+        while isinstance(a, np.ndarray):
+            if a is b:
+                return True
+            a = a.base
+    return False
 
 
 _here = threading.local()
