@@ -127,7 +127,7 @@ def source_pass(ds_dir, opts, seed, E):
     nblocks = -(-frames // BF) if frames else 0
     border = sorted(range(nblocks), key=lambda k: (u(seed, E, 2, k), k))
     group = {k: q // G for q, k in enumerate(border)}
-    ws = windows(lengths, opts["window"], opts.get("sampling", "tile"), opts.get("per_clip", 1), opts.get("short", "pad"), seed, E)
+    ws = windows(lengths, opts["window"], opts.get("sampling", "tile"), opts.get("per_clip", 1), opts.get("short", "skip"), seed, E)
     keyed = sorted(range(len(ws)), key=lambda j: (group[(starts[ws[j][0]] + ws[j][1]) // BF], u(seed, E, 3, j), j))
     return [ws[j] for j in keyed]
 
@@ -293,8 +293,8 @@ for dirs, opts in (CASES[0], CASES[1], CASES[4], CASES[6]) if os.environ.get("CL
 # windows, its read split among threads).
 longW = int(np.median(dsets[DEMO].index[:, 1])) + 1
 longWmix = max(int(np.median(dsets[d].index[:, 1])) for d in (A, B, C)) + 1
-for dirs, opts in (CASES[0], CASES[2], CASES[4], CASES[6], ([DEMO], dict(window=longW, seed=11, block=4096, group=2, hold=0)),
-                   ([A, B, C], dict(window=longWmix, seed=12, block=4096, group=2, hold=0))):
+for dirs, opts in (CASES[0], CASES[2], CASES[4], CASES[6], ([DEMO], dict(window=longW, seed=11, short="pad", block=4096, group=2, hold=0)),
+                   ([A, B, C], dict(window=longWmix, seed=12, short="pad", block=4096, group=2, hold=0))):
     plans = [plan_of(dirs, dict(opts, read=r))[0] for r in (False, True)]
     assert [bool(s.maps) for s in plans[0].sources] == [any(not r["held"] for r in s.mods) for s in plans[0].sources]
     assert not any(s.maps for s in plans[1].sources)
@@ -371,10 +371,22 @@ for bad in (2 ** 63, 2 ** 40, 10 ** 30, 0, -1, 2.5):
     except ValueError as e:
         assert str(e).startswith("window %r: " % (bad,)), str(e)
 try:
-    list(Loader(dataset=DEMO, window=2 ** 30, batch_size=4, epochs=[0]))
+    list(Loader(dataset=DEMO, window=2 ** 30, batch_size=4, epochs=[0], short="pad"))
     raise AssertionError("a batch larger than memory taken")
 except ValueError as e:
     assert str(e).startswith("batch_size 4: ") and "memory" in str(e), str(e)
+# (#64.2) skip, the default: a window longer than every clip refused, as
+# shuffle refuses it, naming the longest clip and the fix.
+try:
+    Loader(dataset=DEMO, window=500, batch_size=4, epochs=[0])
+    raise AssertionError("a window longer than every clip taken")
+except ValueError as e:
+    assert "every clip is shorter than window 500" in str(e) and "short='pad'" in str(e), str(e)
+L = Loader(dataset=DEMO, window=int(dsets[DEMO].index[:, 1].max()), batch_size=1, epochs=[0])
+n_short = int((dsets[DEMO].index[:, 1] < L.list.drawn.window).sum())
+assert L.list.drawn.short_clips == {L.list.drawn.names[0]: n_short} and n_short > 0, (L.list.drawn.short_clips, n_short)
+assert ("%d clips shorter than the window" % n_short) in repr(L) and "left out (short='skip')" in repr(L), repr(L)
+L.close()
 
 # read="auto": the map where the streamed blobs fit in half the memory
 # the process may use, one pread a window where they do not (the same

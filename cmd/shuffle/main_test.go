@@ -377,3 +377,26 @@ func TestUsage(t *testing.T) {
 		t.Errorf("a refused run left %s behind (%v)", shortOut, err)
 	}
 }
+
+// TestShortClipsSaid (#64.2): the clips shorter than --window are counted
+// in the summary and --json, with what became of them (left out by
+// default, padded with --short pad).
+func TestShortClipsSaid(t *testing.T) {
+	ds := demoDataset(t)
+	for _, short := range []string{"skip", "pad"} {
+		out := filepath.Join(t.TempDir(), "ep")
+		r := clitest.Run(t, bin, nil, "--dataset", ds, "--out", out, "--window", "50", "--epochs", "1", "--shard-samples", "8", "--short", short)
+		want := "7 clips shorter than --window 50: left out"
+		if short == "pad" {
+			want = "7 clips shorter than --window 50: padded with zeros"
+		}
+		if r.Code != 0 || !strings.Contains(r.Stdout, want) {
+			t.Fatalf("--short %s: %d %q %s", short, r.Code, r.Stdout, r.Stderr)
+		}
+		out = filepath.Join(t.TempDir(), "ep")
+		r = shuffleRun(t, nil, "--json", "--dataset", ds, "--out", out, "--window", "50", "--epochs", "1", "--shard-samples", "8", "--short", short)
+		if r.Code != 0 || !strings.Contains(r.Stdout, `"short_clips": 7`) || !strings.Contains(r.Stdout, `"short": "`+short+`"`) {
+			t.Fatalf("--json --short %s: %d %s %s", short, r.Code, r.Stdout, r.Stderr)
+		}
+	}
+}

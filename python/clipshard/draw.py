@@ -72,7 +72,11 @@ class Drawn:
         mix several (names of [A-Za-z0-9_.-], the batches' "source"
         numbers in this order).
     window, sampling ("tile" or "random"), per_clip (random: windows per
-        clip), short ("pad" or "skip"), seed: as shuffle's.
+        clip), short ("skip", the default, or "pad"), seed: as shuffle's
+        (a clip shorter than the window is left out, or padded with
+        zeros past its frames: the samples' valid column; short_clips
+        counts them, and a dataset whose every clip is shorter than the
+        window is refused with "skip", as shuffle refuses it).
     weights, epoch_samples: mixing, as shuffle --weights/--epoch-samples:
         {name: weight} for every epoch, or a list of {"from": E, "to": E,
         "weights": {...}} (to left out: no end); None is natural (each
@@ -120,7 +124,7 @@ class Drawn:
     """
 
     def __init__(self, dataset: Union[str, Mapping[str, str]], window: int, seed: int = 0, sampling: str = "tile",
-                 per_clip: int = 1, short: str = "pad", weights: Any = None, epoch_samples: int = 0,
+                 per_clip: int = 1, short: str = "skip", weights: Any = None, epoch_samples: int = 0,
                  block: Union[str, int] = "auto", buffer: Union[str, int] = BUFFER, group: Optional[int] = None,
                  hold: Union[str, int] = HOLD, read: Union[bool, str] = "auto",
                  cache_dir: Optional[str] = None, cache_limit: Union[str, int, None] = None,
@@ -160,6 +164,14 @@ class Drawn:
             raise
         first = self.sources[0]
         self.modalities = [r["name"] for r in first.mods]
+        # Clips shorter than the window (left out with "skip", padded with "pad").
+        self.short_clips = {s.name: int((s.lengths < window).sum()) for s in self.sources}
+        longest = max((int(s.lengths.max()) if len(s.lengths) else 0) for s in self.sources)
+        if short == "skip" and longest < window:
+            self.close()
+            raise ValueError("%s: no windows: every clip is shorter than window %d (the longest has %d frames): lower window "
+                             "or give short='pad' (zeros past each clip's frames: the samples' valid column)" % (
+                                 ", ".join(s.url for s in self.sources), window, longest))
         # The versions read: pinned (made again in another process, or
         # after close(), these are opened, not whatever is current then).
         self.versions = {s.name: s.version for s in self.sources}

@@ -132,6 +132,18 @@ class Loader:
         self._pos, self._start, self._handed = 0, 0, None  # type: tuple[int, Any, Optional[Batch]]
         self._run: Optional[Run] = None
 
+    def __repr__(self) -> str:
+        d = self.list.drawn
+        src = "drawn from %s" % ", ".join(s.url for s in d.sources) if d is not None else str(self.dir)
+        short = ""
+        n = sum(d.short_clips.values()) if d is not None else 0
+        if n:
+            short = "; %d clips shorter than the window (%d frames) %s" % (
+                n, d.window, "left out (short='skip')" if d.short == "skip" else "padded with zeros past their frames (short='pad')")
+        return "clipshard.Loader(%s: epochs %s, rank %d of %d, batches of %d: %s%s)" % (
+            src, self.epochs, self.rank, self.world_size, self.batch_size,
+            ", ".join("%s %s" % (k, list(v)) for k, v in self.shapes.items()), short)
+
     # -- epochs and state -------------------------------------------------
 
     @property

@@ -185,6 +185,18 @@ func (j *job) whole(x manifests.EpochEntry) bool {
 	return true
 }
 
+// shortClips is the number of clips (of every source) shorter than the
+// window.
+func (j *job) shortClips() int {
+	n := 0
+	for _, l := range j.lengths {
+		if l < int64(j.o.Sampling.Window) {
+			n++
+		}
+	}
+	return n
+}
+
 // emptyErr words the refusal of an epoch that would have no samples,
 // saying which option to change.
 func (j *job) emptyErr(e int) error {

@@ -83,6 +83,10 @@ type Result struct {
 	Planned   int64           // bytes the run was going to write
 	DataBytes int64           // dataset blob bytes
 	Quality   map[int]Quality // per epoch written, with Options.QualityBatch
+	// ShortClips: the clips shorter than the window (of every source),
+	// which --short skip leaves out and --short pad pads; Short says which.
+	ShortClips int
+	Short      string
 }
 
 // Run writes epochs [o.EpochStart, o.EpochEnd) of shuffled shards into
@@ -94,7 +98,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	res := &Result{Dir: j.o.Out}
+	res := &Result{Dir: j.o.Out, Short: j.o.Sampling.Short, ShortClips: j.shortClips()}
 	todo, skipped := j.toDo()
 	if len(todo) == 0 {
 		if err := j.tidy(); err != nil {

@@ -207,7 +207,7 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 	if jsonOut {
 		out := map[string]any{"dir": res.Dir, "up_to_date": res.UpToDate, "epochs_written": res.Done,
 			"epochs_skipped": res.Skipped, "external": res.External, "bytes": res.Bytes, "quality": res.Quality,
-			"planned_bytes": res.Planned, "seconds": res.Elapsed.Seconds()}
+			"planned_bytes": res.Planned, "seconds": res.Elapsed.Seconds(), "short_clips": res.ShortClips, "short": res.Short}
 		if c := sourceCounts(res); c != nil {
 			out["source_counts"] = c
 		}
@@ -228,6 +228,13 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 	fmt.Fprintf(stdout, "wrote epochs %v into %s in %.1fs: %s (%s)\n", res.Done, res.Dir, res.Elapsed.Seconds(), ui.Bytes(res.Bytes), path)
 	if len(res.Skipped) > 0 {
 		fmt.Fprintf(stdout, "  already done: epochs %v\n", res.Skipped)
+	}
+	if res.ShortClips > 0 {
+		what := "left out (--short skip; --short pad keeps them, zeros past their frames: the samples' valid column)"
+		if res.Short == "pad" {
+			what = "padded with zeros past their frames (--short pad: the samples' valid column says how many are real)"
+		}
+		fmt.Fprintf(stdout, "  %d clips shorter than --window %d: %s\n", res.ShortClips, o.Sampling.Window, what)
 	}
 	if res.Manifest != nil && res.Manifest.Version == manifests.EpochsVersionMix {
 		for _, e := range res.Done {
