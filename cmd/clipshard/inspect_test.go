@@ -578,3 +578,23 @@ func mustRead(t *testing.T, p string) []byte {
 	}
 	return b
 }
+
+// TestInspectShortClips (#64.2): inspect of epochs counts the dataset's
+// clips shorter than the window and says what became of them.
+func TestInspectShortClips(t *testing.T) {
+	ds, _ := demo(t)
+	for _, short := range []string{"skip", "pad"} {
+		ep := filepath.Join(t.TempDir(), "ep")
+		if r := clip(t, "shuffle", "--quiet", "--dataset", ds, "--out", ep, "--window", "50", "--epochs", "1", "--shard-samples", "8", "--short", short); r.Code != 0 {
+			t.Fatal(r.Stderr)
+		}
+		got := inspectJSON(t, ep)
+		if got["short_clips"] != float64(7) || got["short"] != short {
+			t.Fatalf("--short %s: short_clips %v, short %v", short, got["short_clips"], got["short"])
+		}
+		want := map[string]string{"skip": "7 clips shorter than the window: left out", "pad": "7 clips shorter than the window: padded"}[short]
+		if r := clip(t, "inspect", ep); r.Code != 0 || !strings.Contains(r.Stdout, want) {
+			t.Fatalf("inspect, --short %s: %d %s", short, r.Code, r.Stdout)
+		}
+	}
+}

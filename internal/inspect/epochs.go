@@ -6,6 +6,7 @@ package inspect
 import (
 	"fmt"
 	"maps"
+	"path/filepath"
 	"slices"
 	"sort"
 
@@ -30,6 +31,11 @@ type EpochsReport struct {
 	Sample  *SampleReport         `json:"sample,omitempty"`
 	Names   []string              `json:"modalities"`
 	Shapes  map[string]any        `json:"sample_shapes"`
+	// ShortClips: the clips of the dataset (every source) shorter than
+	// the window, which Short ("skip" or "pad") left out or padded; -1
+	// when the dataset is not there to count them.
+	ShortClips int    `json:"short_clips"`
+	Short      string `json:"short"`
 }
 
 // EpochReport is one epoch's figures, and its shuffle quality per tenth.
@@ -66,6 +72,7 @@ func Epochs(dir, sample string, batch int, mem int64, open Opener) (*EpochsRepor
 	}
 	r := &EpochsReport{Kind: "epochs", Dir: dir, Dataset: man.Dataset.Dir, Sources: man.Sources, Seed: man.Seed, Window: man.Window, Batch: batch,
 		Shapes: map[string]any{}}
+	r.Short, r.ShortClips = man.Short, shortClips(man)
 	cols := man.SampleCols()
 	names := man.SourceNames()
 	for _, m := range man.Modalities {
@@ -241,4 +248,37 @@ func scaled(counts []int64, n, m int64) []int64 {
 		}
 	}
 	return out
+}
+
+// shortClips counts the clips of m's dataset (every source's) shorter
+// than its window, from the version of each it was cut from; -1 if one
+// is not there (moved, dropped, or a bucket's).
+func shortClips(m *manifests.Epochs) int {
+	refs := []manifests.DatasetRef{m.Dataset}
+	if len(m.Sources) > 0 {
+		refs = refs[:0]
+		for _, s := range m.Sources {
+			refs = append(refs, manifests.DatasetRef{Dir: s.Dir, SHA256: s.SHA256})
+		}
+	}
+	n := 0
+	for _, ref := range refs {
+		if ref.Dir == "" {
+			return -1
+		}
+		d, err := manifests.FindVersion(ref.Dir, ref.SHA256)
+		if err != nil || d == nil {
+			return -1
+		}
+		_, lengths, err := manifests.ReadIndex(filepath.Join(ref.Dir, filepath.FromSlash(d.Files.Index)))
+		if err != nil {
+			return -1
+		}
+		for _, l := range lengths {
+			if l < int64(m.Window) {
+				n++
+			}
+		}
+	}
+	return n
 }

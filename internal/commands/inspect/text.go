@@ -56,6 +56,13 @@ func printText(w io.Writer, rep any) {
 			of = "sources " + strings.Join(s, ", ")
 		}
 		fmt.Fprintf(w, "epochs %s: of %s, seed %d, window %d, %d epochs\n", r.Dir, of, r.Seed, r.Window, len(r.Epochs))
+		if r.ShortClips > 0 {
+			what := "left out (--short skip)"
+			if r.Short == "pad" {
+				what = "padded with zeros past their frames (--short pad: the samples' valid column)"
+			}
+			fmt.Fprintf(w, "  %d clips shorter than the window: %s\n", r.ShortClips, what)
+		}
 		for _, e := range r.Epochs {
 			q := e.Quality
 			batches := fmt.Sprintf("%.1f distinct clips (min %d)", q.DistinctClipsMean, q.DistinctClipsMin)
