@@ -94,6 +94,10 @@ try:
     raise AssertionError("version 7 was read")
 except ValueError as e:
     assert "version 7 is not kept" in str(e), e
+# No lock file left in the cache (each is removed by its holder once its
+# file is made, or by the eviction of the file).
+locks = [os.path.join(r, n) for r, _, ns in os.walk(cache) for n in ns if n.endswith(".lock")]
+assert not locks, locks[:3]
 print("ok: drawn bucket grow: a reader of version 1 read on after version 2 was pushed (%d bytes sent, its new segment %d); "
       "version 2 byte-equal to its folder's, fetching %d bytes on a node holding version 1 (%d at first); version=1 read "
       "from the bucket" % (pushed["bytes_sent"], new, again, first))

@@ -362,6 +362,42 @@ class _Flock:
         os.close(self.fd)
 
 
+def _name_lock(dfd: int, name: str, where: str) -> int:
+    """An fd holding flock of NAME.lock (made if it is not there): the
+    lock of making NAME. A lock file is removed by whoever holds it once
+    NAME is made (or evicted): a holder then checks that the file it
+    locked is still the one at the name, and takes the new one if not."""
+    while True:
+        fd = _open_file(dfd, name + ".lock", os.O_RDWR | os.O_CREAT, where + ".lock", 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                same = os.stat(name + ".lock", dir_fd=dfd, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+        except BaseException:
+            os.close(fd)
+            raise
+        if same:
+            return fd
+        os.close(fd)  # (removed or replaced while waited for: the lock is the file there now)
+
+
+def _name_unlock(dfd: int, name: str, fd: int, remove: bool = True) -> None:
+    """Release _name_lock's fd, with remove first removing the lock file
+    (it is still the one locked: nothing piles up in the cache)."""
+    try:
+        if remove:
+            try:
+                if os.stat(name + ".lock", dir_fd=dfd, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
+                    os.unlink(name + ".lock", dir_fd=dfd)
+            except OSError:
+                pass
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
 def blocks(n: int) -> int:
     """What a file of n bytes may take on disk: n rounded up to whole 4
     KiB blocks, and one more (an extent block, or ext4's one past the end)."""

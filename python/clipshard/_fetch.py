@@ -15,7 +15,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ._bucket import HEAD, PIECE, BlockSums, Bucket
-from ._cache import _cache_error, _is_file, _open_file, _range_lock, _runs, _sweep, _write_new, blocks
+from ._cache import _cache_error, _is_file, _name_lock, _name_unlock, _open_file, _range_lock, _runs, _sweep, _write_new, blocks
 from ._entry import Entry
 from ._room import Room
 
@@ -172,9 +172,8 @@ class Fetcher:
             return _open_pair(dfd, name, p)
         except FileNotFoundError:
             pass
-        fd = _open_file(dfd, name + ".lock", os.O_RDWR | os.O_CREAT, p + ".lock", 0o644)
+        fd = _name_lock(dfd, name, p)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 return _open_pair(dfd, name, p)
             except FileNotFoundError:
@@ -196,8 +195,7 @@ class Fetcher:
             os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
             return _open_pair(dfd, name, p)
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+            _name_unlock(dfd, name, fd)
 
     def _fetch_piece(self, rel: str, data: int, have: int, sums: BlockSums, size: int, etag: str, a: int, b: int) -> None:
         """Blocks [a, b) of rel, if still unmarked once their range of the
@@ -273,9 +271,8 @@ class WholeFiles:
         if want is None:
             raise ValueError("%s: SHA256SUMS does not list it: its bytes cannot be checked" % self.bucket.name(rel))
         dfd, name = self.entry.place(rel)
-        lock = _open_file(dfd, name + ".lock", os.O_RDWR | os.O_CREAT, p + ".lock", 0o644)
+        lock = _name_lock(dfd, name, p)  # another process fetching it: wait for its rename (or its death)
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # another process fetching it: wait for its rename (or its death)
             if _is_file(dfd, name, p):
                 return
             _sweep(dfd, name)  # the lock is ours: what a fetcher of it left when it died goes
@@ -321,8 +318,7 @@ class WholeFiles:
                 except FileNotFoundError:
                     pass
         finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            os.close(lock)
+            _name_unlock(dfd, name, lock)
 
 
 def _open_pair(dfd: int, name: str, p: str) -> tuple[int, int]:

@@ -177,6 +177,11 @@ class Room:
                         pass
             finally:
                 if lock is not None:
+                    try:  # (the lock file too, still the one locked: a waiter for it takes the next)
+                        if os.stat(name + ".lock", dir_fd=dfd, follow_symlinks=False).st_ino == os.fstat(lock).st_ino:
+                            os.unlink(name + ".lock", dir_fd=dfd)
+                    except OSError:
+                        pass
                     fcntl.flock(lock, fcntl.LOCK_UN)
                     os.close(lock)
         finally:

@@ -137,7 +137,7 @@ class Loader:
         src = "drawn from %s" % ", ".join(s.url for s in d.sources) if d is not None else str(self.dir)
         short = ""
         n = sum(d.short_clips.values()) if d is not None else 0
-        if n:
+        if d is not None and n:
             short = "; %d clips shorter than the window (%d frames) %s" % (
                 n, d.window, "left out (short='skip')" if d.short == "skip" else "padded with zeros past their frames (short='pad')")
         return "clipshard.Loader(%s: epochs %s, rank %d of %d, batches of %d: %s%s)" % (
