@@ -19,6 +19,7 @@ import (
 
 	"github.com/clipshard/clipshard/formats/npy"
 	"github.com/clipshard/clipshard/internal/clitest"
+	"github.com/clipshard/clipshard/internal/numpytest"
 	"github.com/clipshard/clipshard/manifests"
 )
 
@@ -596,5 +597,40 @@ func TestInspectShortClips(t *testing.T) {
 		if r := clip(t, "inspect", ep); r.Code != 0 || !strings.Contains(r.Stdout, want) {
 			t.Fatalf("inspect, --short %s: %d %s", short, r.Code, r.Stdout)
 		}
+	}
+}
+
+// TestInspectStats (#64.6): dataset-wide per-feature mean, std, min and
+// max (inspect --stats, clipshard.Dataset.feature_stats) equal numpy's
+// over every row, for the demo dataset, one grown by convert --segments
+// and its full twin (testdata/check_feature_stats.py); --stats of an
+// epochs folder is a usage error.
+func TestInspectStats(t *testing.T) {
+	ds, ep := demo(t)
+	src := clitest.DemoDir()
+	dir := t.TempDir()
+	l8 := filepath.Join(dir, "l8.txt")
+	os.WriteFile(l8, []byte("clip000\nclip001\nclip002\nclip003\nclip004\nclip005\nclip006\nclip007\n"), 0o644)
+	grown, twin := filepath.Join(dir, "grown"), filepath.Join(dir, "twin")
+	mods := []string{"-m", "motion=motion/{clip}.pkl:exp+pose", "-m", "shape@clip=motion/{clip}.pkl:shape", "-m", "whisper@2=whisper/{clip}.npy"}
+	for _, args := range [][]string{
+		append([]string{"convert", "--quiet", "--clips", l8, "--root", src, "--out", grown}, mods...),
+		append([]string{"convert", "--quiet", "--clips", filepath.Join(src, "clips.txt"), "--root", src, "--out", grown, "--segments"}, mods...),
+		append([]string{"convert", "--quiet", "--clips", filepath.Join(src, "clips.txt"), "--root", src, "--out", twin}, mods...),
+	} {
+		if r := clip(t, args...); r.Code != 0 {
+			t.Fatal(r.Stderr)
+		}
+	}
+	got := string(numpytest.Run(t, filepath.Join("..", "..", "testdata", "check_feature_stats.py"), bin, ds, grown, twin))
+	if !strings.Contains(got, "ok: feature stats") {
+		t.Fatalf("check_feature_stats: %s", got)
+	}
+	t.Log(strings.TrimSpace(got))
+	if r := clip(t, "inspect", "--stats", ep); r.Code != 2 {
+		t.Fatalf("inspect --stats of epochs: %d %s", r.Code, r.Stderr)
+	}
+	if r := clip(t, "inspect", "--stats", ds); r.Code != 0 || !strings.Contains(r.Stdout, "per-feature statistics over every row") {
+		t.Fatalf("inspect --stats: %d %s", r.Code, r.Stdout)
 	}
 }

@@ -42,6 +42,9 @@ type DatasetReport struct {
 	// give every epoch that share of its samples from them (#64.6).
 	Heavy []HeavyClip `json:"heavy_clips"`
 	Clip  *ClipReport `json:"clip,omitempty"`
+	// Features (--stats): per modality, per feature mean, std, min and max
+	// of every row of every clip (one bounded pass), for normalisation.
+	Features []FeatureReport `json:"feature_stats,omitempty"`
 }
 
 // HeavyClip is a clip that holds an outsized share of a dataset's frames.
@@ -110,7 +113,7 @@ type Histogram struct {
 	Values int64
 }
 
-func Dataset(dir, clip string, fps float64, maxRows int, open Opener) (*DatasetReport, error) {
+func Dataset(dir, clip string, fps float64, maxRows int, stats bool, open Opener) (*DatasetReport, error) {
 	// The structure check of verify: manifests, index, ids and blob
 	// headers agree (a damaged manifest is refused, naming the file and
 	// what is wrong, before any figure is made of it).
@@ -195,6 +198,15 @@ func Dataset(dir, clip string, fps float64, maxRows int, open Opener) (*DatasetR
 		}
 		r.Modalities = append(r.Modalities, mr)
 	}
+	if stats {
+		for k, m := range d.Modalities {
+			f, err := datasetFeatures(dir, d, wh, k, starts, lengths, open)
+			if err != nil {
+				return nil, fmt.Errorf("modality %q: %w", m.Name, err)
+			}
+			r.Features = append(r.Features, *f)
+		}
+	}
 	if clip != "" {
 		i := slices.Index(ids, clip)
 		if i < 0 {
@@ -273,4 +285,40 @@ func lengthHistogram(lengths []int64) ([]float64, []int64, string) {
 		counts[b]++
 	}
 	return edges, counts, scale
+}
+
+// datasetFeatures is modality k's per-feature figures over every row of
+// every clip of the version (clip by clip, wherever its rows are: dead
+// rows of a dataset in segments are not counted), read 8 MiB at a time.
+func datasetFeatures(dir string, d *manifests.Dataset, wh *manifests.Where, k int, starts, lengths []int64, open Opener) (*FeatureReport, error) {
+	m := d.Modalities[k]
+	a, err := newFeatures(m.Name, m.DType, m.FrameShape)
+	if err != nil {
+		return nil, err
+	}
+	files := map[string]ReaderAt{}
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	for i := range starts {
+		b, first, n := d.Locate(wh, k, i, starts[i], lengths[i])
+		bl := m.BlobList()[b]
+		p, err := manifests.Join(dir, bl.File)
+		if err != nil {
+			return nil, err
+		}
+		f := files[p]
+		if f == nil {
+			if f, err = open(p); err != nil {
+				return nil, err
+			}
+			files[p] = f
+		}
+		if err := a.read(f, p, bl.DataOffset, first, n); err != nil {
+			return nil, err
+		}
+	}
+	return a.report(), nil
 }

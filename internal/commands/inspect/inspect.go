@@ -21,7 +21,7 @@ import (
 	"github.com/clipshard/clipshard/manifests"
 )
 
-const usage = `usage: inspect [--json | --html FILE [--force]] [--clip ID] [--sample EPOCH:I] [--fps F] [--rows N] [--batch B] [--mem SIZE] DIR|s3://BUCKET/PREFIX
+const usage = `usage: inspect [--json | --html FILE [--force]] [--clip ID] [--stats] [--sample EPOCH:I] [--fps F] [--rows N] [--batch B] [--mem SIZE] DIR|s3://BUCKET/PREFIX
 
 Show what DIR holds: a dataset written by convert (its dataset.json) or an
 epochs folder written by shuffle (its epochs.json); or one pushed to a
@@ -34,6 +34,9 @@ sampled read by bounded ranged GETs, nothing else downloaded).
            sources' size; value histograms from --rows rows per modality
            read evenly across its blob (the figures say how many)
   --clip   that clip's rows alone: per feature mean/std/min/max, NaN positions
+  --stats  per modality, per feature mean/std/min/max over every row of
+           every clip (one pass over the blobs, 8 MiB at a time), for
+           normalisation; --json has every feature
   epochs   per epoch samples, shards and bytes, and its shuffle quality
            along the epoch (distinct clips per batch and same-clip
            neighbours, per tenth: a degraded tail shows), from the whole
@@ -67,6 +70,7 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 	html := fs.String("html", "", "write a self-contained HTML page of plots to `FILE`: a new path, or a page inspect wrote before (anything else is refused)")
 	force := fs.Bool("force", false, "with --html: replace FILE even if it is not a page inspect wrote (a regular file outside any dataset or epochs folder; never a device, FIFO, directory or symlink)")
 	clip := fs.String("clip", "", "a dataset's clip `ID`: its rows' statistics")
+	stats := fs.Bool("stats", false, "a dataset's per-feature mean, std, min and max over every row (one pass over the blobs: for normalisation)")
 	sample := fs.String("sample", "", "an epochs folder's sample `EPOCH:I`: its clip, window and values")
 	fps := fs.Float64("fps", 25, "clip frames per second, for hours")
 	rows := fs.Int("rows", 65536, "rows read per modality for the value histograms (evenly across the blob; fewer for rows so wide that they would hold more than 4M values)")
@@ -120,13 +124,13 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 		if *sample != "" {
 			return usageErr(stderr, name, "--sample is for an epochs folder; %s is a dataset", shown)
 		}
-		rep, err = inspect.Dataset(dir, *clip, *fps, *rows, open)
+		rep, err = inspect.Dataset(dir, *clip, *fps, *rows, *stats, open)
 		if r, ok := rep.(*inspect.DatasetReport); ok && r != nil {
 			r.Dir = shown
 		}
 	case exists(filepath.Join(dir, "epochs.json")):
-		if *clip != "" {
-			return usageErr(stderr, name, "--clip is for a dataset; %s is an epochs folder", shown)
+		if *clip != "" || *stats {
+			return usageErr(stderr, name, "--clip and --stats are for a dataset; %s is an epochs folder", shown)
 		}
 		rep, err = inspect.Epochs(dir, *sample, *batch, mem, open)
 		if r, ok := rep.(*inspect.EpochsReport); ok && r != nil {

@@ -46,6 +46,12 @@ func printText(w io.Writer, rep any) {
 				m.FrameShape, rate, m.Rows, ui.Bytes(m.Bytes), m.Stats.NaN, m.Stats.InfIn, m.Stats.Overflow, m.Stats.Underflow, m.Stats.MaxAbs)
 			fmt.Fprintf(w, "               values of %d sampled rows: %s\n", m.Sampled, histText(m.Values))
 		}
+		if len(r.Features) > 0 {
+			fmt.Fprintf(w, "per-feature statistics over every row (--stats):\n")
+			for _, f := range r.Features {
+				printFeatures(w, f)
+			}
+		}
 	case *inspect.EpochsReport:
 		of := r.Dataset
 		if len(r.Sources) > 0 {
