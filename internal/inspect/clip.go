@@ -99,8 +99,8 @@ func newFeatures(name, descr string, frame []int) (*features, error) {
 		per *= x
 	}
 	a := &features{dec: dec, per: per, rowBytes: int64(per * size),
-		r:  &FeatureReport{Name: name, NaNAt: [][2]int64{}},
-		n:  make([]float64, per), mean: make([]float64, per), m2: make([]float64, per),
+		r: &FeatureReport{Name: name, NaNAt: [][2]int64{}},
+		n: make([]float64, per), mean: make([]float64, per), m2: make([]float64, per),
 		lo: make([]float64, per), hi: make([]float64, per), seen: make([]bool, per)}
 	for j := range a.lo {
 		a.lo[j], a.hi[j] = math.Inf(1), math.Inf(-1)
