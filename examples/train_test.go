@@ -1,6 +1,7 @@
 package examples_test
 
 import (
+	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -66,4 +67,27 @@ func atoi(t *testing.T, s string) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// TestTrainLightning (#64.8): examples/train_lightning.py (a
+// LightningDataModule over clipshard.torch.Loader) on 2 CPU processes,
+// stopped at step 7 and resumed from its checkpoint, trains every sample
+// of every epoch exactly once (testdata/check_lightning.py). It needs
+// lightning: CI installs it into its numpy 2 venv and runs this with
+// CLIPSHARD_LIGHTNING=1; elsewhere it is skipped, saying so.
+func TestTrainLightning(t *testing.T) {
+	if os.Getenv("CLIPSHARD_LIGHTNING") == "" {
+		t.Skip("needs lightning: pip install lightning into a venv with torch, then CLIPSHARD_LIGHTNING=1 CLIPSHARD_PYTHON=VENV/bin/python go test ./examples -run TestTrainLightning (CI does)")
+	}
+	numpytest.Module(t, "lightning", "python3 -m pip install lightning")
+	ds := demodata.Dataset(t, filepath.Dir(bin))
+	ep := filepath.Join(t.TempDir(), "ep")
+	if r := clitest.Run(t, bin, nil, "--quiet", "--dataset", ds, "--out", ep, "--window", "5", "--epochs", "2", "--shard-samples", "8", "--seed", "3"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	got := string(numpytest.Run(t, filepath.Join("..", "testdata", "check_lightning.py"), ep, t.TempDir()))
+	if !strings.Contains(got, "ok: lightning") {
+		t.Fatalf("check_lightning: %s", got)
+	}
+	t.Log(strings.TrimSpace(got))
 }
