@@ -479,6 +479,31 @@ func TestInspectPlots(t *testing.T) {
 	if demoDS, _ := demo(t); len(inspectJSON(t, demoDS)["heavy_clips"].([]any)) != 0 {
 		t.Fatal("the demo's clips (32 to 79 frames) flagged as heavy")
 	}
+	// And in its epochs (tile windows: c07, row 7, gives most samples),
+	// while random windows, 2 a clip, flag none.
+	for _, sampling := range []string{"tile", "random"} {
+		ep := filepath.Join(t.TempDir(), "ep")
+		args := []string{"shuffle", "--quiet", "--dataset", ds, "--out", ep, "--window", "10", "--epochs", "1", "--sampling", sampling}
+		if sampling == "random" {
+			args = append(args, "--per-clip", "2")
+		}
+		if r := clip(t, args...); r.Code != 0 {
+			t.Fatal(r.Stderr)
+		}
+		h := inspectJSON(t, ep)["epochs"].([]any)[0].(map[string]any)["heavy_clips"].([]any)
+		if sampling == "random" {
+			if len(h) != 0 {
+				t.Fatalf("random windows, 2 a clip: heavy_clips %v", h)
+			}
+			continue
+		}
+		if len(h) != 1 || h[0].(map[string]any)["row"] != float64(7) || h[0].(map[string]any)["share"].(float64) < 0.7 {
+			t.Fatalf("tile windows: heavy_clips %v, want row 7 alone", h)
+		}
+		if r := clip(t, "inspect", ep); !strings.Contains(r.Stdout, "imbalance: clip row 7 holds 7") {
+			t.Fatalf("epochs text: %s", r.Stdout)
+		}
+	}
 	counts := v["length_histogram"].([]any)
 	biggest := 0.0
 	for _, c := range counts {

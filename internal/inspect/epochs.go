@@ -63,6 +63,19 @@ type EpochReport struct {
 	// share of same-clip neighbours.
 	UniformDistinct   float64 `json:"distinct_clips_uniform"`
 	UniformNeighbours float64 `json:"same_clip_neighbours_uniform"`
+	// Heavy: the clips holding an outsized share of the measured samples
+	// (at least 1 % of them and 10 times a clip's mean share, #64.6).
+	Heavy []HeavySamples `json:"heavy_clips"`
+}
+
+// HeavySamples is a clip that holds an outsized share of an epoch's
+// samples: its row in its dataset (Source: a mixed folder's source).
+type HeavySamples struct {
+	Row       int64   `json:"row"`
+	Source    string  `json:"source,omitempty"`
+	Samples   int64   `json:"samples"`
+	Share     float64 `json:"share"`      // of the measured samples
+	TimesMean float64 `json:"times_mean"` // its samples over a clip's mean
 }
 
 func Epochs(dir, sample string, batch int, mem int64, open Opener) (*EpochsReport, error) {
@@ -155,6 +168,7 @@ func Epochs(dir, sample string, batch int, mem int64, open Opener) (*EpochsRepor
 		}
 		er.Measured = int64(len(order))
 		er.UniformDistinct, er.UniformNeighbours = uniform(order, batch)
+		er.Heavy = heavySamples(order, names, cols == 4)
 		if cols == 4 {
 			er.ShareByBatch, er.GroupBatches = shareByBatch(order, batch, names)
 		}
@@ -166,6 +180,35 @@ func Epochs(dir, sample string, batch int, mem int64, open Opener) (*EpochsRepor
 		}
 	}
 	return r, nil
+}
+
+// heavySamples lists, most first, the clips holding at least 1 % of the
+// samples of order and 10 times a clip's mean (at most 10).
+func heavySamples(order []manifests.Sample, names []string, mixed bool) []HeavySamples {
+	out := []HeavySamples{}
+	if len(order) == 0 {
+		return out
+	}
+	per := map[int64]int64{}
+	for _, smp := range order {
+		per[smp.Clip]++
+	}
+	mean := float64(len(order)) / float64(len(per))
+	for _, c := range slices.Sorted(maps.Keys(per)) {
+		n := per[c]
+		if share := float64(n) / float64(len(order)); share >= 0.01 && float64(n) >= 10*mean {
+			h := HeavySamples{Row: c, Samples: n, Share: share, TimesMean: float64(n) / mean}
+			if mixed {
+				h.Row = c & (1<<sourceShift - 1)
+				if k := sourceOf(c); k < len(names) {
+					h.Source = names[k]
+				}
+			}
+			out = append(out, h)
+		}
+	}
+	sort.SliceStable(out, func(a, b int) bool { return out[a].Samples > out[b].Samples })
+	return out[:min(len(out), 10)]
 }
 
 // uniform is what a uniform shuffle of these samples gives, exactly (a

@@ -94,6 +94,14 @@ func printText(w io.Writer, rep any) {
 			if e.Measured < e.Samples {
 				fmt.Fprintf(w, "    (measured on %d of the %d samples: the start of each tenth; --mem holds more)\n", e.Measured, e.Samples)
 			}
+			for _, h := range e.Heavy {
+				src := ""
+				if h.Source != "" {
+					src = " of source " + h.Source
+				}
+				fmt.Fprintf(w, "    imbalance: clip row %d%s holds %.1f%% of the samples measured (%d, %.0fx a clip's mean): shuffle --sampling random --per-clip N (or Loader(sampling=\"random\", per_clip=N)) gives each clip N windows\n",
+					h.Row, src, 100*h.Share, h.Samples, h.TimesMean)
+			}
 		}
 		if s := r.Sample; s != nil {
 			src := ""
