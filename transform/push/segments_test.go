@@ -316,4 +316,39 @@ func TestDrawnFromBucketGrowing(t *testing.T) {
 		t.Fatalf("check_drawn_bucket_grow: %s", got)
 	}
 	t.Logf("%s", got)
+	// A hostile dataset.json in the bucket (format 2, its SHA256SUMS path
+	// out of the folder; a SHA256SUMS line that is not a sha256): refused,
+	// naming it, nothing read outside the cache.
+	top := filepath.Join(s.Root, "bkt", "ds", "dataset.json")
+	man, _ := os.ReadFile(top)
+	var m map[string]any
+	if err := json.Unmarshal(man, &m); err != nil {
+		t.Fatal(err)
+	}
+	sums := m["files"].(map[string]any)["sha256sums"].(string)
+	m["files"].(map[string]any)["sha256sums"] = "../../etc/passwd"
+	bad, _ := json.Marshal(m)
+	os.WriteFile(top, bad, 0o644)
+	probe := filepath.Join(t.TempDir(), "probe.py")
+	os.WriteFile(probe, []byte(`import sys
+sys.path.insert(0, sys.argv[1])
+import clipshard
+try:
+    clipshard.Loader(dataset=sys.argv[2], epochs=[0], batch_size=4, window=8, cache_dir=sys.argv[3], cache_limit="256MiB")
+    print("taken")
+except ValueError as e:
+    print("refused:", e)
+`), 0o644)
+	py := filepath.Join("..", "..", "python")
+	if out := string(numpytest.Run(t, probe, py, "s3://bkt/ds", filepath.Join(t.TempDir(), "c"))); !strings.Contains(out, "refused:") || !strings.Contains(out, "sha256sums") {
+		t.Fatalf("a sha256sums path out of the folder: %s", out)
+	}
+	os.WriteFile(top, man, 0o644)
+	sp := filepath.Join(s.Root, "bkt", "ds", filepath.FromSlash(sums))
+	good, _ := os.ReadFile(sp)
+	os.WriteFile(sp, []byte(strings.Replace(string(good), string(good[:64]), strings.Repeat("/.", 32), 1)), 0o644)
+	if out := string(numpytest.Run(t, probe, py, "s3://bkt/ds", filepath.Join(t.TempDir(), "c"))); !strings.Contains(out, "refused:") || !strings.Contains(out, "not a sha256") {
+		t.Fatalf("a SHA256SUMS line that is not a sha256: %s", out)
+	}
+	os.WriteFile(sp, good, 0o644)
 }
