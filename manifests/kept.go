@@ -26,6 +26,10 @@ type Kept struct {
 	// Versions: the sha256 of each kept version's dataset.json, and its
 	// number.
 	Versions map[string]int
+	// Parents: the sha256 of the dataset.json each kept version was made
+	// from (its "previous"), and that version's number: one this folder
+	// may have dropped (convert --keep), still its history.
+	Parents map[string]int
 	// Current is the current version's number.
 	Current int
 }
@@ -49,7 +53,7 @@ func KeptFiles(dir string) (*Kept, error) {
 	if !slices.Contains(ns, d.Number()) {
 		return nil, fmt.Errorf("%w: %s: the current version %d is not under %s", ErrManifest, dir, d.Number(), VersionsDir)
 	}
-	k := &Kept{Sums: map[string]string{}, Blobs: map[string]bool{}, Versions: map[string]int{}, Current: d.Number()}
+	k := &Kept{Sums: map[string]string{}, Blobs: map[string]bool{}, Versions: map[string]int{}, Parents: map[string]int{}, Current: d.Number()}
 	set := func(rel, sum, by string) error {
 		if err := CheckRelPath(rel); err != nil {
 			return fmt.Errorf("%s: %w", by, err)
@@ -67,6 +71,9 @@ func KeptFiles(dir string) (*Kept, error) {
 		}
 		h := sha256.Sum256(b)
 		k.Versions[hex.EncodeToString(h[:])] = n
+		if v.Previous != nil && isHexSum(v.Previous.SHA256) {
+			k.Parents[v.Previous.SHA256] = v.Previous.Version
+		}
 		by := filepath.Join(dir, filepath.FromSlash(v.Files.Sums))
 		sums, err := ReadSums(by)
 		if err != nil {

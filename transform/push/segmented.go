@@ -43,6 +43,9 @@ func pushSegmented(ctx context.Context, o Options, d *manifests.Dataset) (*Resul
 	base, forward := 0, false
 	if there && !committed {
 		base, forward = k.Versions[hashOf(remote)]
+		if !forward {
+			base, forward = k.Parents[hashOf(remote)] // (a version this folder dropped, which a kept one was made from)
+		}
 		if !forward && !o.Force {
 			if err := later(ctx, o, remote, local, d.Number()); err != nil {
 				return nil, err

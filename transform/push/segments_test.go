@@ -265,6 +265,33 @@ func TestPushSegments(t *testing.T) {
 	got = bucketTree(t, root)
 	clitest.SameTree(t, got, segmentedTree(t, b, got), "the bucket after B --force")
 
+	// A folder that dropped the bucket's version (convert --keep 1) after
+	// growing from it still fast-forwards: its version's "previous" is the
+	// bucket's; the bucket keeps what it held, and verifies.
+	c := filepath.Join(t.TempDir(), "c")
+	clitest.CopyTree(t, v2, c)
+	g.convert(t, c, 48, "--segments")
+	if r := clip(t, "convert", "--keep", "1", "--out", c); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	if ns, _ := manifests.KeptVersions(c); !slices.Equal(ns, []int{3}) {
+		t.Fatalf("kept after --keep 1: %v", ns)
+	}
+	if r := pushRun(t, s, nil, v2, "s3://bkt/dropped"); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	if r := pushRun(t, s, nil, c, "s3://bkt/dropped"); r.Code != 0 {
+		t.Fatalf("push of version 3 (versions 1 and 2 dropped here) over version 2: %s", r.Stderr)
+	}
+	for _, n := range []string{"1", "2", "3"} {
+		if _, err := os.Stat(filepath.Join(s.Root, "bkt", "dropped", "versions", n, "dataset.json")); err != nil {
+			t.Fatalf("the bucket lost version %s: %v", n, err)
+		}
+	}
+	if r := clitest.Run(t, bin, s.Env(), "verify", "s3://bkt/dropped"); r.Code != 0 {
+		t.Fatalf("verify after a push from a folder that dropped versions: %d %s %s", r.Code, r.Stdout, r.Stderr)
+	}
+
 	// Killed at points spread over a fast-forward push, then run again:
 	// as a clean push.
 	points := []int{1, 2, len(names) / 3, len(names) / 2, commitAt - 1, commitAt, len(names)}
