@@ -5,11 +5,11 @@ python := env_var_or_default("CLIPSHARD_PYTHON", "/usr/bin/python3")
 
 # Run the test suite (the README's test command).
 test:
-    go test ./...
+    go run ./internal/gotest ./...
 
 # The test suite with the exhaustive cases on (as CI runs it: e.g. 200 torn-read runs instead of 15).
 test-long:
-    CLIPSHARD_EXHAUSTIVE=1 go test ./...
+    CLIPSHARD_EXHAUSTIVE=1 go run ./internal/gotest ./...
 
 # The wheel with the clipshard command for this machine into dist/ (pip install dist/clipshard-*.whl); `just wheel --all`: linux x86_64 and aarch64 too (into dist/linux-ARCH/).
 wheel *ARGS:
