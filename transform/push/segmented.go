@@ -46,15 +46,13 @@ func pushSegmented(ctx context.Context, o Options, d *manifests.Dataset) (*Resul
 		if !forward {
 			base, forward = k.Parents[hashOf(remote)] // (a version this folder dropped, which a kept one was made from)
 		}
+		forward = forward && base < d.Number() // (never back: KeptFiles keeps none above the current one)
 		if !forward && !o.Force {
 			if err := later(ctx, o, remote, local, d.Number()); err != nil {
 				return nil, err
 			}
 			return nil, fmt.Errorf("%w: %s holds %s: not a version %s keeps (%s is version %d, keeping %s): use --force to replace it, or another prefix",
 				ErrUsage, o.Dest, describeRemote(remote), o.Dir, o.Dir, d.Number(), keptList(k))
-		}
-		if forward && base > d.Number() {
-			forward = false // (KeptFiles keeps none above the current one)
 		}
 	}
 	replace := there && !committed && !forward
