@@ -80,6 +80,17 @@ func LoadIntoDirs(dirs *Dirs, path, keys string, buf *[]byte) (*array.Array, fs.
 // (only its header read, as OpenNPYRows does), with a nil array and
 // FileInfo. One open and stat of the file decide and read (a stat by path
 // first cost a convert of many small clips a syscall a source).
+// LabelKeys makes the keys of a label read from a pickle (convert --label
+// NAME=TEMPLATE.pkl:KEY) for LoadOrRows: the array it gives holds the
+// label's UTF-8 bytes (uint8 [n], source descr LabelDescr), a str at key
+// or an int at key written in decimal (pickle.SelectLabel).
+func LabelKeys(key string) string { return labelKeys + key }
+
+// LabelDescr is the source descr of a label read with LabelKeys.
+const LabelDescr = "label"
+
+const labelKeys = "\x00label:"
+
 func LoadOrRows(dirs *Dirs, path, keys string, bufFor func(size int64) *[]byte, above int64) (*array.Array, fs.FileInfo, *NPYRows, error) {
 	format, err := FormatOf(path)
 	if err != nil {
@@ -243,7 +254,12 @@ func loadOnce(dirs *Dirs, path string, format Format, keys string, bufFor func(i
 			// Read into a buffer of bufFor, which the arrays alias.
 			obj, err = pickle.DecodeIn(f, info.Size(), sized(bufFor, info.Size()))
 		}
-		if err == nil {
+		if key, label := strings.CutPrefix(keys, labelKeys); err == nil && label {
+			var s string
+			if s, err = pickle.SelectLabel(obj, key); err == nil {
+				a = &array.Array{DType: array.DType{Kind: array.Uint, Size: 1}, Shape: []int{len(s)}, Data: []byte(s), SourceDescr: LabelDescr}
+			}
+		} else if err == nil {
 			var alloc func(int) []byte
 			if bufFor != nil {
 				alloc = func(n int) []byte { return sized(bufFor, int64(n)) }

@@ -8,13 +8,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/apache/arrow-go/v18/parquet"
 	"github.com/apache/arrow-go/v18/parquet/file"
 
+	"github.com/clipshard/clipshard/formats/regfile"
 	"github.com/clipshard/clipshard/internal/textsafe"
 )
 
@@ -96,7 +97,7 @@ func InsideRoot(id string) error {
 }
 
 func readTextClips(path string) (ids, where []string, err error) {
-	f, err := os.Open(path)
+	f, _, err := regfile.Open(path) // (a FIFO or device is refused, not waited on)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -120,7 +121,70 @@ func readTextClips(path string) (ids, where []string, err error) {
 }
 
 func readCSVClips(path string) ([]string, error) {
-	f, err := os.Open(path)
+	cols, err := readCSVColumns(path, []string{"clip"}, "")
+	return cols["clip"], err
+}
+
+func readParquetClips(path string) ([]string, error) {
+	cols, err := readParquetColumns(path, []string{"clip"}, "", false)
+	return cols["clip"], err
+}
+
+// MaxLabelBytes bounds one label's length (convert --label).
+const MaxLabelBytes = 1024
+
+// ReadClipLabels reads the columns cols of a .csv or .parquet clip list,
+// one value per clip in the order ReadClipList gives the ids: the labels
+// of convert --label. A text list has no columns; a missing column, an
+// empty value (or a Parquet null), a value longer than MaxLabelBytes or
+// holding what a terminal would act on is an error naming the row and
+// column. Parquet columns may be strings or integers (written in
+// decimal).
+func ReadClipLabels(path string, cols []string) (map[string][]string, error) {
+	var out map[string][]string
+	var err error
+	switch strings.ToLower(filepath.Ext(path)) {
+	case ".csv":
+		out, err = readCSVColumns(path, cols, " for --label")
+	case ".parquet":
+		out, err = readParquetColumns(path, cols, " for --label", true)
+	default:
+		return nil, fmt.Errorf("%w: %s: labels come from a column of a .csv or .parquet clip list (a header line \"clip,%s\" and a row per clip); a text list has one id a line and no columns", ErrClipList, path, strings.Join(cols, ","))
+	}
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range cols {
+		for i, v := range out[c] {
+			if err := CheckLabel(v); err != nil {
+				return nil, fmt.Errorf("%w: %s: row %d: column %q: %w", ErrClipList, path, i+1, c, err)
+			}
+		}
+	}
+	return out, nil
+}
+
+// CheckLabel refuses a label that is empty, longer than MaxLabelBytes or
+// holds what a terminal would act on (a control or bidi character, a byte
+// that is not UTF-8).
+func CheckLabel(v string) error {
+	switch {
+	case v == "":
+		return errors.New("the label is empty: every clip needs one (fill it in, or leave the clip out of the list)")
+	case len(v) > MaxLabelBytes:
+		return fmt.Errorf("the label holds %d bytes: a label is at most %d", len(v), MaxLabelBytes)
+	}
+	if r, at, bad := textsafe.First(v); bad {
+		return fmt.Errorf("label %q holds %U at byte %d: a control character, a bidi control or a byte that is not UTF-8, which labels may not hold", v, r, at)
+	}
+	return nil
+}
+
+// readCSVColumns reads columns cols of a CSV file with a header line
+// (their values trimmed); why says what wants them, in the error for a
+// missing one.
+func readCSVColumns(path string, cols []string, why string) (map[string][]string, error) {
+	f, _, err := regfile.Open(path) // (a FIFO or device is refused, not waited on)
 	if err != nil {
 		return nil, err
 	}
@@ -131,17 +195,20 @@ func readCSVClips(path string) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %w", ErrClipList, path, err)
 	}
-	col := -1
+	at := map[string]int{}
 	for i, h := range header {
-		if strings.TrimSpace(strings.TrimPrefix(h, "\ufeff")) == "clip" {
-			col = i
+		at[strings.TrimSpace(strings.TrimPrefix(h, "\ufeff"))] = i
+	}
+	idx := make([]int, len(cols))
+	for k, c := range cols {
+		i, ok := at[c]
+		if !ok {
+			return nil, fmt.Errorf("%w: %s: no %q column%s in header %q", ErrClipList, path, c, why, header)
 		}
+		idx[k] = i
 	}
-	if col < 0 {
-		return nil, fmt.Errorf("%w: %s: no \"clip\" column in header %q", ErrClipList, path, header)
-	}
-	var ids []string
-	for {
+	out := map[string][]string{}
+	for row := 1; ; row++ {
 		rec, err := r.Read()
 		if err == io.EOF {
 			break
@@ -149,50 +216,89 @@ func readCSVClips(path string) ([]string, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w: %s: %w", ErrClipList, path, err)
 		}
-		if col >= len(rec) {
-			line, _ := r.FieldPos(0)
-			return nil, fmt.Errorf("%w: %s: line %d has no clip field", ErrClipList, path, line)
+		for k, c := range cols {
+			if idx[k] >= len(rec) {
+				line, _ := r.FieldPos(0)
+				return nil, fmt.Errorf("%w: %s: line %d (row %d) has no %q field", ErrClipList, path, line, row, c)
+			}
+			out[c] = append(out[c], strings.TrimSpace(rec[idx[k]]))
 		}
-		ids = append(ids, strings.TrimSpace(rec[col]))
 	}
-	return ids, nil
+	return out, nil
 }
 
-func readParquetClips(path string) (ids []string, err error) {
+// readParquetColumns reads columns cols of a Parquet file, every row
+// group, as strings: string columns, and with ints (labels) integer
+// columns written in decimal. why says what wants them, in the error for
+// a missing one.
+func readParquetColumns(path string, cols []string, why string, ints bool) (out map[string][]string, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("%w: %s: %v", ErrClipList, path, r)
 		}
 	}()
-	rd, err := file.OpenParquetFile(path, false)
+	f, _, err := regfile.Open(path) // (a FIFO or device is refused, not waited on)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	rd, err := file.NewParquetReader(f)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %w", ErrClipList, path, err)
 	}
 	defer rd.Close()
-	ci := rd.MetaData().Schema.ColumnIndexByName("clip")
-	if ci < 0 {
-		return nil, fmt.Errorf("%w: %s: no \"clip\" column", ErrClipList, path)
+	sch := rd.MetaData().Schema
+	for _, c := range cols {
+		if sch.ColumnIndexByName(c) < 0 {
+			return nil, fmt.Errorf("%w: %s: no %q column%s", ErrClipList, path, c, why)
+		}
 	}
+	out = map[string][]string{}
 	for g := 0; g < rd.NumRowGroups(); g++ {
 		rg := rd.RowGroup(g)
-		cr, err := rg.Column(ci)
-		if err != nil {
-			return nil, fmt.Errorf("%w: %s: %w", ErrClipList, path, err)
-		}
-		br, ok := cr.(*file.ByteArrayColumnChunkReader)
-		if !ok {
-			return nil, fmt.Errorf("%w: %s: column \"clip\" is not a string column", ErrClipList, path)
-		}
 		if err := checkRowCount(path, rg.NumRows()); err != nil {
 			return nil, err
 		}
-		vals, err := readValues(int(rg.NumRows()), func(b int64, v []parquet.ByteArray, d []int16) (int64, int, error) { return br.ReadBatch(b, v, d, nil) })
-		if err != nil {
-			return nil, fmt.Errorf("%w: %s: column \"clip\": %w", ErrClipList, path, err)
-		}
-		for _, v := range vals {
-			ids = append(ids, string(v))
+		n := int(rg.NumRows())
+		for _, c := range cols {
+			cr, err := rg.Column(sch.ColumnIndexByName(c))
+			if err != nil {
+				return nil, fmt.Errorf("%w: %s: column %q: %w", ErrClipList, path, c, err)
+			}
+			if _, str := cr.(*file.ByteArrayColumnChunkReader); !str && !ints {
+				return nil, fmt.Errorf("%w: %s: column %q is not a string column", ErrClipList, path, c)
+			}
+			var vals []string
+			switch r := cr.(type) {
+			case *file.ByteArrayColumnChunkReader:
+				var v []parquet.ByteArray
+				if v, err = readValues(n, func(b int64, v []parquet.ByteArray, d []int16) (int64, int, error) { return r.ReadBatch(b, v, d, nil) }); err == nil {
+					for _, x := range v {
+						vals = append(vals, string(x))
+					}
+				}
+			case *file.Int64ColumnChunkReader:
+				var v []int64
+				if v, err = readValues(n, func(b int64, v []int64, d []int16) (int64, int, error) { return r.ReadBatch(b, v, d, nil) }); err == nil {
+					for _, x := range v {
+						vals = append(vals, strconv.FormatInt(x, 10))
+					}
+				}
+			case *file.Int32ColumnChunkReader:
+				var v []int32
+				if v, err = readValues(n, func(b int64, v []int32, d []int16) (int64, int, error) { return r.ReadBatch(b, v, d, nil) }); err == nil {
+					for _, x := range v {
+						vals = append(vals, strconv.FormatInt(int64(x), 10))
+					}
+				}
+			default:
+				return nil, fmt.Errorf("%w: %s: column %q is neither strings nor integers: a label column holds one string (or integer) per clip", ErrClipList, path, c)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("%w: %s: column %q: %w (no nulls: every clip needs its value)", ErrClipList, path, c, err)
+			}
+			out[c] = append(out[c], vals...)
 		}
 	}
-	return ids, nil
+	return out, nil
 }

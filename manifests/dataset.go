@@ -9,9 +9,11 @@ package manifests
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -127,6 +129,47 @@ type Modality struct {
 	// blob holds one row per clip, row i being clip i's value (FrameShape
 	// is the value's shape, [] for a scalar), and Rate is 0.
 	PerClip bool `json:"per_clip,omitempty"`
+	// Labels marks a label modality (convert --label): a per-clip int32
+	// code of a string per clip, Labels being the vocabulary (code i
+	// stands for Labels[i]; FORMAT.md says in which order). The strings
+	// come from the clip list's column LabelColumn, or (LabelColumn
+	// empty) from key Keys of each clip's pickle at Template.
+	LabelColumn string   `json:"label_column,omitempty"`
+	Labels      []string `json:"labels,omitempty"`
+}
+
+// IsLabel reports whether m is a label modality.
+func (m *Modality) IsLabel() bool { return m.LabelColumn != "" || m.Labels != nil }
+
+// LabelFromFile reports whether m is a label modality read from the
+// clips' pickles (its sources are files, stamped as any other's).
+func (m *Modality) LabelFromFile() bool { return m.IsLabel() && m.LabelColumn == "" }
+
+// LabelDType is a label modality's dtype: int32 codes.
+const LabelDType = "<i4"
+
+// CheckLabels checks a label modality's description: one int32 code per
+// clip (per clip, frame shape []), a vocabulary of distinct values, and no
+// labels on another modality.
+func (m *Modality) CheckLabels() error {
+	if !m.IsLabel() {
+		return nil
+	}
+	if m.LabelColumn == "" && (m.Template == "" || m.Keys == "") {
+		return fmt.Errorf("label modality %q: neither a label_column nor a template and keys: where do its labels come from?", m.Name)
+	}
+	if !m.PerClip || m.DType != LabelDType || len(m.FrameShape) != 0 || len(m.Labels) == 0 {
+		return fmt.Errorf("label modality %q: want per_clip, dtype %s, frame_shape [] and a vocabulary (labels), have per_clip %v, %s, %v and %d labels",
+			m.Name, LabelDType, m.PerClip, m.DType, m.FrameShape, len(m.Labels))
+	}
+	seen := make(map[string]bool, len(m.Labels))
+	for _, l := range m.Labels {
+		if seen[l] {
+			return fmt.Errorf("label modality %q: the label %q is in its vocabulary twice", m.Name, l)
+		}
+		seen[l] = true
+	}
+	return nil
 }
 
 // ClipRows returns the rows of the blob that clip i occupies, given its
@@ -310,6 +353,9 @@ func (d *Dataset) check(p string) error {
 			return fmt.Errorf("%w: %s: modality name %q empty or repeated", ErrManifest, p, m.Name)
 		}
 		seen[m.Name] = true
+		if err := m.CheckLabels(); err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrManifest, p, err)
+		}
 		if (d.Version == 2) != (m.Blobs != nil) || (d.Version == 2 && (len(m.Blobs) == 0 || m.File != "")) {
 			return fmt.Errorf("%w: %s: modality %q: format %d wants %s", ErrManifest, p, m.Name, d.Version,
 				map[bool]string{true: "a list of blobs and no file", false: "a file and no list of blobs"}[d.Version == 2])
@@ -356,4 +402,48 @@ func (d *Dataset) Modality(name string) *Modality {
 		}
 	}
 	return nil
+}
+
+// LabelCodes returns each clip's code of label modality k of d (wh: its
+// where.npy, nil for format 1; starts and lengths: index.npy), reading
+// each blob's rows whole, once, from what open gives for the blob's file
+// (as the manifest names it). A code outside the vocabulary is an error
+// naming the clip row and the blob.
+func (d *Dataset) LabelCodes(wh *Where, k int, starts, lengths []int64, open func(file string) (io.ReaderAt, io.Closer, error)) ([]int32, error) {
+	m := &d.Modalities[k]
+	if !m.IsLabel() {
+		return nil, fmt.Errorf("%w: modality %q is not a label", ErrManifest, m.Name)
+	}
+	blobs := map[int][]byte{}
+	out := make([]int32, len(starts))
+	for i := range starts {
+		b, first, _ := d.Locate(wh, k, i, starts[i], lengths[i])
+		bl := m.BlobList()[b]
+		rows, ok := blobs[b]
+		if !ok {
+			if bl.Rows < 0 || bl.Rows > 1<<28 {
+				return nil, fmt.Errorf("%w: %s: %d rows: not a label blob convert writes", ErrManifest, bl.File, bl.Rows)
+			}
+			r, c, err := open(bl.File)
+			if err != nil {
+				return nil, err
+			}
+			rows = make([]byte, 4*bl.Rows)
+			_, err = r.ReadAt(rows, bl.DataOffset)
+			c.Close()
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", bl.File, err)
+			}
+			blobs[b] = rows
+		}
+		if first < 0 || 4*first+4 > int64(len(rows)) {
+			return nil, fmt.Errorf("%w: %s: clip row %d: row %d is past the blob's %d rows", ErrManifest, bl.File, i, first, len(rows)/4)
+		}
+		c := int32(binary.LittleEndian.Uint32(rows[4*first:]))
+		if c < 0 || int(c) >= len(m.Labels) {
+			return nil, fmt.Errorf("%w: %s: clip row %d: label %q code %d is outside its vocabulary of %d labels (dataset.json; run clipshard verify)", ErrManifest, bl.File, i, m.Name, c, len(m.Labels))
+		}
+		out[i] = c
+	}
+	return out, nil
 }

@@ -119,6 +119,9 @@ type EpochModality struct {
 	// PerClip marks a per-clip modality of the dataset: a sample holds its
 	// clip's row, shape FrameShape, rather than a window.
 	PerClip bool `json:"per_clip,omitempty"`
+	// Labels is a label modality's vocabulary, copied from the dataset:
+	// a sample's int32 code c stands for Labels[c].
+	Labels []string `json:"labels,omitempty"`
 }
 
 // SampleShape is the shape of one sample's value in a shard file:

@@ -91,6 +91,7 @@ func FuzzReadClips(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		manifests.ReadClips(filepath.Join(writeTemp(t, "c.parquet", data), "c.parquet"), []string{"m"})
 		manifests.ReadClipList(filepath.Join(writeTemp(t, "c.parquet", data), "c.parquet"))
+		manifests.ReadClipLabels(filepath.Join(writeTemp(t, "c.parquet", data), "c.parquet"), []string{"clip", "m_source"})
 	})
 }
 

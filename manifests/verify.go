@@ -6,6 +6,7 @@ package manifests
 import (
 	"bytes"
 	"cmp"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -435,6 +436,13 @@ func deepClips(dir string, d *Dataset, rows []ClipRow, r *Report) {
 				r.add(Problem{File: blobs[b].File, Clip: row.Clip, What: fmt.Sprintf("rows past the end of the file (%d of %d bytes)", got, n)})
 				audited = false
 				continue
+			}
+			if m.IsLabel() {
+				var code [4]byte
+				f.ReadAt(code[:], off) // (read whole just above)
+				if c := int32(binary.LittleEndian.Uint32(code[:])); c < 0 || int(c) >= len(m.Labels) {
+					r.add(Problem{File: blobs[b].File, Clip: row.Clip, What: fmt.Sprintf("label %q: code %d is outside its vocabulary of %d labels (dataset.json)", m.Name, c, len(m.Labels))})
+				}
 			}
 			if h.Sum64() != row.Sources[k].XXH64 {
 				r.add(Problem{File: blobs[b].File, Clip: row.Clip, What: fmt.Sprintf("xxh64 mismatch: rows %d..%d (bytes %d..%d) differ from what convert wrote",

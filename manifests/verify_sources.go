@@ -5,6 +5,7 @@ package manifests
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -93,6 +94,9 @@ func checkSources(dir string, d *Dataset, rows []ClipRow, mem int64, r *Report) 
 	for i, row := range rows {
 		for k := range d.Modalities {
 			m := d.Modalities[k]
+			if m.LabelColumn != "" {
+				continue // the clip list's column: no file (the codes are checked by verify's own pass)
+			}
 			b, first, n := d.Locate(wh, k, i, row.Start, row.Length)
 			blob := m.BlobList()[b]
 			m.File, m.DataOffset = blob.File, blob.DataOffset // (the clip's blob, in the messages below)
@@ -104,6 +108,10 @@ func checkSources(dir string, d *Dataset, rows []ClipRow, mem int64, r *Report) 
 				continue
 			}
 			changed := s.Stamp().Differs(st)
+			if m.IsLabel() {
+				checkLabelSource(m, row, s, changed, blobF, m.DataOffset+first*4, r)
+				continue
+			}
 			if f, _ := formats.FormatOf(s.Path); f == formats.NPY && !m.PerClip && st.Size > piece && blobF != nil {
 				// Too large to hold with its conversion: a piece at a time.
 				streamSource(d, m, row, s, changed, blobF, m.DataOffset+first*rowBytes[k], first, n, piece, r)
@@ -280,3 +288,34 @@ func converted(a *array.Array, rows int64, dtype string) ([]byte, f16.Stats, err
 
 // mtime words a modification time in ns for a person: RFC 3339, UTC.
 func mtime(ns int64) string { return time.Unix(0, ns).UTC().Format(time.RFC3339Nano) }
+
+// checkLabelSource compares the label at a pickle label modality's key of
+// the clip's source with the label its code at off names.
+func checkLabelSource(m Modality, row ClipRow, s ClipSource, changed string, blobF *os.File, off int64, r *Report) {
+	a, err := formats.Load(s.Path, formats.LabelKeys(m.Keys))
+	if err != nil {
+		r.add(Problem{File: s.Path, Clip: row.Clip, What: "source no longer decodes: " + oneLine(err)})
+		return
+	}
+	if blobF == nil {
+		return
+	}
+	var b [4]byte
+	if _, err := blobF.ReadAt(b[:], off); err != nil {
+		r.add(Problem{File: m.File, Clip: row.Clip, What: fmt.Sprintf("its code at byte %d: %v", off, err)})
+		return
+	}
+	code := int32(binary.LittleEndian.Uint32(b[:]))
+	switch {
+	case code < 0 || int(code) >= len(m.Labels):
+		// (verify's own pass names it)
+	case m.Labels[code] != string(a.Data):
+		what := fmt.Sprintf("content drift: the source's label %q at key %q differs from %q (code %d in %s)", a.Data, m.Keys, m.Labels[code], code, m.File)
+		if changed != "" {
+			what += " (changed since conversion: " + changed + ")"
+		}
+		r.add(Problem{File: s.Path, Clip: row.Clip, What: what})
+	case changed != "":
+		r.add(Problem{File: s.Path, Clip: row.Clip, What: "changed since conversion (" + changed + ") but gives the same label"})
+	}
+}

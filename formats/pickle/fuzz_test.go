@@ -35,6 +35,7 @@ func FuzzDecode(f *testing.F) {
 		if err == nil {
 			pickle.Select(obj, keys)
 			pickle.Select(obj, "")
+			pickle.SelectLabel(obj, keys)
 		}
 		if got := totalAlloc() - before; got > allocBound(len(data)) {
 			t.Fatalf("allocated %d bytes for a %d-byte pickle", got, len(data))

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/nlpodyssey/gopickle/types"
 
@@ -122,6 +123,9 @@ func asArray(v any, path string) (*array.Array, error) {
 		hint := ""
 		if keys := topKeys(v); keys != "" {
 			hint = "; select one with :KEY, keys: " + keys
+		}
+		if _, ok := v.(string); ok {
+			hint = "; a string per clip (a speaker, a class) is a label: convert --label NAME=TEMPLATE.pkl:KEY codes it"
 		}
 		return nil, fmt.Errorf("%w: %s holds a %s, not a numpy array%s", ErrKey, what, typeName(v), hint)
 	}
@@ -273,4 +277,93 @@ func seqItems(v any) []any {
 		return *c
 	}
 	return nil
+}
+
+// SelectLabel picks a label out of a decoded pickle by one key path (no
+// "+"): a str, or an int (a Python int, a numpy integer scalar or 0-d
+// array), written in decimal. Anything else is an error wrapping ErrKey
+// that says what the key holds.
+func SelectLabel(root any, path string) (string, error) {
+	if path == "" || strings.Contains(path, "+") {
+		return "", fmt.Errorf("%w: label key %q: want one key path (a/b/c), not several joined by +", ErrKey, path)
+	}
+	cur := root
+	steps := strings.Split(path, "/")
+	for i, k := range steps {
+		next, err := child(cur, k, strings.Join(steps[:i], "/"))
+		if err != nil {
+			return "", err
+		}
+		cur = next
+	}
+	switch x := cur.(type) {
+	case string:
+		return x, nil
+	case int:
+		return strconv.Itoa(x), nil
+	case *big.Int:
+		return x.String(), nil
+	case *Scalar:
+		if s, ok := unicodeScalar(x); ok {
+			return s, nil
+		}
+		a, err := asArray(x, path)
+		if err == nil && len(a.Shape) == 0 && (a.DType.Kind == array.Int || a.DType.Kind == array.Uint) {
+			if v, ok := intValue(a); ok {
+				return v, nil
+			}
+		}
+	case *NDArray:
+		a, err := asArray(x, path)
+		if err == nil && len(a.Shape) == 0 && (a.DType.Kind == array.Int || a.DType.Kind == array.Uint) {
+			if v, ok := intValue(a); ok {
+				return v, nil
+			}
+		}
+	}
+	return "", fmt.Errorf("%w: key %q holds a %s: a label is a str or an int", ErrKey, path, typeName(cur))
+}
+
+// intValue is the decimal text of a 0-d integer array's one value.
+func intValue(a *array.Array) (string, bool) {
+	if len(a.Data) != a.DType.Size || a.DType.Size > 8 {
+		return "", false
+	}
+	var u uint64
+	for i := a.DType.Size - 1; i >= 0; i-- {
+		u = u<<8 | uint64(a.Data[i])
+	}
+	if a.DType.Kind == array.Uint {
+		return strconv.FormatUint(u, 10), true
+	}
+	shift := 64 - 8*uint(a.DType.Size)
+	return strconv.FormatInt(int64(u<<shift)>>shift, 10), true
+}
+
+// unicodeScalar is a numpy str_ scalar's text (dtype U<n>: UTF-32 code
+// points, trailing NULs dropped), or false.
+func unicodeScalar(x *Scalar) (string, bool) {
+	if x.DType == nil || !strings.HasPrefix(x.DType.typestr, "U") {
+		return "", false
+	}
+	data, ok := toBytes(x.Value)
+	if !ok || len(data)%4 != 0 {
+		return "", false
+	}
+	order := binary.ByteOrder(binary.LittleEndian)
+	if x.DType.endian == ">" {
+		order = binary.BigEndian
+	}
+	var b strings.Builder
+	for i := 0; i < len(data); i += 4 {
+		r := rune(order.Uint32(data[i:]))
+		if r == 0 {
+			break
+		}
+		if !utf8.ValidRune(r) {
+			return "", false
+		}
+		b.WriteRune(r)
+	}
+	return b.String(), true
 }

@@ -4,6 +4,7 @@ package inspect
 
 import (
 	"fmt"
+	"io"
 	"math"
 	"slices"
 	"sort"
@@ -79,16 +80,23 @@ func heavy(lengths []int64, id func(int) string) []HeavyClip {
 
 // ModalityReport is one blob's figures.
 type ModalityReport struct {
-	Name       string          `json:"name"`
-	DType      string          `json:"dtype"`
-	FrameShape []int           `json:"frame_shape"`
-	Rate       int             `json:"rate"`
-	PerClip    bool            `json:"per_clip,omitempty"`
-	Rows       int64           `json:"rows"`
-	Bytes      int64           `json:"bytes"`
-	Stats      manifests.Stats `json:"conversion"`
-	Sampled    int64           `json:"sampled_rows"` // rows read for the histogram
-	Values     Histogram       `json:"values"`
+	Name       string `json:"name"`
+	DType      string `json:"dtype"`
+	FrameShape []int  `json:"frame_shape"`
+	Rate       int    `json:"rate"`
+	PerClip    bool   `json:"per_clip,omitempty"`
+	// A label modality's column (or, from a pickle, its template and
+	// keys), vocabulary and clips per label.
+	LabelColumn string          `json:"label_column,omitempty"`
+	Template    string          `json:"template,omitempty"`
+	Keys        string          `json:"keys,omitempty"`
+	Labels      []string        `json:"labels,omitempty"`
+	LabelClips  []int64         `json:"label_clips,omitempty"`
+	Rows        int64           `json:"rows"`
+	Bytes       int64           `json:"bytes"`
+	Stats       manifests.Stats `json:"conversion"`
+	Sampled     int64           `json:"sampled_rows"` // rows read for the histogram
+	Values      Histogram       `json:"values"`
 }
 
 // Distribution is a five-number summary.
@@ -193,6 +201,15 @@ func Dataset(dir, clip string, fps float64, maxRows int, stats bool, open Opener
 			p, err := manifests.Join(dir, blob.File)
 			return p, blob.DataOffset + first*rb, n, err
 		}
+		if m.IsLabel() {
+			mr.LabelColumn, mr.Labels = m.LabelColumn, m.Labels
+			if m.LabelColumn == "" {
+				mr.Template, mr.Keys = m.Template, m.Keys
+			}
+			if mr.LabelClips, err = labelClips(dir, d, wh, k, starts, lengths, open); err != nil {
+				return nil, fmt.Errorf("modality %q: %w", m.Name, err)
+			}
+		}
 		if mr.Sampled, mr.Values, err = sampleValues(dir, m, at, maxRows, open); err != nil {
 			return nil, err
 		}
@@ -200,6 +217,9 @@ func Dataset(dir, clip string, fps float64, maxRows int, stats bool, open Opener
 	}
 	if stats {
 		for k, m := range d.Modalities {
+			if m.IsLabel() {
+				continue // codes: counted per label above, no mean to take
+			}
 			f, err := datasetFeatures(dir, d, wh, k, starts, lengths, open)
 			if err != nil {
 				return nil, fmt.Errorf("modality %q: %w", m.Name, err)
@@ -290,6 +310,27 @@ func lengthHistogram(lengths []int64) ([]float64, []int64, string) {
 // datasetFeatures is modality k's per-feature figures over every row of
 // every clip of the version (clip by clip, wherever its rows are: dead
 // rows of a dataset in segments are not counted), read 8 MiB at a time.
+// labelClips counts the clips of each label of label modality k (each
+// blob read whole, once: one GET from a bucket).
+func labelClips(dir string, d *manifests.Dataset, wh *manifests.Where, k int, starts, lengths []int64, open Opener) ([]int64, error) {
+	codes, err := d.LabelCodes(wh, k, starts, lengths, func(file string) (io.ReaderAt, io.Closer, error) {
+		p, err := manifests.Join(dir, file)
+		if err != nil {
+			return nil, nil, err
+		}
+		f, err := open(p)
+		return f, f, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	counts := make([]int64, len(d.Modalities[k].Labels))
+	for _, c := range codes {
+		counts[c]++
+	}
+	return counts, nil
+}
+
 func datasetFeatures(dir string, d *manifests.Dataset, wh *manifests.Where, k int, starts, lengths []int64, open Opener) (*FeatureReport, error) {
 	m := d.Modalities[k]
 	a, err := newFeatures(m.Name, m.DType, m.FrameShape)

@@ -333,3 +333,27 @@ func edits(a, b string) int {
 	}
 	return d[len(a)][len(b)]
 }
+
+// LabelList words a vocabulary for a summary line: "3 labels: alice,
+// bob, carol", the first max of them quoted where they hold a space or
+// a comma, then "and N more".
+func LabelList(labels []string, max int) string {
+	var b strings.Builder
+	b.WriteString(Count(int64(len(labels)), "label"))
+	for i, l := range labels {
+		if i == max {
+			fmt.Fprintf(&b, " ... and %d more", len(labels)-max)
+			break
+		}
+		if i == 0 {
+			b.WriteString(": ")
+		} else {
+			b.WriteString(", ")
+		}
+		if strings.ContainsAny(l, " ,\"") {
+			l = strconv.Quote(l)
+		}
+		b.WriteString(l)
+	}
+	return b.String()
+}

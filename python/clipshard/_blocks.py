@@ -16,6 +16,7 @@ from . import _remote
 from ._segments import Runs, blob_entries, check_where
 from ._versions import check_current, kept, open_version
 from ._files import MAX_MANIFEST, Npy, clip_starts, confined, dataset_modality, dataset_top, open_regular, pread_all
+from ._labels import modality_labels
 
 if TYPE_CHECKING:
     from .draw import Drawn
@@ -117,7 +118,8 @@ class Source:
         row = fs[0].row
         rec = dict(name=name, dtype=dtype.str, frame=tuple(frame), rate=rate, per_clip=per, file=blobs[0].get("file"),
                    files=[b.get("file") for b in blobs], sha256=[b.get("sha256") if at is not None else None for b in blobs],
-                   row=row, frame_bytes=row * max(rate, 1), runs=runs, rows=rows)
+                   row=row, frame_bytes=row * max(rate, 1), runs=runs, rows=rows,
+                   labels=modality_labels(self.url, "dataset.json", m))
         # (held or streamed by the version's bytes, as its one-segment twin: the same blocks, the same order)
         rec["held"] = per or rows * row <= hold
         if not per and row == 0:
@@ -266,7 +268,7 @@ class Source:
         check_current(self)
 
     def signature(self) -> list[Any]:
-        return [(r["name"], r["dtype"], list(r["frame"]), r["rate"], r["per_clip"]) for r in self.mods]
+        return [(r["name"], r["dtype"], list(r["frame"]), r["rate"], r["per_clip"], r["labels"] is not None) for r in self.mods]
 
     def close(self) -> None:
         self.maps = {}  # (unmapped when the last batch being filled lets go of them)

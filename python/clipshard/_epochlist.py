@@ -12,7 +12,7 @@ from typing import Any, Iterable, Iterator, Mapping, Optional, Union
 
 import numpy as np
 
-from ._manifest import STATE_VERSION, check_datasets, check_state, epoch_identity, load_epochs
+from ._manifest import STATE_VERSION, check_datasets, check_state, epoch_identity, epoch_labels, load_epochs
 from ._order import Stride
 from ._prefetch import disk_steps, drawn_steps
 from ._shards import open_epochs
@@ -94,7 +94,9 @@ class EpochList:
             DrawnReader._check_args(first, kw["rank"], kw["world_size"], kw["batch_size"], kw["remainder"])
             first.names, first.sources, first.mixed = self.drawn.modalities + ["samples"], self.drawn.names, self.drawn.mixed
             self.expect = {n: (d, s) for n, (d, s) in self.drawn.shapes().items()}
+            self.labels: dict[str, list[str]] = self.drawn.labels
         else:
+            self.labels = epoch_labels(self.dir, self.manifest)
             first = self._reader(self.plans[0] if self.plans else dict(epoch=on_disk[0]))
             self.expect = first.expect
             first.close()

@@ -18,6 +18,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from ._labels import modality_labels
+
 MAX_MANIFEST = 256 << 20  # bytes of a JSON manifest read at most
 MAX_HEADER = 1 << 16  # bytes of a .npy header read at most
 MAX_SAMPLE = 1 << 40  # bytes of one sample of one modality at most (a manifest saying more lies)
@@ -159,6 +161,7 @@ def dataset_modality(where: str, m: Any, seen: Any, reserved: Sequence[str] = ()
     if (not per and rate < 1) or any(x < 0 for x in frame):
         raise ValueError("%s: dataset.json: modality %r: rate %r, frame shape %r: not what convert writes" % (
             where, name, m.get("rate"), m.get("frame_shape")))
+    modality_labels(where, "dataset.json", m)
     return name, per, rate, frame
 
 

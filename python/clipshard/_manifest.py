@@ -13,6 +13,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ._files import MAX_MANIFEST, MAX_SAMPLE, Npy, open_regular, pread_all, read_json
+from ._labels import modality_labels
 
 
 def load_epochs(edir: str) -> dict[str, Any]:
@@ -232,8 +233,20 @@ def expected_files(edir, man):
         if row_bytes(dtype, shape) > MAX_SAMPLE:
             raise ValueError("%s: epochs.json: modality %r: a sample of %d bytes (%s %s): more than any reader holds" % (
                 edir, name, row_bytes(dtype, shape), dtype, shape))
+        modality_labels(edir, "epochs.json", m)
         out[name] = (dtype, shape)
     out["samples"] = ("<i8", [4 if man.get("version") == 3 else 3])
+    return out
+
+
+def epoch_labels(edir, man):
+    """Label modality name -> its vocabulary, of epochs.json's modalities
+    (checked by expected_files)."""
+    out = {}
+    for m in man.get("modalities") or []:
+        labels = modality_labels(edir, "epochs.json", m) if isinstance(m, dict) else None
+        if labels is not None:
+            out[m["name"]] = labels
     return out
 
 

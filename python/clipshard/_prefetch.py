@@ -14,6 +14,8 @@ import threading
 import weakref
 from typing import Any, Callable, Generator, Iterator, Optional
 
+from ._labels import check_codes
+
 __all__ = ["Batch", "END", "Failed", "Run", "produce", "disk_steps", "drawn_steps"]
 
 END = object()  # the end of an epoch in the queue
@@ -100,7 +102,10 @@ def produce(ref: "weakref.ref[Any]", pos: int, start: Any, stop: Optional[thread
                 if loader is None or (stop is not None and stop.is_set()):
                     return
                 asm = loader.assembly
-                arrays = loader.dev.finish(fill(asm), asm)
+                host = fill(asm)
+                for name, labels in loader.list.labels.items():  # (a code of -1 would name the last label)
+                    check_codes(loader.dir, name, host[name], labels, "batch %d's sample" % g)
+                arrays = loader.dev.finish(host, asm)
                 del loader, asm
                 yield Batch(pos, g, arrays, consumed, g + 1 == n)
             steps = None

@@ -8,6 +8,7 @@ import numpy as np
 
 from ._segments import blob_entries, check_where
 from ._files import MAX_MANIFEST, Npy, clip_starts, confined, dataset_modality, dataset_top, open_regular, pread_all, read_json
+from ._labels import check_codes, modality_labels, pick_labels
 
 __all__ = ["Dataset"]
 
@@ -28,6 +29,11 @@ class Dataset:
         rows = ds["clip003"]            # {"whisper": float16 [2*T, 64], "motion": ...}
         ds.ids[:3], ds.index[:3]        # clip ids; (start, frames) per clip
         win = ds.window(batch["samples"][0])   # a sample's window, from the blobs
+        ds.labels("speaker")[int(rows["speaker"])]   # convert --label speaker: the clip's label
+
+    A label modality (convert --label NAME) holds an int32 code a clip;
+    ds.labels(NAME) is its vocabulary (code i is labels[i]), checked at
+    open: every clip's code names one of them.
     """
 
     def __init__(self, path: str) -> None:
@@ -49,6 +55,7 @@ class Dataset:
         self.segments: dict[str, list[np.ndarray]] = {}  # name -> its blobs (format 1: the one)
         self._rate: dict[str, int] = {}  # name -> rows a frame (0: one row a clip)
         self._k: dict[str, int] = {}  # name -> its column of where
+        self._labels: dict[str, list[str]] = {}  # a label modality's name -> its vocabulary
         # Format 2 (convert --segments): where[clip, k] = (blob, first row).
         self.where: Optional[np.ndarray] = None
         if man["version"] == 2:
@@ -80,6 +87,17 @@ class Dataset:
                 self.blobs[name] = maps[0]
             self.segments[name] = maps
             self.modalities[name], self._rate[name], self._k[name] = m, rate, k
+            labels = modality_labels(path, "dataset.json", m)
+            if labels is not None:
+                self._labels[name] = labels
+                if self.where is None:
+                    codes = maps[0]
+                else:
+                    codes = np.empty(clips, np.int32)
+                    for bi, blob in enumerate(maps):
+                        on = self.where[:, k, 0] == bi
+                        codes[on] = blob[self.where[on, k, 1]]
+                check_codes(path, name, np.asarray(codes), labels)
         self.ids: Optional[list[str]] = None
         self._row: Optional[dict[str, int]] = None
         ids = files.get("ids")
@@ -121,6 +139,12 @@ class Dataset:
             self._row = {c: i for i, c in enumerate(self.ids)}
         return self._row[clip]
 
+    def labels(self, name: str) -> list[str]:
+        """Label modality name's vocabulary (convert --label NAME): the
+        clip's code c in ds[clip][name] (and in every sample of its
+        epochs) stands for labels(name)[c]."""
+        return pick_labels(self._labels, name, self.dir)
+
     def _rows(self, name: str, clip: int, off: int, count: int) -> np.ndarray:
         """Clip row clip's rows of modality name: frames [off, off+count)
         of the clip (a per-clip modality: its value)."""
@@ -149,7 +173,7 @@ class Dataset:
         return {name: self._rows(name, clip, start, valid) for name in self.modalities}
 
     def feature_stats(self, names: Optional[Sequence[str]] = None, chunk: int = 8 << 20) -> dict[str, dict[str, Any]]:
-        """Per modality (names: those; None: all), per feature "mean",
+        """Per modality (names: those; None: all but labels), per feature "mean",
         "std", "min" and "max" (float64 arrays of frame_shape) over every
         row of every clip (a per-clip modality: each clip's value), and
         "rows", "nan", "inf": for normalisation. One pass over the blobs,
@@ -162,7 +186,7 @@ class Dataset:
             x = (x - st["mean"]) / st["std"]
         """
         out: dict[str, dict[str, Any]] = {}
-        for name in self.modalities if names is None else names:
+        for name in [n for n in self.modalities if n not in self._labels] if names is None else names:
             if name not in self._rate:
                 raise ValueError("names: %r is not a modality of %s (%s)" % (name, self.dir, ", ".join(self.modalities)))
             rate = self._rate[name]

@@ -48,6 +48,7 @@ from ._blocks import Source
 from ._cut import Cutter
 from ._draworder import Order, _check_options, _check_schedule, _intervals, _items, _spans
 from ._files import memory_limit
+from ._labels import merge_labels, pick_labels
 from ._groupreads import GroupReads
 from ._manifest import parse_size
 from ._order import Stride, check_rank_args, worker
@@ -196,8 +197,9 @@ class Drawn:
         for s in self.sources[1:]:
             if s.signature() != first.signature():
                 raise ValueError("dataset: source %s's modalities %s (%s/dataset.json) differ from %s's %s (%s/dataset.json; "
-                                 "names in order, dtypes, frame shapes, rates, per-clip must match to mix them)" % (
+                                 "names in order, dtypes, frame shapes, rates, per-clip, labels must match to mix them)" % (
                                      s.name, s.signature(), s.url, first.name, first.signature(), first.url))
+        self.labels = merge_labels(self.sources)  # name -> vocabulary (labels(name) of the readers)
         limit = memory_limit()
         half = limit // 2 if limit is not None else None  # (of the bytes the process may use, what its maps may take)
         streamed = {s.name: s.streamed_bytes() for s in self.sources}
@@ -313,6 +315,11 @@ class DrawnReader:
         self.reads = GroupReads(plan, self.order, batch_size)
         self.cut = Cutter(plan, self.order, batch_size, self.mixed)
         self._resume([(0, self.samples)] if self.samples else [], False)
+
+    def labels(self, name: str) -> list[str]:
+        """Label modality name's vocabulary (convert --label NAME): a
+        batch's code c in batch[name] is labels(name)[c]."""
+        return pick_labels(self.plan.labels, name, ", ".join(s.url for s in self.plan.sources))
 
     def _check_args(self, rank: Optional[int], world_size: int, batch_size: int, remainder: str) -> None:
         rank = check_rank_args(rank, world_size, batch_size, remainder)

@@ -30,8 +30,9 @@ from typing import Any, Iterator, Mapping, Optional, Union
 
 import numpy as np
 
-from ._manifest import (STATE_VERSION, check_datasets, check_shards, check_state, epoch_identity, expected_files, load_epochs,
+from ._manifest import (STATE_VERSION, check_datasets, check_shards, check_state, epoch_identity, epoch_labels, expected_files, load_epochs,
                         parse_size, row_bytes, source_column, source_names)
+from ._labels import check_codes, pick_labels
 from ._order import ShardOrder, Stride, check_rank_args, worker
 from ._shards import BucketShards, ShardFiles, open_epochs
 
@@ -154,6 +155,11 @@ class EpochReader:
     def __len__(self) -> int:
         return self.batches_left()
 
+    def labels(self, name: str) -> list[str]:
+        """Label modality name's vocabulary (convert --label NAME), from
+        epochs.json: a batch's code c in batch[name] is labels(name)[c]."""
+        return pick_labels(epoch_labels(self.dir, self.manifest), name, self.dir)
+
     def state_dict(self) -> dict[str, Any]:
         """The state to resume from: the samples of the epoch consumed by
         all ranks together (the same on every rank), with what identifies
@@ -213,7 +219,7 @@ class EpochReader:
         if first is not None and (first < worker_id or (first - worker_id) % num_workers):
             raise ValueError("first batch %r is not one of worker %d of %d's" % (first, worker_id, num_workers))
         self.check_fits()
-        s, files = self.stride, self.files
+        s, files, labels = self.stride, self.files, epoch_labels(self.dir, self.manifest)
         mine = range(worker_id if first is None else first, self.batches_left(), num_workers)
         try:
             for i, g in enumerate(mine):
@@ -224,6 +230,8 @@ class EpochReader:
                         a = s.first(self.start, h)
                         files.advise(a, a + self.batch_size)
                 batch = self._gather(lo, s.end(lo))
+                for name, voc in labels.items():  # (a code of -1 would name the last label)
+                    check_codes(self.dir, name, batch[name], voc, "batch %d's sample" % g)
                 if self.mixed:
                     batch["source"] = source_column(batch["samples"], len(self.sources), lambda: "%s (the batch at %d)" % (
                         files.path(self.order.segments(lo, lo + 1)[0][0], "samples"), lo))

@@ -22,6 +22,7 @@ import numpy as np
 from ._assembly import Assembly, buffer
 from ._epochlist import STATE_FORMAT, EpochList
 from ._files import memory_limit
+from ._labels import pick_labels
 from ._manifest import source_column
 from ._prefetch import END, Batch, Failed, Run, produce
 from .draw import Drawn
@@ -143,6 +144,13 @@ class Loader:
         return "clipshard.Loader(%s: epochs %s, rank %d of %d, batches of %d: %s%s)" % (
             src, self.epochs, self.rank, self.world_size, self.batch_size,
             ", ".join("%s %s" % (k, list(v)) for k, v in self.shapes.items()), short)
+
+    def labels(self, name: str) -> list[str]:
+        """Label modality name's vocabulary (convert --label NAME): a
+        batch's int32 codes batch[name] stand for labels(name)[code]
+        (numpy: np.asarray(loader.labels(name))[batch[name]]; torch:
+        batch[name].long() as class indices)."""
+        return pick_labels(self.list.labels, name, self.dir)
 
     # -- epochs and state -------------------------------------------------
 

@@ -87,6 +87,11 @@ class EpochDataset(torch.utils.data.IterableDataset):
     def __len__(self) -> int:
         return len(self.reader)
 
+    def labels(self, name: str) -> list[str]:
+        """Label modality name's vocabulary (convert --label NAME): a
+        batch's code c in batch[name] is labels(name)[c]."""
+        return self.reader.labels(name)  # type: ignore[no-any-return]
+
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         if self.drawn is not None:
             return self._drawn_iter()

@@ -46,6 +46,9 @@ type modOut struct {
 	ref         *rowRef // data is nil: the rows stay where they are (convert --segments)
 	stats       f16.Stats
 	src         manifests.ClipSource
+	// label: a pickle key's label, read by the worker; the writer gives
+	// it its code (labelCodes) and fills data and the rest.
+	label string
 }
 
 func (c *clipOut) release() {
@@ -64,7 +67,7 @@ func (c *clipOut) release() {
 // and compute its hash and stats, and again by the writer (writeStream),
 // so that a clip larger than memory takes only a few pieces of it.
 func (j *job) processClip(ctx context.Context, i int) *clipOut {
-	if plan := j.planReuse(j.clips[i]); plan != nil {
+	if plan := j.planReuse(i); plan != nil {
 		if out := j.convertClip(ctx, i, plan); out != nil {
 			return out
 		}
@@ -117,6 +120,12 @@ func (j *job) convertClip(ctx context.Context, i int, plan *reusePlan) *clipOut 
 			rowsOf[k] = plan.row.Length * int64(m.Rate)
 			continue
 		}
+		if m.Label != "" {
+			// The clip list's value, as its int32 code: no file.
+			out.mods[k].sourceDescr, rowsOf[k] = manifests.LabelDType, 1
+			fillLabel(&out.mods[k], j.codes[k][i])
+			continue
+		}
 		path := m.Path(j.root, id)
 		var a *array.Array
 		var info fs.FileInfo
@@ -130,13 +139,28 @@ func (j *job) convertClip(ctx context.Context, i int, plan *reusePlan) *clipOut 
 			srcBufs[k] = append(srcBufs[k], b)
 			return b
 		}
-		if a, info, streams[k], err = formats.LoadOrRows(&j.dirs, path, m.Keys, bufFor, above); err != nil {
+		keys := m.Keys
+		if m.LabelKey {
+			keys = formats.LabelKeys(m.Keys)
+		}
+		if a, info, streams[k], err = formats.LoadOrRows(&j.dirs, path, keys, bufFor, above); err != nil {
 			return fail(m, "", err)
 		}
 		if streams[k] != nil {
 			a, info = streams[k].Array(), streams[k].Info
 		}
 		out.bytesIn += info.Size()
+		if m.LabelKey {
+			// A str (or int) at the key: coded by the writer (labelCodes).
+			if err := manifests.CheckLabel(string(a.Data)); err != nil {
+				return fail(m, path, err)
+			}
+			mo := &out.mods[k]
+			st := manifests.StampOf(path, info).SettledAt(formats.ReadBegan(info).UnixNano())
+			mo.src = manifests.ClipSource{Path: path, Size: st.Size, MtimeNS: st.MtimeNS, CtimeNS: st.CtimeNS, Ino: st.Ino, Stamped: true}
+			mo.label, mo.sourceDescr, mo.frameShape, rowsOf[k] = string(a.Data), manifests.LabelDType, []int{}, 1
+			continue
+		}
 		switch {
 		case m.PerClip && slices.Contains(a.Shape, 0):
 			return fail(m, path, fmt.Errorf("value is %s: it holds no values (an axis of length 0)", a))
@@ -243,6 +267,9 @@ func (j *job) convertClip(ctx context.Context, i int, plan *reusePlan) *clipOut 
 			out.reused++
 			continue
 		}
+		if m.IsLabel() {
+			continue // (filled above, or a pickle key's by the writer: labelCodes)
+		}
 		frameElems := 1
 		for _, d := range a.FrameShape() {
 			frameElems *= d
@@ -284,6 +311,9 @@ func (j *job) convertClip(ctx context.Context, i int, plan *reusePlan) *clipOut 
 	}
 	return out
 }
+
+// labelDType is a label modality's dtype (manifests.LabelDType).
+var labelDType, _, _ = array.ParseDescr(manifests.LabelDType)
 
 // converted is what converting a modality of a clip found: the stats, the
 // converted bytes' xxHash64 and size, and the first rows (clip rows, -1 if
@@ -331,7 +361,7 @@ func (c *clipOut) record(id string) []byte {
 		rec.Mods[k] = journalMod{
 			XXH64: fmt.Sprintf("%016x", mo.xxh), Path: mo.src.Path, Size: mo.src.Size, MtimeNS: mo.src.MtimeNS, CtimeNS: mo.src.CtimeNS, Ino: mo.src.Ino,
 			Rows: mo.rows, DType: mo.dtype.Descr(), SourceDescr: mo.sourceDescr, FrameShape: mo.frameShape,
-			Stats: encodeStats(manifests.Stats(mo.stats)),
+			Stats: encodeStats(manifests.Stats(mo.stats)), Label: mo.label,
 		}
 	}
 	return appendRecord(nil, &rec)

@@ -98,7 +98,7 @@ func (j *job) finalize(w *writer) (*manifests.Dataset, error) {
 		d.Modalities = append(d.Modalities, manifests.Modality{
 			Name: m.Name, File: m.Name + ".npy", DType: st.dtype.Descr(), SourceDType: strings.Join(st.descrs, ","),
 			FrameShape: append([]int{}, st.frameShape...), Rate: rate, Rows: st.rows, DataOffset: npy.DataAlign,
-			Size: npy.DataAlign + st.rows*fb, Template: m.Template, Keys: m.Keys, PerClip: m.PerClip,
+			Size: npy.DataAlign + st.rows*fb, Template: m.Template, Keys: m.Keys, PerClip: m.PerClip, LabelColumn: m.Label, Labels: j.labelsOf(k),
 		})
 		d.Stats[m.Name] = manifests.Stats(st.stats)
 	}

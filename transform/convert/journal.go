@@ -49,6 +49,9 @@ type journalMod struct {
 	SourceDescr string    `json:"sd"`
 	FrameShape  []int     `json:"fs"`
 	Stats       [5]string `json:"st"` // nan, inf, overflow, underflow, max_abs (exact text)
+	// Label is a pickle key's label (convert --label NAME=T.pkl:KEY), for
+	// a resumed run to give the labels their codes in the same order.
+	Label string `json:"l,omitempty"`
 }
 
 const journalMagic = "clipshard.convert.journal/1"
@@ -239,7 +242,12 @@ func appendRecord(b []byte, r *journalRecord) []byte {
 				}
 				b = appendJSONString(b, v)
 			}
-			b = append(b, "]}"...)
+			b = append(b, ']')
+			if m.Label != "" {
+				b = append(b, `,"l":`...)
+				b = appendJSONString(b, m.Label)
+			}
+			b = append(b, '}')
 		}
 		b = append(b, ']')
 	}

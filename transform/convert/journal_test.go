@@ -19,7 +19,7 @@ func TestAppendRecord(t *testing.T) {
 		r := journalRecord{Index: i, Clip: pick(), Length: int64(rng.IntN(3)) * 1000, Trimmed: int64(rng.IntN(2)) * 7}
 		for range rng.IntN(4) {
 			m := journalMod{XXH64: "00ff00ff00ff00ff", Path: pick(), Size: rng.Int64(), MtimeNS: -rng.Int64N(5), Rows: int64(rng.IntN(100)),
-				DType: "<f2", SourceDescr: pick(), Stats: [5]string{"0", "1", pick(), "3", "1e+300"}}
+				DType: "<f2", SourceDescr: pick(), Stats: [5]string{"0", "1", pick(), "3", "1e+300"}, Label: pick()}
 			switch rng.IntN(3) {
 			case 0:
 				m.FrameShape = []int{}

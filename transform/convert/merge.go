@@ -235,7 +235,7 @@ func checkParts(parts []*manifests.Dataset, dirs []string) error {
 		for k, m := range p.Modalities {
 			m0 := parts[0].Modalities[k]
 			if m.Name != m0.Name || m.DType != m0.DType || !slices.Equal(m.FrameShape, m0.FrameShape) || m.Rate != m0.Rate || m.PerClip != m0.PerClip ||
-				m.Template != m0.Template || m.Keys != m0.Keys || m.DataOffset != npy.DataAlign {
+				m.Template != m0.Template || m.Keys != m0.Keys || m.DataOffset != npy.DataAlign || m.LabelColumn != m0.LabelColumn || !slices.Equal(m.Labels, m0.Labels) {
 				return fmt.Errorf("%w: %s: modality %q (%s %v rate %d) does not match %s (%s %v rate %d)",
 					ErrInput, dirs[i], m.Name, m.DType, m.FrameShape, m.Rate, dirs[0], m0.DType, m0.FrameShape, m0.Rate)
 			}

@@ -101,6 +101,9 @@ func (j *job) verifyRecords(recs []journalRecord) []journalRecord {
 			return recs[:i]
 		}
 		for _, m := range rec.Mods {
+			if m.Path == "" {
+				continue // a label: no file (the journal's fingerprint covers the labels)
+			}
 			if st := (manifests.SourceStamp{Path: m.Path, Size: m.Size, MtimeNS: m.MtimeNS, CtimeNS: m.CtimeNS, Ino: m.Ino}); st.Racy() || manifests.Stamp(m.Path) != st {
 				return recs[:i]
 			}
@@ -156,6 +159,22 @@ func (w *writer) replay(r journalRecord) error {
 		}
 		var x uint64
 		fmt.Sscanf(m.XXH64, "%x", &x)
+		if m.Label != "" {
+			// A pickle key's label: its code again, in the same order
+			// (the journal's records are verified against the blobs).
+			if k >= len(w.job.codeOf) || w.job.codeOf[k] == nil {
+				return fmt.Errorf("convert: the journal %s gives clip %q a label where this run has none (run convert --clean --out DIR, then again)", w.job.journalPath, r.Clip)
+			}
+			code, err := w.job.labelCode(k, m.Label)
+			if err != nil {
+				return err
+			}
+			var mo modOut
+			fillLabel(&mo, code)
+			if mo.xxh != x {
+				return fmt.Errorf("convert: resuming clip %q: label %q has code %d now, another when it was journaled in %s (run convert --clean --out DIR, then again)", r.Clip, m.Label, code, w.job.journalPath)
+			}
+		}
 		st.rows += m.Rows
 		if !slices.Contains(st.descrs, m.SourceDescr) {
 			st.descrs = append(st.descrs, m.SourceDescr)
@@ -165,7 +184,7 @@ func (w *writer) replay(r journalRecord) error {
 			return err
 		}
 		st.stats.Add(f16.Stats(s))
-		row.Sources[k] = manifests.ClipSource{XXH64: x, Path: m.Path, Size: m.Size, MtimeNS: m.MtimeNS, CtimeNS: m.CtimeNS, Ino: m.Ino, Stamped: true,
+		row.Sources[k] = manifests.ClipSource{XXH64: x, Path: m.Path, Size: m.Size, MtimeNS: m.MtimeNS, CtimeNS: m.CtimeNS, Ino: m.Ino, Stamped: m.Path != "",
 			Audited: true, Descr: m.SourceDescr, Stats: s}
 	}
 	w.rows = append(w.rows, row)

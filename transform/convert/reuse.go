@@ -7,9 +7,11 @@ package convert
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/cespare/xxhash/v2"
@@ -85,7 +87,11 @@ func (j *job) openPrevious() *previous {
 			}
 			dt, _, err := array.ParseDescr(om.DType)
 			rb, err2 := array.ByteSize(om.FrameShape, dt.Size)
-			if om.Template != m.Template || om.Keys != m.Keys || om.PerClip != m.PerClip || (!m.PerClip && om.Rate != m.Rate) ||
+			// (a label's rows hold codes: reused only where its earlier
+			// vocabulary begins this run's, so that a code means the
+			// same label in both)
+			if om.Template != m.Template || om.Keys != m.Keys || om.PerClip != m.PerClip || (!m.PerClip && om.Rate != m.Rate) || om.LabelColumn != m.Label ||
+				om.IsLabel() != m.IsLabel() || (m.IsLabel() && !j.keepsCodes(k, om.Labels)) ||
 				err != nil || err2 != nil || rb <= 0 || (!m.KeepDType && om.DType != array.Float16.Descr()) ||
 				len(rows) == 0 || !rows[0].Sources[i].Audited {
 				break
@@ -128,6 +134,14 @@ func (j *job) openPrevious() *previous {
 	return p
 }
 
+// keepsCodes reports whether labels (label modality k's vocabulary in the
+// previous dataset) begin this run's: its rows' codes mean the same
+// labels in both.
+func (j *job) keepsCodes(k int, labels []string) bool {
+	v := j.labelsOf(k)
+	return len(labels) <= len(v) && slices.Equal(labels, v[:len(labels)])
+}
+
 func (p *previous) close() {
 	if p == nil {
 		return
@@ -148,14 +162,15 @@ type reusePlan struct {
 	all   bool
 }
 
-// planReuse returns what of clip id (at path per modality) can be reused,
+// planReuse returns what of clip i (at path per modality) can be reused,
 // or nil. A modality is reused when the previous dataset has it with the
 // clip's source unchanged (same path, size and mtime) and its rows pass
 // this run's checks as recorded (dtype, NaN/Inf, overflow): otherwise it
 // is decoded, which also gives the error a full rebuild would. Rows cut
 // by --align trim are reused only when every modality is (with the same
 // modalities and alignment), since the cut depends on all of them.
-func (j *job) planReuse(id string) *reusePlan {
+func (j *job) planReuse(i int) *reusePlan {
+	id := j.clips[i]
 	p := j.prev
 	if p == nil {
 		return nil
@@ -177,6 +192,16 @@ func (j *job) planReuse(id string) *reusePlan {
 			continue
 		}
 		s := row.Sources[om]
+		if m.Label != "" {
+			// A label's row is reused when it holds the code this run
+			// gives the clip (its label and the codes before it
+			// unchanged); otherwise it is written anew, which costs no
+			// decoding and leaves the clip's other rows reused.
+			if s.Audited && s.XXH64 == xxhash.Sum64(binary.LittleEndian.AppendUint32(nil, uint32(j.codes[k][i]))) {
+				plan.use[k], some = true, true
+			}
+			continue
+		}
 		path := m.Path(j.root, id)
 		// The stamp vouches only with ctime and inode, and only if the
 		// source had not changed just before it was read (Racy).

@@ -11,10 +11,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/clipshard/clipshard/formats"
@@ -78,6 +80,13 @@ type job struct {
 	// segmented: convert --segments over a dataset it can reuse: only
 	// the rows decoded are written, as a new segment of a new version.
 	segmented bool
+	// labels: per modality, a label modality's codes, one per clip of
+	// clips, and its vocabulary (nil for the others; see readLabels).
+	codes  [][]int32
+	vocab  [][]string
+	codeOf []map[string]int32 // label -> code, per label modality
+	// vocabBytes: per label modality, its vocabulary's bytes (labelCode)
+	vocabBytes []int64
 }
 
 // modState is what the writer knows about a modality so far.
@@ -306,6 +315,10 @@ func newJob(o Options) (*job, error) {
 	j := &job{opts: o, clips: clips, root: root, blobMem: BlobMemory(o.Budget, len(o.Modalities)),
 		streamMin: max(minStreamBytes, clipMemory(o.Budget)/int64(4*o.Workers))}
 	j.stageBeside(out)
+	labelValues, like, err := j.readLabels(clips, out)
+	if err != nil {
+		return nil, err
+	}
 	// The fingerprint covers everything that decides the output bytes.
 	if o.MaxTrim == 0 {
 		o.MaxTrim = DefaultMaxTrim
@@ -321,9 +334,11 @@ func newJob(o Options) (*job, error) {
 		Root       string
 		Align      string
 		Flags      [4]bool
-		MaxTrim    int64 `json:",omitempty"`
-		Segments   bool  `json:",omitempty"`
-	}{clips, o.Modalities, root, o.Align, [4]bool{o.AllowInt, o.AllowNonFinite, o.AllowOverflow, o.SkipBadClips}, trimBound, o.Segments})
+		MaxTrim    int64      `json:",omitempty"`
+		Segments   bool       `json:",omitempty"`
+		Labels     [][]string `json:",omitempty"`
+		LabelsLike [][]string `json:",omitempty"`
+	}{clips, o.Modalities, root, o.Align, [4]bool{o.AllowInt, o.AllowNonFinite, o.AllowOverflow, o.SkipBadClips}, trimBound, o.Segments, labelValues, like})
 	sum := sha256.Sum256(fp)
 	j.fingerprint = hex.EncodeToString(sum[:])
 	if o.Keep < 0 {
@@ -332,6 +347,9 @@ func newJob(o Options) (*job, error) {
 	if o.Parts > 0 && o.Segments {
 		return nil, fmt.Errorf("%w: --segments with --part: a part is converted whole (merge the parts, then grow the merged dataset with --segments)", ErrUsage)
 	}
+	if o.Parts > 0 && slices.ContainsFunc(o.Modalities, func(m Modality) bool { return m.LabelKey }) {
+		return nil, fmt.Errorf("%w: --part with a label from a pickle key: each part would number the labels it meets apart; put the labels in a column of a .csv clip list (--label NAME=COLUMN), or convert in one process", ErrUsage)
+	}
 	if o.Parts > 0 {
 		if o.Part < 0 || o.Part >= o.Parts || o.Parts > len(clips) {
 			return nil, fmt.Errorf("%w: part %d of %d: want 0 <= I < N <= %d clips", ErrUsage, o.Part, o.Parts, len(clips))
@@ -339,11 +357,128 @@ func newJob(o Options) (*job, error) {
 		lo, hi := PartRange(len(clips), o.Part, o.Parts)
 		j.part = &manifests.Part{Index: o.Part, Count: o.Parts, FirstClip: lo, ListClips: hi - lo, TotalClips: len(clips), Job: j.fingerprint}
 		j.clips = clips[lo:hi]
+		for k := range j.codes {
+			if j.codes[k] != nil {
+				j.codes[k] = j.codes[k][lo:hi]
+			}
+		}
 		ps := sha256.Sum256(fmt.Appendf(nil, "%s part %d/%d", j.fingerprint, o.Part, o.Parts))
 		j.fingerprint = hex.EncodeToString(ps[:])
 	}
 	return j, nil
 }
+
+// readLabels reads the label modalities' columns of the clip list (whose
+// ids are clips) and sets j.codes (a column's codes, one per clip of
+// clips), j.vocab and j.codeOf. A label keeps its code: the vocabulary
+// starts with the one of the label of the same name in the dataset in
+// out (unless --force), or in --labels-like DIR's; a column's values it
+// lacks follow in the order the list first gives them, over the whole
+// list (so that every part of a partitioned run gives each value the same
+// code); a pickle key's, in the order the writer meets them (labelCode).
+// A label no clip has any more stays, with no clips. It returns the
+// columns' values and the vocabularies of --labels-like, for the
+// fingerprint (nil without).
+func (j *job) readLabels(clips []string, out string) (values, like [][]string, err error) {
+	var cols []string
+	labels := 0
+	for _, m := range j.opts.Modalities {
+		if m.IsLabel() {
+			labels++
+		}
+		if m.Label != "" && !slices.Contains(cols, m.Label) {
+			cols = append(cols, m.Label)
+		}
+	}
+	if labels == 0 {
+		if j.opts.LabelsLike != "" {
+			return nil, nil, fmt.Errorf("%w: --labels-like %s without --label: it orders the labels of --label NAME", ErrUsage, j.opts.LabelsLike)
+		}
+		return nil, nil, nil
+	}
+	var byCol map[string][]string
+	if len(cols) > 0 {
+		if byCol, err = manifests.ReadClipLabels(j.opts.ClipList, cols); err != nil {
+			if errors.Is(err, manifests.ErrClipList) && !slices.ContainsFunc([]string{".csv", ".parquet"}, func(e string) bool { return strings.EqualFold(filepath.Ext(j.opts.ClipList), e) }) {
+				return nil, nil, fmt.Errorf("%w: %w", ErrUsage, err)
+			}
+			return nil, nil, fmt.Errorf("%w: %w", ErrInput, err)
+		}
+	}
+	n := len(j.opts.Modalities)
+	j.codes, j.vocab, j.codeOf = make([][]int32, n), make([][]string, n), make([]map[string]int32, n)
+	var prev *manifests.Dataset
+	switch {
+	case j.opts.LabelsLike != "":
+		if prev, err = manifests.LoadDataset(j.opts.LabelsLike); err != nil {
+			return nil, nil, fmt.Errorf("%w: --labels-like: %w", ErrUsage, err)
+		}
+	case !j.opts.Force:
+		prev, _ = manifests.LoadDataset(out) // (checked: distinct labels; nil if none)
+	}
+	for k, m := range j.opts.Modalities {
+		if !m.IsLabel() {
+			continue
+		}
+		j.codeOf[k] = map[string]int32{}
+		var pm *manifests.Modality
+		if prev != nil {
+			pm = prev.Modality(m.Name)
+		}
+		if j.opts.LabelsLike != "" {
+			if pm == nil || !pm.IsLabel() {
+				return nil, nil, fmt.Errorf("%w: --labels-like %s: it has no label modality %q (convert --label %s made none there)", ErrUsage, j.opts.LabelsLike, m.Name, m.Name)
+			}
+			like = append(like, pm.Labels)
+		}
+		if pm != nil && pm.IsLabel() && len(pm.Labels) < math.MaxInt32 {
+			for _, v := range pm.Labels {
+				j.codeOf[k][v] = int32(len(j.codeOf[k]))
+			}
+			j.vocab[k] = slices.Clone(pm.Labels)
+		}
+		if m.Label == "" {
+			continue // a pickle key's: coded by the writer
+		}
+		vals := byCol[m.Label]
+		if len(vals) != len(clips) {
+			return nil, nil, fmt.Errorf("%w: %s: column %q has %d values for %d clips", ErrInput, j.opts.ClipList, m.Label, len(vals), len(clips))
+		}
+		codes := make([]int32, len(vals))
+		for i, v := range vals {
+			if codes[i], err = j.labelCode(k, v); err != nil {
+				return nil, nil, fmt.Errorf("%w: %s: column %q: %w", ErrInput, j.opts.ClipList, m.Label, err)
+			}
+		}
+		j.codes[k] = codes
+		values = append(values, vals)
+	}
+	return values, like, nil
+}
+
+// labelCode is label modality k's code of label v, a new one (after the
+// others) if v has none yet.
+func (j *job) labelCode(k int, v string) (int32, error) {
+	c, ok := j.codeOf[k][v]
+	if !ok {
+		if j.vocabBytes == nil {
+			j.vocabBytes = make([]int64, len(j.opts.Modalities))
+		}
+		if j.vocabBytes[k] += int64(len(v)) + 4; j.vocabBytes[k] > MaxVocabBytes {
+			return 0, fmt.Errorf("the labels of %q take more than %d MiB in dataset.json (%d distinct so far): a label names a class shared by clips (a speaker), not one clip (the clip ids are kept anyway: clips.txt, Dataset.ids)",
+				j.opts.Modalities[k].Name, MaxVocabBytes>>20, len(j.codeOf[k]))
+		}
+		c = int32(len(j.codeOf[k]))
+		j.codeOf[k][v] = c
+		j.vocab[k] = append(j.vocab[k], v)
+	}
+	return c, nil
+}
+
+// MaxVocabBytes bounds a label modality's vocabulary (its labels' bytes,
+// and 4 a label): dataset.json and epochs.json hold it, and readers bound
+// a manifest to manifests.MaxManifest.
+var MaxVocabBytes int64 = 32 << 20
 
 // BlobMemory is the buffer memory each of n blob writers may take under
 // a --mem of budget: a quarter of it between them (blob.BuffersFor; at
@@ -422,7 +557,10 @@ func (j *job) upToDate() (*manifests.Dataset, bool) {
 		return nil, false
 	}
 	for _, r := range rows {
-		for _, s := range r.Sources {
+		for k, s := range r.Sources {
+			if k < len(d.Modalities) && d.Modalities[k].LabelColumn != "" {
+				continue // no file: the fingerprint covers the labels
+			}
 			if st := s.Stamp(); st.Racy() || manifests.Stamp(s.Path) != st {
 				return nil, false
 			}
@@ -498,4 +636,12 @@ func (j *job) lockJournal() (*os.File, error) {
 		return nil, fmt.Errorf("%w: another clipshard convert is writing %s (lock %s held)", ErrUsage, j.opts.Out, j.journalPath)
 	}
 	return jf, err
+}
+
+// labelsOf is modality k's vocabulary (nil if it is not a label).
+func (j *job) labelsOf(k int) []string {
+	if k < len(j.vocab) {
+		return j.vocab[k]
+	}
+	return nil
 }

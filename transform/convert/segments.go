@@ -129,7 +129,7 @@ func (j *job) finalizeSegments(w *writer) (*manifests.Dataset, []byte, string, e
 		}
 		fb, _ := array.ByteSize(st.frameShape, st.dtype.Size)
 		mod := manifests.Modality{Name: m.Name, DType: st.dtype.Descr(), SourceDType: strings.Join(st.descrs, ","),
-			FrameShape: append([]int{}, st.frameShape...), Rate: rate, Rows: st.rows, Template: m.Template, Keys: m.Keys, PerClip: m.PerClip, Blobs: []manifests.Blob{}}
+			FrameShape: append([]int{}, st.frameShape...), Rate: rate, Rows: st.rows, Template: m.Template, Keys: m.Keys, PerClip: m.PerClip, LabelColumn: m.Label, Labels: j.labelsOf(k), Blobs: []manifests.Blob{}}
 		// The previous version's blobs that some clip still reads, in
 		// their order, then the new one.
 		index := map[string]int{}

@@ -44,6 +44,51 @@ type Modality struct {
 	// identity coefficients [100]), stored as one row per clip; it plays
 	// no part in the clips' lengths. Rate is 1 and unused.
 	PerClip bool `json:"per_clip,omitempty"`
+	// Label (convert --label NAME=COLUMN) makes a label modality: no
+	// source file, but the clip list's column Label, one string a clip,
+	// stored per clip as an int32 code into the vocabulary (the distinct
+	// values, in the order the clip list first gives them) that
+	// dataset.json records. PerClip and KeepDType are set; Template and
+	// Keys are empty.
+	Label string `json:"label,omitempty"`
+	// LabelKey (convert --label NAME=TEMPLATE.pkl:KEY) makes a label
+	// modality of the str (or int) at KEY of each clip's pickle: coded
+	// as Label's, in the order the clips give them, by the writer.
+	LabelKey bool `json:"label_key,omitempty"`
+}
+
+// IsLabel reports whether m is a label modality (of a column or a key).
+func (m Modality) IsLabel() bool { return m.Label != "" || m.LabelKey }
+
+// ParseLabel parses --label NAME[=COLUMN]: the label modality NAME from
+// the clip list's column COLUMN (default: NAME), or --label
+// NAME=TEMPLATE.pkl:KEY: from the str or int at KEY of each clip's pickle.
+func ParseLabel(s string) (Modality, error) {
+	name, col, ok := strings.Cut(s, "=")
+	if !ok {
+		col = name
+	}
+	if strings.Contains(col, "{clip}") {
+		m, err := ParseModality(name + "@clip=" + col)
+		switch {
+		case err != nil:
+			return Modality{}, fmt.Errorf("%w (in --label %q)", err, s)
+		case m.Keys == "" || strings.Contains(m.Keys, "+"):
+			return Modality{}, fmt.Errorf("%w: --label %q: a label from a file is a str or an int at one key of a pickle: NAME=TEMPLATE.pkl:KEY (or NAME=COLUMN of a .csv or .parquet clip list)", ErrUsage, s)
+		}
+		m.KeepDType, m.LabelKey = true, true
+		return m, nil
+	}
+	if col == "" || strings.TrimSpace(col) != col {
+		return Modality{}, fmt.Errorf("%w: --label %q: want NAME or NAME=COLUMN (a column of the .csv or .parquet clip list)", ErrUsage, s)
+	}
+	if col == "clip" {
+		return Modality{}, fmt.Errorf("%w: --label %q: the clip column holds the ids, which every dataset keeps (clips.txt; Dataset.ids in Python): label another column", ErrUsage, s)
+	}
+	if err := CheckName(name); err != nil {
+		return Modality{}, fmt.Errorf("%w (in --label %q)", err, s)
+	}
+	return Modality{Name: name, Rate: 1, PerClip: true, KeepDType: true, Label: col}, nil
 }
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]*$`)
@@ -122,6 +167,9 @@ func ParseModality(s string) (Modality, error) {
 // Path returns the source path of clip for this modality: the template with
 // {clip} replaced, joined to root when relative.
 func (m Modality) Path(root, clip string) string {
+	if m.Label != "" {
+		return "" // the clip list's column: no file
+	}
 	p := strings.ReplaceAll(m.Template, "{clip}", clip)
 	if !filepath.IsAbs(p) {
 		p = filepath.Join(root, p)
@@ -162,6 +210,11 @@ type Options struct {
 	// already so (format 1, or one blob per modality holding exactly its
 	// clips' rows in order) whose inputs are unchanged is up to date.
 	Compact bool
+	// LabelsLike (--labels-like DIR): the label modalities' vocabularies
+	// start with those of the same labels in the dataset DIR (rather than
+	// the dataset in Out's), so that a code means the same label in both
+	// and their epochs can be mixed.
+	LabelsLike string
 	// Keep, if > 0, drops every version of a dataset in segments but the
 	// Keep newest after the run (see Keep).
 	Keep int

@@ -5,6 +5,7 @@ package convert
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"slices"
 	"strings"
@@ -175,6 +176,9 @@ func (w *writer) write(c *clipOut) error {
 	j := w.job
 	id := j.clips[c.index]
 	if c.err == nil {
+		c.err = w.labelCodes(id, c)
+	}
+	if c.err == nil {
 		c.err = w.checkShapes(id, c)
 	}
 	if c.err != nil {
@@ -184,7 +188,9 @@ func (w *writer) write(c *clipOut) error {
 		reason := strings.TrimPrefix(c.err.Error(), ErrInput.Error()+": ")
 		rec := journalRecord{Index: c.index, Clip: id, Skip: reason}
 		for _, m := range j.opts.Modalities {
-			rec.SkipSources = append(rec.SkipSources, manifests.Stamp(m.Path(j.root, id)))
+			if m.Label == "" { // (a label has no file: the fingerprint covers it)
+				rec.SkipSources = append(rec.SkipSources, manifests.Stamp(m.Path(j.root, id)))
+			}
 		}
 		if err := w.journal.write(rec); err != nil {
 			return err
@@ -301,4 +307,38 @@ func (w *writer) checkShapes(id string, c *clipOut) error {
 		}
 	}
 	return nil
+}
+
+// labelCodes gives the labels a clip's worker read from pickle keys their
+// codes, in clip order (so that a run numbers them as the clips give
+// them), and fills in their rows, audit and journal record.
+func (w *writer) labelCodes(id string, c *clipOut) error {
+	j := w.job
+	coded := false
+	for k := range c.mods {
+		mo := &c.mods[k]
+		if mo.label == "" || mo.ref != nil || mo.reuse != nil || mo.data != nil {
+			continue
+		}
+		code, err := j.labelCode(k, mo.label)
+		if err != nil {
+			return fmt.Errorf("%w: %s: clip %q: modality %q: %w", ErrInput, mo.src.Path, id, j.opts.Modalities[k].Name, err)
+		}
+		fillLabel(mo, code)
+		coded = true
+	}
+	if coded && c.journal != nil {
+		c.journal = c.record(id)
+	}
+	return nil
+}
+
+// fillLabel sets mo's row to the int32 code, with its audit and hash as a
+// column label's (convertPiece over the code, kept).
+func fillLabel(mo *modOut, code int32) {
+	mo.data = binary.LittleEndian.AppendUint32(nil, uint32(code))
+	cv, _ := convertPiece(make([]byte, 4), mo.data, labelDType, true, 1, 0) // (an int32 never fails)
+	mo.rows, mo.dtype, mo.frameShape, mo.size = 1, labelDType, []int{}, 4
+	mo.stats, mo.xxh = cv.stats, cv.xxh
+	mo.src.XXH64, mo.src.Audited, mo.src.Descr, mo.src.Stats = cv.xxh, true, mo.sourceDescr, manifests.Stats(cv.stats)
 }

@@ -131,7 +131,7 @@ func openManifest(j *job) (*manifests.Epochs, error) {
 	}
 	for _, m := range j.mods {
 		fresh.Modalities = append(fresh.Modalities, manifests.EpochModality{Name: m.name, DType: m.dtype.Descr(), Rate: int(m.rate),
-			FrameShape: m.frameShape, WindowRows: o.Sampling.Window * int(m.rate), PerClip: m.perClip})
+			FrameShape: m.frameShape, WindowRows: o.Sampling.Window * int(m.rate), PerClip: m.perClip, Labels: m.labels})
 	}
 	if st, err := os.Stat(o.Out); err == nil && !st.IsDir() {
 		return nil, fmt.Errorf("%w: --out %s exists and is not a directory", ErrUsage, o.Out)

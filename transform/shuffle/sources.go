@@ -17,6 +17,7 @@ import (
 	"github.com/clipshard/clipshard/formats/array"
 	"github.com/clipshard/clipshard/formats/npy"
 	"github.com/clipshard/clipshard/formats/regfile"
+	"github.com/clipshard/clipshard/internal/ui"
 	"github.com/clipshard/clipshard/manifests"
 )
 
@@ -26,8 +27,9 @@ type modInfo struct {
 	perClip    bool  // one row per clip: a sample takes its clip's row
 	frameShape []int
 	dtype      array.DType
-	rowBytes   int64 // bytes per blob row
-	winBytes   int64 // bytes per sample: W*rate rows (one row if perClip)
+	rowBytes   int64    // bytes per blob row
+	winBytes   int64    // bytes per sample: W*rate rows (one row if perClip)
+	labels     []string // a label modality's vocabulary (nil: not a label)
 }
 
 // srcInfo is one source dataset (a plain run has one): its blobs, and
@@ -147,7 +149,7 @@ func (j *job) addSource(name, dir string) error {
 			return err
 		}
 		mi := modInfo{name: m.Name, rate: int64(m.Rate), perClip: m.PerClip, frameShape: m.FrameShape, dtype: dt,
-			rowBytes: rb, winBytes: int64(j.o.Sampling.Window) * int64(m.Rate) * rb}
+			rowBytes: rb, winBytes: int64(j.o.Sampling.Window) * int64(m.Rate) * rb, labels: m.Labels}
 		if m.PerClip {
 			mi.rate, mi.winBytes = 0, rb
 		}
@@ -179,11 +181,14 @@ func (j *job) addSource(name, dir string) error {
 	} else if err := j.compareMods(name, dir, mods); err != nil {
 		return err
 	}
+	wh, err := manifests.LoadWhere(dir, ds, starts, lengths)
+	if err != nil {
+		return err
+	}
+	if err := checkLabels(dir, ds, wh, starts, lengths); err != nil {
+		return err
+	}
 	if ds.Segmented() {
-		wh, err := manifests.LoadWhere(dir, ds, starts, lengths)
-		if err != nil {
-			return err
-		}
 		j.addRuns(len(j.srcs), &src, ds, wh, mods, starts, lengths)
 	} else {
 		j.runs = append(j.runs, runInfo{src: len(j.srcs), clip0: src.clip0, frame0: src.frame0, clips: ds.Clips, frames: ds.Frames, files: src.files})
@@ -304,9 +309,44 @@ func (j *job) compareMods(name, dir string, mods []modInfo) error {
 			return bad("modality %s has frame shape %s, source %s's %s", m.name, array.FormatShape(m.frameShape), first, array.FormatShape(f.frameShape))
 		case m.dtype.Descr() != f.dtype.Descr():
 			return bad("modality %s has dtype %s, source %s's %s", m.name, m.dtype.Descr(), first, f.dtype.Descr())
+		case (m.labels == nil) != (f.labels == nil) || !labelsAgree(m.labels, f.labels):
+			return fmt.Errorf("%w: source %s (%s): label %s has %s, source %s's %s: a code must mean one label in every source (convert %s with --labels-like %s: its vocabulary first, then its own labels)",
+				ErrUsage, name, dir, m.name, ui.LabelList(m.labels, 5), first, ui.LabelList(f.labels, 5), dir, j.srcs[0].dir)
+		case len(m.labels) > len(f.labels):
+			j.mods[k].labels = m.labels // (the epochs' vocabulary: the longest)
 		}
 	}
 	return nil
+}
+
+// checkLabels refuses a dataset whose label codes fall outside their
+// vocabulary (the epochs would carry them to every reader): 4 bytes a
+// clip read.
+func checkLabels(dir string, ds *manifests.Dataset, wh *manifests.Where, starts, lengths []int64) error {
+	for k, m := range ds.Modalities {
+		if !m.IsLabel() {
+			continue
+		}
+		_, err := ds.LabelCodes(wh, k, starts, lengths, func(file string) (io.ReaderAt, io.Closer, error) {
+			p, err := manifests.Confined(dir, file)
+			if err != nil {
+				return nil, nil, err
+			}
+			f, _, err := regfile.Open(p)
+			return f, f, err
+		})
+		if err != nil {
+			return fmt.Errorf("%s: %w", dir, err)
+		}
+	}
+	return nil
+}
+
+// labelsAgree reports whether two vocabularies give their shared codes
+// the same labels: one is the other's beginning.
+func labelsAgree(a, b []string) bool {
+	n := min(len(a), len(b))
+	return slices.Equal(a[:n], b[:n])
 }
 
 // checkBlob refuses a blob shorter than the manifest says (a damaged or

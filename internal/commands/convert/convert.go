@@ -46,10 +46,19 @@ along the last axis); without KEYS the pickle must hold a bare array.
 vector such as shape [100], or a number such as fps), stored a row per
 clip in DIR/NAME.npy and given whole to every sample; it plays no part
 in the clips' lengths. Integers are kept exactly with --keep-dtype NAME.
+--label NAME[=COLUMN]: a string per clip from a column of a .csv or
+.parquet clip list (speaker, emotion class...), or --label
+NAME=TEMPLATE.pkl:KEY from the str (or int) at KEY of each clip's pickle,
+kept as an int32 code a clip in DIR/NAME.npy, delivered like a per-clip
+value; dataset.json keeps the vocabulary (code i is its labels[i]), and a
+label keeps its code when DIR is converted again.
 
 Example with per-clip values:
   convert ... -m 'motion=motion/{clip}.pkl:exp+pose' \
     -m 'shape@clip=motion/{clip}.pkl:shape' -m 'fps@clip=motion/{clip}.pkl:fps' --keep-dtype fps
+
+Example with labels (clips.csv: clip,speaker):
+  convert --clips clips.csv ... -m 'motion=motion/{clip}.pkl:exp+pose' --label speaker
 
 Flags:
 `
@@ -133,6 +142,7 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	var (
 		mods, keep     multi
+		labels         multi
 		o              convert.Options
 		onError        string
 		quiet, jsonOut bool
@@ -146,6 +156,8 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 	fs.StringVar(&o.Out, "out", "", "dataset `DIR` to write")
 	fs.StringVar(&o.Align, "align", "strict", "`strict|trim`: modalities must agree on each clip's length, or are cut to the shortest")
 	fs.Int64Var(&o.MaxTrim, "max-trim", convert.DefaultMaxTrim, "with --align trim: a clip may lose at most `N` clip frames (a clip needing more is bad input; -1: no bound)")
+	fs.Var(&labels, "label", "`NAME[=COLUMN]` or NAME=TEMPLATE.pkl:KEY: a label per clip from the .csv/.parquet clip list's column COLUMN (default NAME), or the str at KEY of each clip's pickle, delivered in every sample as an int32 code into the vocabulary dataset.json keeps (repeatable)")
+	fs.StringVar(&o.LabelsLike, "labels-like", "", "dataset `DIR` whose labels' codes to keep: each --label's vocabulary starts with DIR's (default: the dataset in --out's), so that epochs of both can be mixed")
 	fs.Var(&keep, "keep-dtype", "keep modality `NAME` in its source dtype instead of float16 (repeatable)")
 	fs.BoolVar(&o.AllowInt, "allow-int", false, "accept integer and bool arrays (converted to float16; --keep-dtype NAME keeps them as they are)")
 	fs.BoolVar(&o.AllowOutsideRoot, "allow-outside-root", false, "accept clip ids that are absolute or contain .. (they read outside --root)")
@@ -233,6 +245,14 @@ func Run(name string, args []string, stdout, stderr io.Writer) (code int) {
 	}
 	for _, s := range mods {
 		m, err := convert.ParseModality(s)
+		if err != nil {
+			ui.Fail(stderr, name, err)
+			return 2
+		}
+		o.Modalities = append(o.Modalities, m)
+	}
+	for _, s := range labels {
+		m, err := convert.ParseLabel(s)
 		if err != nil {
 			ui.Fail(stderr, name, err)
 			return 2
@@ -411,6 +431,14 @@ func summary(w io.Writer, r *convert.Result, asJSON bool) {
 	}
 	for _, m := range d.Modalities {
 		s := d.Stats[m.Name]
+		if m.IsLabel() {
+			from := fmt.Sprintf("column %q", m.LabelColumn)
+			if m.LabelColumn == "" {
+				from = fmt.Sprintf("key %q of %s", m.Keys, m.Template)
+			}
+			fmt.Fprintf(w, "  %-12s %s x%d rows  labels from %s: %s\n", m.Name, m.DType, m.Rows, from, ui.LabelList(m.Labels, 8))
+			continue
+		}
 		fmt.Fprintf(w, "  %-12s %s %v x%d rows  max|x| %g  nan %d inf %d overflow %d underflow %d\n",
 			m.Name, m.DType, m.FrameShape, m.Rows, s.MaxAbs, s.NaN, s.InfIn, s.Overflow, s.Underflow)
 	}

@@ -5,6 +5,7 @@ package inspectcmd
 import (
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 
 	"github.com/clipshard/clipshard/internal/inspect"
@@ -38,6 +39,14 @@ func printText(w io.Writer, rep any) {
 			fmt.Fprintf(w, "  skipped %s\n", ui.OneLine(s))
 		}
 		for _, m := range r.Modalities {
+			if m.Labels != nil {
+				from := "column " + m.LabelColumn
+				if m.LabelColumn == "" {
+					from = fmt.Sprintf("key %s of %s", m.Keys, m.Template)
+				}
+				fmt.Fprintf(w, "  %-12s %s label (%s), %d rows, %s; clips per label: %s\n", m.Name, m.DType, from, m.Rows, ui.Bytes(m.Bytes), labelCounts(m.Labels, m.LabelClips, 12))
+				continue
+			}
 			rate := fmt.Sprintf("rate %d", m.Rate)
 			if m.PerClip {
 				rate = "per clip"
@@ -145,4 +154,25 @@ func printFeatures(w io.Writer, f inspect.FeatureReport) {
 	if len(f.Mean) > show {
 		fmt.Fprintf(w, "    (%d more features: --json has them all)\n", len(f.Mean)-show)
 	}
+}
+
+// labelCounts words a vocabulary with its clip counts, the first max
+// labels: "alice 120, bob 100 ... and 3 more".
+func labelCounts(labels []string, clips []int64, max int) string {
+	var parts []string
+	for i, l := range labels {
+		if i == max {
+			parts = append(parts, fmt.Sprintf("... and %d more", len(labels)-max))
+			break
+		}
+		if strings.ContainsAny(l, " ,\"") {
+			l = strconv.Quote(l)
+		}
+		n := int64(0)
+		if i < len(clips) {
+			n = clips[i]
+		}
+		parts = append(parts, fmt.Sprintf("%s %d", l, n))
+	}
+	return fmt.Sprintf("%d labels: %s", len(labels), strings.Join(parts, ", "))
 }
