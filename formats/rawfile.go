@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/clipshard/clipshard/formats/regfile"
+
 	"golang.org/x/sys/unix"
 )
 
@@ -119,7 +121,7 @@ func openSettled(dirs *Dirs, path string) (*rawFile, fs.FileInfo, error) {
 		}
 		if !info.Mode().IsRegular() {
 			f.Close()
-			return nil, nil, fmt.Errorf("%s: not a regular file", path)
+			return nil, nil, fmt.Errorf("%s: %w (%s)", path, regfile.ErrNotRegular, regfile.Kind(info.(*rawInfo).st.Mode))
 		}
 		ri := info.(*rawInfo)
 		ri.began = began

@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -187,4 +189,23 @@ func Join(dir, rel string) (string, error) {
 		return "", err
 	}
 	return filepath.Join(dir, filepath.FromSlash(rel)), nil
+}
+
+// LinkOut words a problem for the entry rel of dir (e) that is a symbolic
+// link to a file or folder outside dir, which no command or reader
+// follows: "" for anything else (a link inside dir is followed as the
+// readers follow it).
+func LinkOut(dir, rel string, e fs.DirEntry) string {
+	if e.Type()&fs.ModeSymlink == 0 {
+		return ""
+	}
+	p := filepath.Join(dir, filepath.FromSlash(rel))
+	if st, err := os.Stat(p); err != nil || !(st.Mode().IsRegular() || st.IsDir()) {
+		return "" // (a dangling link is missing, a link to a FIFO or a device not a regular file: said as such)
+	}
+	if _, err := Confined(dir, rel); err != nil {
+		to, _ := os.Readlink(p)
+		return fmt.Sprintf("a symbolic link to %s, out of the folder: clipshard and its readers follow no link out of a folder they read (move what it points to here instead)", to)
+	}
+	return ""
 }

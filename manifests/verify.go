@@ -83,7 +83,7 @@ func verifyDataset(dir string, d *Dataset, o VerifyOptions) (*Report, []ClipRow,
 
 	// Expected files: the manifests, the blobs, nothing else.
 	want := d.OwnFiles()
-	present := map[string]bool{}
+	present, linked := map[string]bool{}, map[string]bool{} // (linked: links out of dir, not followed)
 	if d.Segmented() {
 		var err error
 		if want, err = DirFiles(dir, d); err != nil {
@@ -94,6 +94,11 @@ func verifyDataset(dir string, d *Dataset, o VerifyOptions) (*Report, []ClipRow,
 			return nil, nil, fmt.Errorf("%w: %w", ErrManifest, err)
 		}
 		err = WalkRel(dir, func(rel string, e fs.DirEntry) error {
+			if what := LinkOut(dir, rel, e); what != "" {
+				r.add(Problem{File: rel, What: what})
+				linked[rel] = true
+				return nil
+			}
 			switch {
 			case e.IsDir() && (rel == SegmentsDir || rel == VersionsDir || wantsUnder(want, rel)):
 				return nil
@@ -104,7 +109,7 @@ func verifyDataset(dir string, d *Dataset, o VerifyOptions) (*Report, []ClipRow,
 				r.add(Problem{File: rel + "/", What: "left by a convert --segments killed before its commit (no version lists it; a re-run of convert removes it)"})
 				return fs.SkipDir
 			case e.IsDir():
-				r.add(Problem{File: rel + "/", What: "unexpected folder (not in dataset.json)"})
+				r.add(Problem{File: rel + "/", What: "unexpected folder (not in dataset.json: a folder of yours? move it out of the dataset's folder)"})
 				return fs.SkipDir
 			}
 			present[rel] = true
@@ -115,7 +120,7 @@ func verifyDataset(dir string, d *Dataset, o VerifyOptions) (*Report, []ClipRow,
 			case dropping[rel]:
 				r.add(Problem{File: rel, What: "left by a convert --keep killed before it finished (a dropped version's; a re-run of convert removes it)"})
 			default:
-				r.add(Problem{File: rel, What: "unexpected file (not in dataset.json)"})
+				r.add(Problem{File: rel, What: "unexpected file (not in dataset.json: a file of yours? move it out of the dataset's folder)"})
 			}
 			return nil
 		})
@@ -133,18 +138,23 @@ func verifyDataset(dir string, d *Dataset, o VerifyOptions) (*Report, []ClipRow,
 			return nil, nil, fmt.Errorf("%w: %w", ErrManifest, err)
 		}
 		for _, e := range entries {
+			if what := LinkOut(dir, e.Name(), e); what != "" {
+				r.add(Problem{File: e.Name(), What: what})
+				linked[e.Name()] = true
+				continue
+			}
 			present[e.Name()] = true
 			switch {
 			case want[e.Name()] || e.Name() == BlockSumsFile || e.Name() == ClaimFile: // (a bucket's, synced down: checked below)
 			case e.IsDir() && (e.Name() == SegmentsDir || e.Name() == VersionsDir):
 				r.add(Problem{File: e.Name() + "/", What: "left by a convert --segments killed before its commit (no version lists it; a re-run of convert --segments removes it)"})
 			default:
-				r.add(Problem{File: e.Name(), What: "unexpected file (not in dataset.json)"})
+				r.add(Problem{File: e.Name(), What: "unexpected file (not in dataset.json: a file of yours? move it out of the dataset's folder)"})
 			}
 		}
 	}
 	for f := range want {
-		if !present[f] {
+		if !present[f] && !linked[f] && !linked[path.Dir(f)] {
 			r.add(Problem{File: f, What: "missing"})
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"path"
 	"path/filepath"
 	"strings"
 
@@ -53,9 +54,14 @@ func VerifyEpochs(dir string, o VerifyOptions) (*Report, error) {
 		}
 		blockSums[e.Dir+"/"+BlockSumsFile] = true
 	}
-	blockSums[ClaimFile] = true // (a bucket's: checked below)
-	present := map[string]bool{}
+	blockSums[ClaimFile] = true                             // (a bucket's: checked below)
+	present, linked := map[string]bool{}, map[string]bool{} // (linked: links out of dir, not followed)
 	werr := WalkRel(dir, func(rel string, d fs.DirEntry) error {
+		if what := LinkOut(dir, rel, d); what != "" {
+			r.Add(Problem{File: rel, What: what})
+			linked[rel] = true
+			return nil
+		}
 		if d.IsDir() {
 			var e int
 			if n, _ := fmt.Sscanf(rel, ".partial-epoch-%04d", &e); n == 1 && rel == ".partial-"+EpochDir(e) {
@@ -77,7 +83,7 @@ func VerifyEpochs(dir string, o VerifyOptions) (*Report, error) {
 		}
 		present[rel] = true
 		if !want[rel] && !blockSums[rel] {
-			r.Add(Problem{File: rel, What: "unexpected file (not in epochs.json)"})
+			r.Add(Problem{File: rel, What: "unexpected file (not in epochs.json: a file of yours? move it out of the epochs' folder)"})
 		}
 		return nil
 	})
@@ -85,7 +91,7 @@ func VerifyEpochs(dir string, o VerifyOptions) (*Report, error) {
 		r.Add(Problem{File: ".", What: "listing the directory: " + werr.Error()})
 	}
 	for f := range want {
-		if !present[f] {
+		if !present[f] && !linked[f] && !linked[path.Dir(f)] {
 			r.Add(Problem{File: f, What: "missing"})
 		}
 	}

@@ -437,3 +437,55 @@ func TestLabelsLikeFromPickle(t *testing.T) {
 	}
 	verifyOK(t, ds)
 }
+
+// TestLabelSourceFIFO: a label's pickle (its own file, not a modality's)
+// that is a FIFO, or a link to one, is refused in one line naming the
+// clip and the file, never waited on; with --on-error skip the clip is
+// skipped with that reason and the others keep their labels.
+func TestLabelSourceFIFO(t *testing.T) {
+	src := copyDemo(t)
+	pickleLabels(t, src)
+	must(t, os.MkdirAll(filepath.Join(src, "meta"), 0o755))
+	for i := range 12 {
+		b, err := os.ReadFile(filepath.Join(src, "motion", fmt.Sprintf("clip%03d.pkl", i)))
+		must(t, err)
+		must(t, os.WriteFile(filepath.Join(src, "meta", fmt.Sprintf("clip%03d.pkl", i)), b, 0o644))
+	}
+	fifo := filepath.Join(src, "meta", "clip003.pkl")
+	must(t, os.Remove(fifo))
+	must(t, syscall.Mkfifo(fifo, 0o644))
+	link := filepath.Join(src, "meta", "clip007.pkl")
+	must(t, os.Remove(link))
+	must(t, os.Symlink(fifo, link))
+	run := func(extra ...string) (string, string, error, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		out := filepath.Join(t.TempDir(), "ds")
+		cmd := exec.CommandContext(ctx, bin, append([]string{"--clips", filepath.Join(src, "clips.txt"), "--root", src, "--out", out, "--quiet",
+			"-m", "motion=motion/{clip}.pkl:exp+pose", "--label", "speaker=meta/{clip}.pkl:speaker"}, extra...)...)
+		b, err := cmd.CombinedOutput()
+		return out, string(b), err, ctx.Err()
+	}
+	_, got, err, hung := run()
+	if hung != nil || err == nil || strings.Count(strings.TrimSpace(got), "\n") != 0 || !strings.Contains(got, `clip "clip003"`) || !strings.Contains(got, "meta/clip003.pkl: not a regular file (a FIFO)") {
+		t.Fatalf("a label pickle that is a FIFO: %v %v %q", hung, err, got)
+	}
+	out, got, err, hung := run("--on-error", "skip")
+	if hung != nil || err != nil {
+		t.Fatalf("--on-error skip: %v %v %q", hung, err, got)
+	}
+	tsv, _ := os.ReadFile(filepath.Join(out, "skipped.tsv"))
+	if !strings.Contains(string(tsv), "clip003") || !strings.Contains(string(tsv), "clip007") || !strings.Contains(string(tsv), "not a regular file (a FIFO)") {
+		t.Fatalf("skipped.tsv: %s", tsv)
+	}
+	got2, voc := codes(t, out, "speaker")
+	ids := []int{0, 1, 2, 4, 5, 6, 8, 9, 10, 11}
+	if len(got2) != len(ids) {
+		t.Fatalf("%d clips, want %d", len(got2), len(ids))
+	}
+	for i, c := range got2 {
+		if voc[c] != speakerOf(ids[i]) {
+			t.Fatalf("clip %d: %s, want %s", ids[i], voc[c], speakerOf(ids[i]))
+		}
+	}
+}

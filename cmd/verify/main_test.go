@@ -186,6 +186,12 @@ func TestCorruption(t *testing.T) {
 				t.Fatal(err)
 			}
 		}, []string{"--deep", "--sources"}, 1, []string{"whisper.npy", "not a regular file (a FIFO)"}},
+		{"blob is a symlink to its bytes out of the folder", func(t *testing.T, src, dir string) {
+			p := filepath.Join(dir, "motion.npy")
+			to := filepath.Join(t.TempDir(), "motion.npy")
+			os.Rename(p, to)
+			os.Symlink(to, p) // (before: "intact", where shuffle and the readers refuse it)
+		}, []string{"--deep", "--sources"}, 1, []string{"motion.npy: a symbolic link to ", "out of the folder", "move what it points to here"}},
 		{"blob is a symlink to /dev/zero", func(t *testing.T, src, dir string) {
 			p := filepath.Join(dir, "motion.npy")
 			os.Remove(p)
@@ -387,6 +393,19 @@ func TestEpochCorruption(t *testing.T) {
 		rewriteSums(t, dir, files...)
 		r := verify(t, "--deep", dir)
 		if r.Code != 1 || !strings.Contains(r.Stdout, "epoch-0000/shard-00000.samples.npy") || !strings.Contains(r.Stdout, "seed 7 says") {
+			t.Fatalf("%d %s", r.Code, r.Stdout)
+		}
+	})
+	t.Run("an epoch's folder is a link out of the folder", func(t *testing.T) {
+		dir := shuffleDemo(t, ds, 7)
+		p := filepath.Join(dir, "epoch-0000")
+		to := filepath.Join(t.TempDir(), "epoch-0000")
+		if err := os.Rename(p, to); err != nil {
+			t.Fatal(err)
+		}
+		os.Symlink(to, p)
+		r := verify(t, "--deep", dir)
+		if r.Code != 1 || !strings.Contains(r.Stdout, "epoch-0000: a symbolic link to "+to+", out of the folder") || strings.Contains(r.Stdout, "missing") {
 			t.Fatalf("%d %s", r.Code, r.Stdout)
 		}
 	})

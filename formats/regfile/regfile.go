@@ -41,7 +41,7 @@ func Open(path string) (*os.File, fs.FileInfo, error) {
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		unix.Close(fd)
-		return nil, nil, fmt.Errorf("%s: %w (%s)", path, ErrNotRegular, kind(st.Mode))
+		return nil, nil, fmt.Errorf("%s: %w (%s)", path, ErrNotRegular, Kind(st.Mode))
 	}
 	// Reads of a regular file ignore O_NONBLOCK; cleared all the same, so
 	// that the runtime treats it as the blocking file it is.
@@ -79,8 +79,8 @@ func ReadFile(path string, limit int64) ([]byte, error) {
 	return b, nil
 }
 
-// kind names a file type for an error message.
-func kind(mode uint32) string {
+// Kind names a file type (a stat's mode) for an error message: "a FIFO".
+func Kind(mode uint32) string {
 	switch mode & unix.S_IFMT {
 	case unix.S_IFIFO:
 		return "a FIFO"

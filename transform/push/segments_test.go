@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/clipshard/clipshard/internal/clitest"
@@ -378,4 +379,110 @@ except ValueError as e:
 		t.Fatalf("a SHA256SUMS line that is not a sha256: %s", out)
 	}
 	os.WriteFile(sp, good, 0o644)
+}
+
+// TestPushSegmentsHostile: a dataset in segments whose folder holds the
+// user's own files (beside segments/, and in it) is refused naming one
+// and the fix, as verify refuses it; a segment's blob that is a FIFO, a segment folder or a blob that
+// is a symbolic link out of the folder (to a copy of the same bytes),
+// and a version's SHA256SUMS that is a link out, are each refused in one
+// line naming it, never opened or waited on, and the prefix is left
+// without a dataset.json.
+func TestPushSegmentsHostile(t *testing.T) {
+	s := s3test.Start(t, "bkt")
+	g := newGrowing(t, 12)
+	g.convert(t, g.ds, 10)
+	g.convert(t, g.ds, 12, "--segments")
+	k, err := manifests.KeptFiles(g.ds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seg string // (a segment's blob)
+	for f := range k.Blobs {
+		if strings.HasPrefix(f, "segments/") {
+			seg = f
+		}
+	}
+	if seg == "" {
+		t.Fatal("no segment")
+	}
+	clean := filepath.Join(t.TempDir(), "clean")
+	clitest.CopyTree(t, g.ds, clean)
+
+	// The user's files beside the dataset's (at the top, in segments/, in
+	// a segment): refused as verify refuses them, naming the first and
+	// the fix; nothing sent. Moved out, the push is the clean folder's.
+	for _, f := range []string{"notes.txt", "segments/README", filepath.Dir(seg) + "/mine.txt"} {
+		must(t, os.WriteFile(filepath.Join(g.ds, filepath.FromSlash(f)), []byte("the user's\n"), 0o644))
+	}
+	r := pushRun(t, s, nil, g.ds, "s3://bkt/mine")
+	oneLine(t, r, 1, "clipshard push: ")
+	if !strings.Contains(r.Stderr, "unexpected file (not in dataset.json: a file of yours? move it out") || !strings.Contains(r.Stderr, "and 2 more problems") {
+		t.Fatalf("push of a folder holding the user's files: %s", r.Stderr)
+	}
+	if _, err := os.Stat(filepath.Join(s.Root, "bkt", "mine")); err == nil {
+		t.Fatal("the push of a folder holding the user's files wrote to the bucket")
+	}
+	for _, f := range []string{"notes.txt", "segments/README", filepath.Dir(seg) + "/mine.txt"} {
+		must(t, os.Remove(filepath.Join(g.ds, filepath.FromSlash(f))))
+	}
+	if r := pushRun(t, s, nil, g.ds, "s3://bkt/mine"); r.Code != 0 {
+		t.Fatalf("push: %d %s", r.Code, r.Stderr)
+	}
+	got := bucketTree(t, filepath.Join(s.Root, "bkt", "mine"))
+	clitest.SameTree(t, got, segmentedTree(t, clean, got), "the bucket")
+
+	outside := t.TempDir()
+	cases := []struct {
+		name, want string
+		spoil      func(ds string)
+	}{
+		{"fifo", "not a regular file (a FIFO)", func(ds string) {
+			p := filepath.Join(ds, filepath.FromSlash(seg))
+			must(t, os.Remove(p))
+			must(t, syscall.Mkfifo(p, 0o644))
+		}},
+		{"segment-link", "out of the folder", func(ds string) {
+			p := filepath.Join(ds, filepath.FromSlash(filepath.Dir(seg)))
+			to := filepath.Join(outside, "seg")
+			must(t, os.Rename(p, to))
+			must(t, os.Symlink(to, p))
+		}},
+		{"blob-link", "out of the folder", func(ds string) {
+			p := filepath.Join(ds, "x.npy")
+			to := filepath.Join(outside, "x.npy")
+			must(t, os.Rename(p, to))
+			must(t, os.Symlink(to, p))
+		}},
+		{"sums-link", "out of the folder", func(ds string) {
+			p := filepath.Join(ds, filepath.FromSlash(manifests.VersionsDir+"/2/"+manifests.SumsFile))
+			to := filepath.Join(outside, "SHA256SUMS")
+			must(t, os.Rename(p, to))
+			must(t, os.Symlink(to, p))
+		}},
+	}
+	for _, c := range cases {
+		ds := filepath.Join(t.TempDir(), c.name)
+		clitest.CopyTree(t, clean, ds)
+		c.spoil(ds)
+		r = pushRun(t, s, nil, ds, "s3://bkt/"+c.name)
+		if r.Code == 0 || strings.Count(strings.TrimSpace(r.Stderr), "\n") != 0 || !strings.Contains(r.Stderr, c.want) {
+			t.Fatalf("%s: push: exit %d, want one line saying %q: %s", c.name, r.Code, c.want, r.Stderr)
+		}
+		if _, err := os.Stat(filepath.Join(s.Root, "bkt", c.name, manifests.DatasetFile)); err == nil {
+			t.Fatalf("%s: a dataset.json committed", c.name)
+		}
+		if c.name != "fifo" {
+			if r := clip(t, "verify", ds); r.Code != 1 || !strings.Contains(r.Stdout, "a symbolic link to ") {
+				t.Fatalf("%s: verify: exit %d %s %s", c.name, r.Code, r.Stdout, r.Stderr)
+			}
+		}
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
 }

@@ -10,10 +10,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/clipshard/clipshard/formats/bucket"
@@ -23,16 +25,25 @@ import (
 )
 
 // files lists rels with their sizes and recorded sums (a file SHA256SUMS
-// does not list is an error: push sends only what it can check).
+// does not list is an error: push sends only what it can check; a file or
+// folder that is a link out of dir is refused: push never follows one).
 func files(dir string, rels []string, sums map[string]string) ([]object, error) {
 	var out []object
 	for _, rel := range rels {
-		fi, err := os.Lstat(filepath.Join(dir, filepath.FromSlash(rel)))
+		p, err := manifests.Confined(dir, rel)
+		if err != nil {
+			return nil, fmt.Errorf("%w: push sends a dataset's own files only (copy what the link points to into %s, or convert again)", err, dir)
+		}
+		fi, err := os.Lstat(p)
 		if err != nil {
 			return nil, err
 		}
 		if !fi.Mode().IsRegular() {
-			return nil, fmt.Errorf("%s: not a regular file", filepath.Join(dir, rel))
+			what := "a link" // (fi is the entry's, not followed)
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok && fi.Mode()&fs.ModeSymlink == 0 {
+				what = regfile.Kind(st.Mode)
+			}
+			return nil, fmt.Errorf("%s: %w (%s)", p, regfile.ErrNotRegular, what)
 		}
 		if sums[rel] == "" {
 			return nil, fmt.Errorf("%s: not listed in SHA256SUMS", filepath.Join(dir, rel))
@@ -146,7 +157,10 @@ func oursAll(ctx context.Context, o Options, rels ...string) error {
 // object is made only if they are the recorded ones (else its upload is
 // aborted and the push fails, naming the file).
 func send(ctx context.Context, o Options, x object, report func(int64)) error {
-	p := filepath.Join(o.Dir, filepath.FromSlash(x.rel))
+	p, err := manifests.Confined(o.Dir, x.rel) // (again: a folder swapped for a link since files() looked)
+	if err != nil {
+		return err
+	}
 	f, fi, err := regfile.Open(p)
 	if err != nil {
 		return err
@@ -199,7 +213,10 @@ func (c *counting) Read(p []byte) (int, error) {
 
 // readChecked reads a small local file whose sha256 must be sum.
 func readChecked(dir, rel, sum string) ([]byte, error) {
-	p := filepath.Join(dir, filepath.FromSlash(rel))
+	p, err := manifests.Confined(dir, rel)
+	if err != nil {
+		return nil, fmt.Errorf("%w: push sends a dataset's own files only (copy what the link points to into %s, or convert again)", err, dir)
+	}
 	b, err := regfile.ReadFile(p, manifests.MaxManifest)
 	if err != nil {
 		return nil, err
