@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -17,6 +19,7 @@ import (
 
 	"github.com/clipshard/clipshard/formats/regfile"
 	"github.com/clipshard/clipshard/internal/textsafe"
+	"github.com/clipshard/clipshard/internal/ui"
 )
 
 // ErrClipList marks a clip list that cannot be used; ErrUnsafeID, also
@@ -203,7 +206,7 @@ func readCSVColumns(path string, cols []string, why string) (map[string][]string
 	for k, c := range cols {
 		i, ok := at[c]
 		if !ok {
-			return nil, fmt.Errorf("%w: %s: no %q column%s in header %q", ErrClipList, path, c, why, header)
+			return nil, fmt.Errorf("%w: %s: no %q column%s in header %q%s", ErrClipList, path, c, why, header, meant(c, slices.Collect(maps.Keys(at))))
 		}
 		idx[k] = i
 	}
@@ -250,7 +253,11 @@ func readParquetColumns(path string, cols []string, why string, ints bool) (out 
 	sch := rd.MetaData().Schema
 	for _, c := range cols {
 		if sch.ColumnIndexByName(c) < 0 {
-			return nil, fmt.Errorf("%w: %s: no %q column%s", ErrClipList, path, c, why)
+			var names []string
+			for i := range sch.NumColumns() {
+				names = append(names, sch.Column(i).Path())
+			}
+			return nil, fmt.Errorf("%w: %s: no %q column%s (it has %s)%s", ErrClipList, path, c, why, strings.Join(names, ", "), meant(c, names))
 		}
 	}
 	out = map[string][]string{}
@@ -301,4 +308,14 @@ func readParquetColumns(path string, cols []string, why string, ints bool) (out 
 		}
 	}
 	return out, nil
+}
+
+// meant is "; did you mean COLUMN?" for the column of names nearest to a
+// misspelt c, or "".
+func meant(c string, names []string) string {
+	slices.Sort(names)
+	if near := ui.Nearest(c, names); near != "" {
+		return fmt.Sprintf("; did you mean %q?", near)
+	}
+	return ""
 }

@@ -178,6 +178,10 @@ func TestLabels(t *testing.T) {
 	if pc, pv := codes(t, pds, "speaker"); !slices.Equal(pv, []string{"100", "101", "102"}) || pc[4] != 1 {
 		t.Fatalf("parquet labels %q %v", pv, pc)
 	}
+	r = runConvert(t, nil, "--clips", pq, "--root", src, "--out", filepath.Join(t.TempDir(), "x"), "--quiet", "-m", "motion=motion/{clip}.pkl:exp+pose", "--label", "speaker=spkid")
+	if r.Code != 1 || !strings.Contains(r.Stderr, `no "spkid" column for --label (it has clip, spk_id); did you mean "spk_id"?`) {
+		t.Fatalf("a misspelt Parquet column: %d %s", r.Code, r.Stderr)
+	}
 }
 
 // TestLabelsBadInput (#64.1): each bad --label or label column is one
@@ -201,6 +205,7 @@ func TestLabelsBadInput(t *testing.T) {
 	}{
 		{filepath.Join(src, "clips.txt"), "speaker", 2, "labels come from a column of a .csv or .parquet clip list"},
 		{csvList(good), "speaker=spk", 1, `no "spk" column for --label in header ["clip" "speaker"]`},
+		{csvList(good), "speaker=spaeker", 1, `no "spaeker" column for --label in header ["clip" "speaker"]; did you mean "speaker"?`},
 		{csvList("clip,speaker\nclip000,a\nclip001,\n"), "speaker", 1, `row 2: column "speaker": the label is empty: every clip needs one`},
 		{csvList("clip,speaker\nclip000,a\x1b[31m\nclip001,b\n"), "speaker", 1, `row 1: column "speaker": label "a\x1b[31m" holds U+001B`},
 		{csvList("clip,speaker\nclip000,a\nclip001," + strings.Repeat("x", 1025) + "\n"), "speaker", 1, "holds 1025 bytes: a label is at most 1024"},
