@@ -494,3 +494,67 @@ func TestLabelSourceFIFO(t *testing.T) {
 		}
 	}
 }
+
+// TestLabelsRace: a convert (B) that read the labels' vocabulary of the
+// dataset in --out, then found it replaced by another convert (A) that
+// finished meanwhile, stops before writing, saying to run it again (it
+// went on with the old vocabulary, and A's new label lost its code); run
+// again, it keeps A's codes and adds its own.
+func TestLabelsRace(t *testing.T) {
+	src := copyDemo(t)
+	ds := filepath.Join(t.TempDir(), "ds")
+	base, listA, listB := filepath.Join(src, "base.csv"), filepath.Join(src, "a.csv"), filepath.Join(src, "b.csv")
+	labelCSV(t, base, 9, speakerOf)
+	labelCSV(t, listA, 11, func(i int) string { return map[bool]string{true: "from-a", false: speakerOf(i)}[i >= 9] })
+	labelCSV(t, listB, 12, func(i int) string { return map[bool]string{true: "from-b", false: speakerOf(i)}[i >= 9] })
+	if r := runConvert(t, nil, labelArgs(src, base, ds)...); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	_, v0 := codes(t, ds, "speaker")
+
+	// B pauses at each fault point (the first once its labels are read);
+	// A runs whole while B waits there.
+	log := filepath.Join(t.TempDir(), "points")
+	b := exec.Command(bin, labelArgs(src, listB, ds)...)
+	b.Env = append(os.Environ(), "CLIPSHARD_FAULT_DELAY=1500ms", "CLIPSHARD_FAULT_LOG="+log)
+	var stderr strings.Builder
+	b.Stderr = &stderr
+	must(t, b.Start())
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if got, _ := os.ReadFile(log); strings.Contains(string(got), "convert.labels-read") {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Process.Kill()
+			t.Fatal("B never read its labels")
+		}
+	}
+	if r := runConvert(t, nil, labelArgs(src, listA, ds)...); r.Code != 0 {
+		b.Process.Kill()
+		t.Fatal(r.Stderr)
+	}
+	_, va := codes(t, ds, "speaker")
+	err := b.Wait()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(stderr.String(), "changed after this convert read its labels (another convert finished meanwhile): run it again") {
+		t.Fatalf("B after A: %v %s", err, stderr.String())
+	}
+	if _, vb := codes(t, ds, "speaker"); !slices.Equal(vb, va) {
+		t.Fatalf("B wrote: %q, A's %q", vb, va)
+	}
+	if r := runConvert(t, nil, labelArgs(src, listB, ds)...); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	got, vb := codes(t, ds, "speaker")
+	if !slices.Equal(vb, append(slices.Clone(va), "from-b")) || !slices.Equal(va[:len(v0)], v0) || !slices.Contains(va, "from-a") {
+		t.Fatalf("vocabularies: base %q, A %q, B again %q", v0, va, vb)
+	}
+	for i, c := range got {
+		want := speakerOf(i)
+		if i >= 9 {
+			want = "from-b"
+		}
+		if vb[c] != want {
+			t.Fatalf("clip %d: %s, want %s", i, vb[c], want)
+		}
+	}
+}

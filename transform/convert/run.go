@@ -24,6 +24,7 @@ import (
 	"github.com/clipshard/clipshard/formats/atomicfile"
 	"github.com/clipshard/clipshard/formats/blob"
 	"github.com/clipshard/clipshard/formats/f16"
+	"github.com/clipshard/clipshard/formats/regfile"
 	"github.com/clipshard/clipshard/internal/faults"
 	"github.com/clipshard/clipshard/manifests"
 )
@@ -87,6 +88,11 @@ type job struct {
 	codeOf []map[string]int32 // label -> code, per label modality
 	// vocabBytes: per label modality, its vocabulary's bytes (labelCode)
 	vocabBytes []int64
+	// vocabFrom: the sha256 of the dataset.json in --out whose labels
+	// began the vocabularies ("" for none), checked again under the
+	// journal's lock: a convert that finished meanwhile may have given
+	// new labels codes this run would give others.
+	vocabFrom string
 }
 
 // modState is what the writer knows about a modality so far.
@@ -161,6 +167,9 @@ func Run(ctx context.Context, o Options) (res *Result, err error) {
 		return nil, err
 	}
 	defer jf.Close()
+	if err := j.checkVocabFrom(); err != nil {
+		return nil, err
+	}
 	if o.Segments && !o.Force {
 		// What a convert --segments killed before its commit left (under
 		// the lock: no run is writing it now), before the dataset is
@@ -319,6 +328,7 @@ func newJob(o Options) (*job, error) {
 	if err != nil {
 		return nil, err
 	}
+	faults.Point("convert.labels-read")
 	// The fingerprint covers everything that decides the output bytes.
 	if o.MaxTrim == 0 {
 		o.MaxTrim = DefaultMaxTrim
@@ -414,7 +424,7 @@ func (j *job) readLabels(clips []string, out string) (values, like [][]string, e
 			return nil, nil, fmt.Errorf("%w: --labels-like: %w", ErrUsage, err)
 		}
 	case !j.opts.Force:
-		prev, _ = manifests.LoadDataset(out) // (checked: distinct labels; nil if none)
+		prev, j.vocabFrom = datasetIn(out) // (checked: distinct labels; nil if none)
 	}
 	for k, m := range j.opts.Modalities {
 		if !m.IsLabel() {
@@ -636,6 +646,35 @@ func (j *job) lockJournal() (*os.File, error) {
 		return nil, fmt.Errorf("%w: another clipshard convert is writing %s (lock %s held)", ErrUsage, j.opts.Out, j.journalPath)
 	}
 	return jf, err
+}
+
+// datasetIn is the dataset in dir and the sha256 of its dataset.json
+// (nil and "" if there is none, or none that parses).
+func datasetIn(dir string) (*manifests.Dataset, string) {
+	p := filepath.Join(dir, manifests.DatasetFile)
+	b, err := regfile.ReadFile(p, manifests.MaxManifest)
+	if err != nil {
+		return nil, ""
+	}
+	d, err := manifests.ParseDataset(p, b)
+	if err != nil {
+		return nil, ""
+	}
+	h := sha256.Sum256(b)
+	return d, hex.EncodeToString(h[:])
+}
+
+// checkVocabFrom refuses a run whose labels' vocabularies began with a
+// dataset in --out that another convert has replaced since (called under
+// the journal's lock).
+func (j *job) checkVocabFrom() error {
+	if j.vocab == nil || j.opts.Force || j.opts.LabelsLike != "" {
+		return nil
+	}
+	if _, now := datasetIn(j.opts.Out); now != j.vocabFrom {
+		return fmt.Errorf("%w: the dataset in %s changed after this convert read its labels (another convert finished meanwhile): run it again, and it starts from that one", ErrUsage, j.opts.Out)
+	}
+	return nil
 }
 
 // labelsOf is modality k's vocabulary (nil if it is not a label).
