@@ -72,7 +72,11 @@ for b in clipshard.EpochReader(%r, %d, rank=0, world_size=%d, batch_size=5, cach
     assert len(got) == len(want) and all(np.array_equal(a[k], b[k]) for a, b in zip(got, want) for k in b), "after a killed fetcher"
     left = [os.path.join(r, n) for r, _, ns in os.walk(cache) for n in ns if ".tmp.%d." % child.pid in n]
     assert not left, ("the dead fetcher's temporary files are left", left)
-    said.append("a fetcher killed mid-object: taken over, right bytes, no temporary file of it left")
+    # The lock files the dead fetcher held are removed by the reader that
+    # took its entries over, once each file is made.
+    locks = [os.path.join(r, n) for r, _, ns in os.walk(cache) for n in ns if n.endswith(".lock")]
+    assert not locks, ("lock files left after a killed fetcher was taken over", locks[:3])
+    said.append("a fetcher killed mid-object: taken over, right bytes, no temporary or lock file of it left")
 import time as _time
 for i, arg in enumerate(sys.argv[4:]):
     fault, endpoint = arg.split("=", 1)
