@@ -612,8 +612,20 @@ func TestSegmentsCompact(t *testing.T) {
 		Version: 2, Sampling: manifests.Sampling{Window: 5, Mode: "tile", Short: "pad"}}); err != nil {
 		t.Fatal(err)
 	}
-	before := clitest.Tree(t, out)
 	compact := segArgs(l11, out, base, "--compact")
+	// The user's files in the folder (at its top, in segments/): refused,
+	// naming them, nothing touched.
+	must(t, os.WriteFile(filepath.Join(out, "notes.txt"), []byte("mine\n"), 0o644))
+	must(t, os.MkdirAll(filepath.Join(out, "segments", "mydir"), 0o755))
+	must(t, os.WriteFile(filepath.Join(out, "segments", "mydir", "f"), []byte("mine\n"), 0o644))
+	before := clitest.Tree(t, out)
+	if r := runConvert(t, env, compact...); r.Code != 2 || !strings.Contains(r.Stderr, "holds files that are not clipshard's: notes.txt, segments/mydir: refusing") {
+		t.Fatalf("compact over the user's files: exit %d %s", r.Code, r.Stderr)
+	}
+	clitest.SameTree(t, before, clitest.Tree(t, out), "compact over the user's files")
+	must(t, os.Remove(filepath.Join(out, "notes.txt")))
+	must(t, os.RemoveAll(filepath.Join(out, "segments", "mydir")))
+	before = clitest.Tree(t, out)
 	r := runConvert(t, env, compact...)
 	if r.Code != 0 || !strings.Contains(r.Stdout, "copied into the new segment") || !strings.Contains(r.Stdout, "committed version 4") {
 		t.Fatalf("compact: exit %d: %s %s", r.Code, r.Stdout, r.Stderr)
