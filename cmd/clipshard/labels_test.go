@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -96,6 +97,52 @@ func TestLabelsReachTheBatch(t *testing.T) {
 		t.Fatalf("inspect --json: %+v", m)
 	}
 
+	// inspect of the epochs: each label's samples in the epoch, counted
+	// here from the shards' clip rows and the clip list.
+	want := map[string]int64{}
+	for _, sh := range e.Epochs[0].Shards {
+		smps, _, err := e.ReadShardSamples(ep, sh)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, smp := range smps {
+			want[spk12[smp.Clip]]++
+		}
+	}
+	perLabel := func(out string) map[string]int64 {
+		t.Helper()
+		var er struct {
+			Epochs []struct {
+				Labels map[string][]struct {
+					Label   string  `json:"label"`
+					Samples int64   `json:"samples"`
+					Share   float64 `json:"share"`
+				} `json:"samples_per_label"`
+			} `json:"epochs"`
+		}
+		if err := json.Unmarshal([]byte(out), &er); err != nil || len(er.Epochs) != 1 {
+			t.Fatalf("inspect --json of the epochs: %v %s", err, out)
+		}
+		got := map[string]int64{}
+		ls := er.Epochs[0].Labels["speaker"]
+		for i, l := range ls {
+			got[l.Label] = l.Samples
+			if i > 0 && l.Samples > ls[i-1].Samples {
+				t.Fatalf("samples per label not most first: %+v", ls)
+			}
+		}
+		if len(ls) != len(vocab) || len(er.Epochs[0].Labels) != 2 {
+			t.Fatalf("samples per label: %+v", er.Epochs[0].Labels)
+		}
+		return got
+	}
+	if got := perLabel(clip(t, "inspect", "--json", ep).Stdout); !maps.Equal(got, want) {
+		t.Fatalf("inspect --json of the epochs: samples per speaker %v, the shards hold %v", got, want)
+	}
+	if r := clip(t, "inspect", ep); !strings.Contains(r.Stdout, "    samples per speaker: ") || !strings.Contains(r.Stdout, `"Smith, J" `) || !strings.Contains(r.Stdout, "    samples per mood: ") {
+		t.Fatalf("inspect of the epochs: %s", r.Stdout)
+	}
+
 	// A vocabulary cut short under the codes (dataset.json edited):
 	// verify names the clip and the code.
 	bad := filepath.Join(dir, "bad")
@@ -135,6 +182,11 @@ func TestLabelsReachTheBatch(t *testing.T) {
 	if r := clip(t, "verify", "--deep", mix); r.Code != 0 {
 		t.Fatalf("verify of the mixed epochs: %s %s", r.Stdout, r.Stderr)
 	}
+	// (every sample of the mixed epoch counted once, under the longer
+	// vocabulary: zed and yann are source b's clips 0 and 1)
+	if r := clip(t, "inspect", mix); r.Code != 0 || !strings.Contains(r.Stdout, "samples per speaker: ") || !strings.Contains(r.Stdout, " zed ") || !strings.Contains(r.Stdout, " yann ") {
+		t.Fatalf("inspect of the mixed epochs: %s %s", r.Stdout, r.Stderr)
+	}
 	if r := clip(t, "convert", "--quiet", "--clips", oList, "--root", src, "--out", filepath.Join(dir, "x"), "-m", "motion=motion/{clip}.pkl:exp+pose", "--label", "speaker", "--labels-like", src); r.Code != 2 || !strings.Contains(r.Stderr, "--labels-like: ") || !strings.Contains(r.Stderr, "holds no dataset.json") {
 		t.Fatalf("--labels-like a folder of sources: exit %d %s", r.Code, r.Stderr)
 	}
@@ -155,6 +207,9 @@ func TestLabelsReachTheBatch(t *testing.T) {
 	}
 	if r := clitest.Run(t, bin, s.Env(), "inspect", "s3://bkt/ds"); r.Code != 0 || !strings.Contains(r.Stdout, `clips per label: 6 labels: alice 3, bob 4, "Smith, J" 1, Zoë 1, carol 2, dave 1`) {
 		t.Fatalf("inspect of the bucket: exit %d %s %s", r.Code, r.Stdout, r.Stderr)
+	}
+	if r := clitest.Run(t, bin, s.Env(), "inspect", "--json", "s3://bkt/ep"); r.Code != 0 || !maps.Equal(perLabel(r.Stdout), want) {
+		t.Fatalf("inspect of the bucket's epochs: exit %d %s %s", r.Code, r.Stdout, r.Stderr)
 	}
 	script := `import sys
 sys.path.insert(0, sys.argv[1])

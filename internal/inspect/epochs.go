@@ -4,6 +4,7 @@
 package inspect
 
 import (
+	"encoding/binary"
 	"fmt"
 	"maps"
 	"path/filepath"
@@ -66,6 +67,17 @@ type EpochReport struct {
 	// Heavy: the clips holding an outsized share of the measured samples
 	// (at least 1 % of them and 10 times a clip's mean share, #64.6).
 	Heavy []HeavySamples `json:"heavy_clips"`
+	// Labels: per label modality, each label's samples among the measured
+	// ones, most first (every label of the vocabulary, those with none
+	// too): the balance of the classes a trainer sees.
+	Labels map[string][]LabelSamples `json:"samples_per_label,omitempty"`
+}
+
+// LabelSamples is a label's samples among an epoch's measured ones.
+type LabelSamples struct {
+	Label   string  `json:"label"`
+	Samples int64   `json:"samples"`
+	Share   float64 `json:"share"`
 }
 
 // HeavySamples is a clip that holds an outsized share of an epoch's
@@ -135,7 +147,9 @@ func Epochs(dir, sample string, batch int, mem int64, open Opener) (*EpochsRepor
 		}
 		unit, units := int64(batch), e.Samples/int64(batch)
 		var order []manifests.Sample
+		var spans [][2]int64 // (the ranges of samples measured)
 		if units < 10 {
+			spans = append(spans, [2]int64{0, e.Samples})
 			// Fewer than 10 whole batches: no figures by tenth (a tenth of
 			// the samples measured as a batch of its size, under an axis
 			// of batches of --batch, misled: #64.5); the epoch's own.
@@ -151,6 +165,7 @@ func Epochs(dir, sample string, batch int, mem int64, open Opener) (*EpochsRepor
 				end = e.Samples
 			}
 			hi := min(end, lo+per)
+			spans = append(spans, [2]int64{lo, hi})
 			got, err := readRange(dir, man, shards, lo, hi, len(names))
 			if err != nil {
 				return nil, err
@@ -169,6 +184,9 @@ func Epochs(dir, sample string, batch int, mem int64, open Opener) (*EpochsRepor
 		er.Measured = int64(len(order))
 		er.UniformDistinct, er.UniformNeighbours = uniform(order, batch)
 		er.Heavy = heavySamples(order, names, cols == 4)
+		if er.Labels, err = labelSamples(dir, man, shards, spans, open); err != nil {
+			return nil, err
+		}
 		if cols == 4 {
 			er.ShareByBatch, er.GroupBatches = shareByBatch(order, batch, names)
 		}
@@ -324,4 +342,64 @@ func shortClips(m *manifests.Epochs) int {
 		}
 	}
 	return n
+}
+
+// labelSamples counts, for each label modality of man, its labels'
+// samples in the spans of samples measured (read from the shards' label
+// files: 4 bytes a sample), most first, every label of the vocabulary
+// listed. nil without label modalities.
+func labelSamples(dir string, man *manifests.Epochs, shards []manifests.ShardEntry, spans [][2]int64, open Opener) (map[string][]LabelSamples, error) {
+	var out map[string][]LabelSamples
+	for _, m := range man.Modalities {
+		if m.Labels == nil || m.DType != "<i4" || !m.PerClip {
+			continue
+		}
+		per := make([]int64, len(m.Labels))
+		var total int64
+		for _, sp := range spans {
+			for _, s := range shards {
+				a, b := max(sp[0], s.First), min(sp[1], s.First+int64(s.Samples))
+				if a >= b {
+					continue
+				}
+				f, h, err := man.ShardFile(dir, s, m.Name)
+				if err != nil {
+					return nil, err
+				}
+				p := f.Name()
+				f.Close()
+				r, err := open(p)
+				if err != nil {
+					return nil, err
+				}
+				buf := make([]byte, 4*(b-a))
+				n, err := r.ReadAt(buf, h.DataOffset+4*(a-s.First))
+				r.Close()
+				if n < len(buf) {
+					return nil, fmt.Errorf("%s: reading samples %d..%d: %w", p, a-s.First, b-s.First, err)
+				}
+				for i := range b - a {
+					c := int32(binary.LittleEndian.Uint32(buf[4*i:]))
+					if c < 0 || int(c) >= len(per) {
+						return nil, fmt.Errorf("%s: sample %d: code %d, outside the %d labels of %q in epochs.json (verify %s)", p, a-s.First+i, c, len(per), m.Name, dir)
+					}
+					per[c]++
+				}
+				total += b - a
+			}
+		}
+		list := make([]LabelSamples, len(per))
+		for c, n := range per {
+			list[c] = LabelSamples{Label: m.Labels[c], Samples: n}
+			if total > 0 {
+				list[c].Share = float64(n) / float64(total)
+			}
+		}
+		sort.SliceStable(list, func(a, b int) bool { return list[a].Samples > list[b].Samples })
+		if out == nil {
+			out = map[string][]LabelSamples{}
+		}
+		out[m.Name] = list
+	}
+	return out, nil
 }

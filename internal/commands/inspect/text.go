@@ -5,6 +5,8 @@ package inspectcmd
 import (
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -103,6 +105,9 @@ func printText(w io.Writer, rep any) {
 			if e.Measured < e.Samples {
 				fmt.Fprintf(w, "    (measured on %d of the %d samples: the start of each tenth; --mem holds more)\n", e.Measured, e.Samples)
 			}
+			for _, name := range slices.Sorted(maps.Keys(e.Labels)) {
+				fmt.Fprintf(w, "    samples per %s: %s\n", name, labelShares(e.Labels[name]))
+			}
 			for _, h := range e.Heavy {
 				src := ""
 				if h.Source != "" {
@@ -165,9 +170,7 @@ func labelCounts(labels []string, clips []int64, max int) string {
 			parts = append(parts, fmt.Sprintf("... and %d more", len(labels)-max))
 			break
 		}
-		if strings.ContainsAny(l, " ,\"") {
-			l = strconv.Quote(l)
-		}
+		l = labelText(l)
 		n := int64(0)
 		if i < len(clips) {
 			n = clips[i]
@@ -175,4 +178,28 @@ func labelCounts(labels []string, clips []int64, max int) string {
 		parts = append(parts, fmt.Sprintf("%s %d", l, n))
 	}
 	return fmt.Sprintf("%d labels: %s", len(labels), strings.Join(parts, ", "))
+}
+
+// labelShares words an epoch's samples per label, most first: the first
+// 12, then how many more and the rarest.
+func labelShares(ls []inspect.LabelSamples) string {
+	var out []string
+	for i, l := range ls {
+		if i == 12 && len(ls) > 13 {
+			last := ls[len(ls)-1]
+			out = append(out, fmt.Sprintf("and %d more, down to %s %.1f%%", len(ls)-12, labelText(last.Label), 100*last.Share))
+			break
+		}
+		out = append(out, fmt.Sprintf("%s %.1f%%", labelText(l.Label), 100*l.Share))
+	}
+	return strings.Join(out, ", ")
+}
+
+// labelText is a label as a list shows it: quoted if it holds a space, a
+// comma or a quote.
+func labelText(l string) string {
+	if strings.ContainsAny(l, " ,\"") {
+		return strconv.Quote(l)
+	}
+	return l
 }
