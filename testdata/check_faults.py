@@ -67,14 +67,27 @@ for b in clipshard.EpochReader(%r, %d, rank=0, world_size=%d, batch_size=5, cach
     assert child.poll() is None, "the child ended before it could be killed"
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
+    # And as if it had died between making a file and removing its lock:
+    # a lock file beside each file it made (nobody holds them).
+    made = [os.path.join(r, n) for r, _, ns in os.walk(cache) for n in ns
+            if n.endswith(".npy") and not os.path.exists(os.path.join(r, n + ".lock"))]
+    for m in made:
+        open(m + ".lock", "w").close()
     os.environ["AWS_ENDPOINT_URL"] = os.environ["CLIPSHARD_TEST_DIRECT_ENDPOINT"]  # the server itself
     got = read(url, cache_dir=cache, cache_limit="1GiB")
     assert len(got) == len(want) and all(np.array_equal(a[k], b[k]) for a, b in zip(got, want) for k in b), "after a killed fetcher"
     left = [os.path.join(r, n) for r, _, ns in os.walk(cache) for n in ns if ".tmp.%d." % child.pid in n]
     assert not left, ("the dead fetcher's temporary files are left", left)
-    # The lock files the dead fetcher held are removed by the reader that
-    # took its entries over, once each file is made.
-    locks = [os.path.join(r, n) for r, _, ns in os.walk(cache) for n in ns if n.endswith(".lock")]
+    # The lock files the dead fetcher held, or left beside files it made,
+    # are removed by the reader that took its entries over.
+    # (a fetch thread reading ahead may still be between its rename, which
+    # the reader took, and its lock's removal: a moment)
+    deadline = time.monotonic() + 10
+    while True:
+        locks = [os.path.join(r, n) for r, _, ns in os.walk(cache) for n in ns if n.endswith(".lock")]
+        if not locks or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert not locks, ("lock files left after a killed fetcher was taken over", locks[:3])
     said.append("a fetcher killed mid-object: taken over, right bytes, no temporary or lock file of it left")
 import time as _time

@@ -407,8 +407,13 @@ def blocks(n: int) -> int:
 def _sweep(dfd: int, base: str) -> None:
     """Remove the temporary files of cache file base in the open folder
     dfd (base.tmp.PID.*, base.have.tmp.PID.*) that dead processes, or this
-    one, left. Called holding base's lock."""
+    one, left, and the folder's lock files nobody holds (a fetcher killed
+    after making its file, before removing its lock, left one that no
+    reader of the made file would take). Called holding base's lock."""
     for n in _listdir(dfd):
+        if n.endswith(".lock") and n != base + ".lock":
+            _drop_free_lock(dfd, n)
+            continue
         for head in (base + ".tmp.", base + ".have.tmp."):
             if n.startswith(head):
                 pid = n[len(head):].split(".")[0]
@@ -417,6 +422,42 @@ def _sweep(dfd: int, base: str) -> None:
                         os.unlink(n, dir_fd=dfd)
                     except FileNotFoundError:
                         pass
+
+
+def _sweep_locks(dfd: int) -> None:
+    """Remove the lock files (NAME.lock, of _name_lock) of the open folder
+    dfd that nobody holds: a fetcher killed between making NAME and
+    removing its lock left one that no reader of NAME would take."""
+    for n in _listdir(dfd):
+        if n.endswith(".lock"):
+            _drop_free_lock(dfd, n)
+
+
+def _drop_free_lock(dfd: int, n: str) -> None:
+    """Remove the lock file n of the open folder dfd if nobody holds it,
+    as its holder would (still the file at the name once locked: a
+    process waiting for it takes the next). Anything but a regular file
+    is left as it is (a reader needing it refuses it)."""
+    try:
+        fd = os.open(n, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    except OSError:
+        return
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return  # (held: its file is being made)
+        try:
+            if os.stat(n, dir_fd=dfd, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
+                os.unlink(n, dir_fd=dfd)
+        except OSError:
+            pass
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def _runs(marks: bytes, first: int) -> list[tuple[int, int]]:

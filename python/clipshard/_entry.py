@@ -12,7 +12,7 @@ import threading
 from typing import Callable, Optional
 
 from ._bucket import BLOCKSUMS
-from ._cache import Cache, _boot_id, _cache_error, _open_dir, _read_file, _regular, _write_new
+from ._cache import Cache, _boot_id, _cache_error, _open_dir, _read_file, _regular, _sweep_locks, _write_new
 
 __all__ = ["Entry"]
 
@@ -62,6 +62,8 @@ class Entry:
             old = self._dirs.setdefault(folder, fd)
         if old != fd:
             os.close(fd)
+        else:
+            _sweep_locks(fd)  # (what dead fetchers left there: once a folder, a process)
         return old
 
     def place(self, rel: str) -> tuple[int, str]:
