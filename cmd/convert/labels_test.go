@@ -499,10 +499,22 @@ func TestLabelSourceFIFO(t *testing.T) {
 // dataset in --out, then found it replaced by another convert (A) that
 // finished meanwhile, stops before writing, saying to run it again (it
 // went on with the old vocabulary, and A's new label lost its code); run
-// again, it keeps A's codes and adds its own.
+// again, it keeps A's codes and adds its own. The same when B names --out
+// as its --labels-like.
 func TestLabelsRace(t *testing.T) {
+	for _, extra := range [][]string{nil, {"--labels-like", "OUT"}} {
+		t.Run(fmt.Sprint(len(extra)), func(t *testing.T) { labelsRace(t, extra) })
+	}
+}
+
+func labelsRace(t *testing.T, extraB []string) {
 	src := copyDemo(t)
 	ds := filepath.Join(t.TempDir(), "ds")
+	for i := range extraB {
+		if extraB[i] == "OUT" {
+			extraB[i] = ds
+		}
+	}
 	base, listA, listB := filepath.Join(src, "base.csv"), filepath.Join(src, "a.csv"), filepath.Join(src, "b.csv")
 	labelCSV(t, base, 9, speakerOf)
 	labelCSV(t, listA, 11, func(i int) string { return map[bool]string{true: "from-a", false: speakerOf(i)}[i >= 9] })
@@ -515,7 +527,7 @@ func TestLabelsRace(t *testing.T) {
 	// B pauses at each fault point (the first once its labels are read);
 	// A runs whole while B waits there.
 	log := filepath.Join(t.TempDir(), "points")
-	b := exec.Command(bin, labelArgs(src, listB, ds)...)
+	b := exec.Command(bin, labelArgs(src, listB, ds, extraB...)...)
 	b.Env = append(os.Environ(), "CLIPSHARD_FAULT_DELAY=1500ms", "CLIPSHARD_FAULT_LOG="+log)
 	var stderr strings.Builder
 	b.Stderr = &stderr
@@ -541,7 +553,7 @@ func TestLabelsRace(t *testing.T) {
 	if _, vb := codes(t, ds, "speaker"); !slices.Equal(vb, va) {
 		t.Fatalf("B wrote: %q, A's %q", vb, va)
 	}
-	if r := runConvert(t, nil, labelArgs(src, listB, ds)...); r.Code != 0 {
+	if r := runConvert(t, nil, labelArgs(src, listB, ds, extraB...)...); r.Code != 0 {
 		t.Fatal(r.Stderr)
 	}
 	got, vb := codes(t, ds, "speaker")

@@ -285,7 +285,7 @@ func seqItems(v any) []any {
 // that says what the key holds.
 func SelectLabel(root any, path string) (string, error) {
 	if path == "" || strings.Contains(path, "+") {
-		return "", fmt.Errorf("%w: label key %q: want one key path (a/b/c), not several joined by +", ErrKey, path)
+		return "", fmt.Errorf("%w %q: a label is at one key path (a/b/c), not several joined by +", ErrKey, path)
 	}
 	cur := root
 	steps := strings.Split(path, "/")
@@ -321,7 +321,7 @@ func SelectLabel(root any, path string) (string, error) {
 			}
 		}
 	}
-	return "", fmt.Errorf("%w: key %q holds a %s: a label is a str or an int", ErrKey, path, typeName(cur))
+	return "", fmt.Errorf("%w %q holds a %s: a label is a str or an int", ErrKey, path, typeName(cur))
 }
 
 // intValue is the decimal text of a 0-d integer array's one value.

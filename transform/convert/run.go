@@ -418,13 +418,13 @@ func (j *job) readLabels(clips []string, out string) (values, like [][]string, e
 	n := len(j.opts.Modalities)
 	j.codes, j.vocab, j.codeOf = make([][]int32, n), make([][]string, n), make([]map[string]int32, n)
 	var prev *manifests.Dataset
-	switch {
-	case j.opts.LabelsLike != "":
+	if !j.opts.Force {
+		prev, j.vocabFrom = datasetIn(out) // (checked: distinct labels; nil if none)
+	}
+	if j.opts.LabelsLike != "" {
 		if prev, err = manifests.LoadDataset(j.opts.LabelsLike); err != nil {
 			return nil, nil, fmt.Errorf("%w: --labels-like: %w", ErrUsage, err)
 		}
-	case !j.opts.Force:
-		prev, j.vocabFrom = datasetIn(out) // (checked: distinct labels; nil if none)
 	}
 	for k, m := range j.opts.Modalities {
 		if !m.IsLabel() {
@@ -664,11 +664,11 @@ func datasetIn(dir string) (*manifests.Dataset, string) {
 	return d, hex.EncodeToString(h[:])
 }
 
-// checkVocabFrom refuses a run whose labels' vocabularies began with a
-// dataset in --out that another convert has replaced since (called under
-// the journal's lock).
+// checkVocabFrom refuses a run with labels that found a dataset in --out
+// (its vocabularies' start, unless --labels-like) that another convert
+// has replaced since (called under the journal's lock).
 func (j *job) checkVocabFrom() error {
-	if j.vocab == nil || j.opts.Force || j.opts.LabelsLike != "" {
+	if j.vocab == nil || j.opts.Force {
 		return nil
 	}
 	if _, now := datasetIn(j.opts.Out); now != j.vocabFrom {
