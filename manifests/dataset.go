@@ -429,10 +429,10 @@ func (d *Dataset) LabelCodes(wh *Where, k int, starts, lengths []int64, open fun
 				return nil, err
 			}
 			rows = make([]byte, 4*bl.Rows)
-			_, err = r.ReadAt(rows, bl.DataOffset)
+			n, err := r.ReadAt(rows, bl.DataOffset)
 			c.Close()
-			if err != nil {
-				return nil, fmt.Errorf("%s: %w", bl.File, err)
+			if n < len(rows) { // (a ReaderAt may say io.EOF beside a whole read)
+				return nil, fmt.Errorf("%s: %d of its %d rows: %w", bl.File, n/4, bl.Rows, err)
 			}
 			blobs[b] = rows
 		}

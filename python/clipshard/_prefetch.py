@@ -103,8 +103,9 @@ def produce(ref: "weakref.ref[Any]", pos: int, start: Any, stop: Optional[thread
                     return
                 asm = loader.assembly
                 host = fill(asm)
-                for name, labels in loader.list.labels.items():  # (a code of -1 would name the last label)
-                    check_codes(loader.dir, name, host[name], labels, "batch %d's sample" % g)
+                if loader.list.drawn is None:  # (epochs' shards; drawn codes are the held rows, checked at open)
+                    for name, labels in loader.list.labels.items():  # (a code of -1 would name the last label)
+                        check_codes(loader.dir, name, host[name], labels, "batch %d's sample" % g)
                 arrays = loader.dev.finish(host, asm)
                 del loader, asm
                 yield Batch(pos, g, arrays, consumed, g + 1 == n)
