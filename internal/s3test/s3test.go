@@ -89,7 +89,10 @@ func Start(t testing.TB, buckets ...string) *Server {
 			}
 			log.Close()
 		})
-		if waitPort(port, 10*time.Second) {
+		// (the port is free when picked, not when the server binds it: a
+		// server of another test may take it first, this one then exits
+		// and the port answers for that one; so it must be this pid's)
+		if waitPort(port, pid, 10*time.Second) {
 			return s
 		}
 		syscall.Kill(-pid, syscall.SIGKILL)
@@ -126,10 +129,58 @@ func freePort(t testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-func waitPort(port int, d time.Duration) bool {
+// waitPort waits until process pid listens on port (and answers there),
+// false if it does not within d or exits first.
+func waitPort(port, pid int, d time.Duration) bool {
 	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		if !alive(pid) {
+			return false
+		}
+		if !listens(pid, port) {
+			continue
+		}
 		if c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second); err == nil {
 			c.Close()
+			return true
+		}
+	}
+	return false
+}
+
+// alive reports whether process pid runs (not exited, not a zombie).
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	_, rest, _ := strings.Cut(string(b), ") ")
+	return rest != "" && rest[0] != 'Z' && rest[0] != 'X'
+}
+
+// listens reports whether process pid holds the socket listening on
+// 127.0.0.1:port (from /proc/net/tcp and the process's fds).
+func listens(pid, port int) bool {
+	b, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
+		return false
+	}
+	want := fmt.Sprintf("0100007F:%04X", port)
+	var inode string
+	for _, line := range strings.Split(string(b), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) > 9 && f[1] == want && f[3] == "0A" { // (0A: LISTEN)
+			inode = f[9]
+		}
+	}
+	if inode == "" {
+		return false
+	}
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		return false
+	}
+	for _, e := range fds {
+		if to, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, e.Name())); err == nil && to == "socket:["+inode+"]" {
 			return true
 		}
 	}
